@@ -1,0 +1,68 @@
+"""varsync: publish the latest values of a nest of variables; let many readers pull them.
+
+    import varsync
+    with varsync.connect("memory://demo") as store:
+        store.create_table("variables", {"w": np.zeros((2, 3), np.float32), "step": 0})
+        store.push({"w": np.ones((2, 3), np.float32), "step": 1})   # -> version 1
+        store.pull()                                                 # -> the nest
+
+``import varsync`` imports no TensorFlow, Reverb or redis: backends and framework
+adapters load when first used.
+"""
+
+from varsync.connect import connect
+from varsync.container import DEFAULT_TABLE, TableInfo, VariableContainer
+from varsync.errors import (
+    AuthenticationError,
+    BackendConnectionError,
+    ConfigurationError,
+    CorruptDataError,
+    ItemTooLargeError,
+    MissingDependencyError,
+    MissingSignatureError,
+    PullTimeoutError,
+    SignatureError,
+    SignatureMismatchError,
+    TableConfigurationError,
+    TableExistsError,
+    TableNotFoundError,
+    UnknownBackendError,
+    VarsyncError,
+)
+from varsync.hookspecs import hookimpl
+from varsync.nest import flatten, unflatten
+from varsync.registry import BackendEntry, PluginWarning, available_backends
+from varsync.signature import Spec, signature_of
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "connect",
+    "VariableContainer",
+    "TableInfo",
+    "DEFAULT_TABLE",
+    "Spec",
+    "signature_of",
+    "flatten",
+    "unflatten",
+    "available_backends",
+    "BackendEntry",
+    "PluginWarning",
+    "hookimpl",
+    "VarsyncError",
+    "ConfigurationError",
+    "UnknownBackendError",
+    "MissingDependencyError",
+    "TableNotFoundError",
+    "TableExistsError",
+    "TableConfigurationError",
+    "MissingSignatureError",
+    "SignatureError",
+    "SignatureMismatchError",
+    "ItemTooLargeError",
+    "CorruptDataError",
+    "PullTimeoutError",
+    "BackendConnectionError",
+    "AuthenticationError",
+    "__version__",
+]

@@ -1,0 +1,51 @@
+"""TensorFlow values: tensors, variables (plain and ``tf.distribute``) and ``TensorSpec``s.
+
+Imported by :mod:`varsync.adapters` only when such a value is seen, so TensorFlow is
+already loaded by then.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from varsync.errors import SignatureError
+
+__all__ = ["ADAPTER", "TensorFlowAdapter"]
+
+
+class TensorFlowAdapter:
+    def handles(self, value: Any) -> bool:
+        return isinstance(value, (tf.Tensor, tf.Variable, tf.TensorSpec)) or _is_distributed(value)
+
+    def shape_and_dtype(self, value: Any) -> Tuple[Tuple[int, ...], Any]:
+        shape = tf.TensorShape(value.shape)
+        if not shape.is_fully_defined():
+            raise SignatureError(
+                f"TensorFlow shape {shape} is not fully defined; variables need known shapes"
+            )
+        return tuple(shape.as_list()), np.dtype(tf.as_dtype(value.dtype).as_numpy_dtype)
+
+    def to_numpy(self, value: Any) -> Any:
+        if isinstance(value, tf.TensorSpec):
+            raise TypeError(f"{value!r} is a spec, not a value")
+        if isinstance(value, tf.Tensor):
+            return value.numpy()
+        return value.read_value().numpy()  # plain and distributed variables alike
+
+    def is_assignable(self, target: Any) -> bool:
+        return isinstance(target, tf.Variable) or (
+            _is_distributed(target) and hasattr(target, "assign")
+        )
+
+    def assign(self, target: Any, array: Any) -> None:
+        target.assign(array)
+
+
+def _is_distributed(value: Any) -> bool:
+    return isinstance(value, tf.distribute.DistributedValues)
+
+
+ADAPTER = TensorFlowAdapter()

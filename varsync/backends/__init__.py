@@ -1,0 +1,19 @@
+"""varsync's built-in backends, registered through the same hook as any plugin."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from varsync.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from varsync.registry import BackendRegistry
+
+
+@hookimpl
+def varsync_register_backends(registry: "BackendRegistry") -> None:
+    registry.add(
+        "memory",
+        "varsync.backends.memory:MemoryBackend",
+        description="in-process store shared by the containers of one process",
+    )

@@ -1,0 +1,147 @@
+"""The Backend protocol: the raw table surface one storage engine implements.
+
+A backend never sees a nest. It stores, per table, a signature text (JSON made by the
+core, opaque to the backend), a version (an int, 0 while empty, strictly increasing per
+table) and one flat list of numpy arrays per version. The core has already checked every
+array against the table's specs: each is C-contiguous, in native byte order and of
+exactly its spec's dtype and shape. A backend must not modify the arrays it is given and
+must copy what it keeps.
+
+Required: :meth:`create_table`, :meth:`signature`, :meth:`tables`, :meth:`version`,
+:meth:`write`, :meth:`read`. Optional: :meth:`wait` (the default polls :meth:`version`
+with a growing interval), :meth:`details`, :meth:`close`.
+
+Capability flags (class attributes) tell the core and the conformance suite what the
+engine can do; the suite skips the tests of abilities a backend does not declare.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+import time
+from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from varsync.errors import ConfigurationError, PullTimeoutError
+from varsync.signature import Spec
+
+__all__ = ["Backend", "Snapshot", "remaining", "deadline_after"]
+
+Snapshot = Tuple[int, List[np.ndarray]]
+"""A version and its arrays, all from that one version."""
+
+
+class Backend(abc.ABC):
+    """Base class of every backend. Subclass it, then register ``"module:Class"``."""
+
+    #: Clients can create tables (Reverb cannot: its tables are fixed at server start).
+    supports_create_table: ClassVar[bool] = True
+    #: Containers in other processes see this store (memory: no; a server: yes).
+    shared_across_processes: ClassVar[bool] = True
+    #: :meth:`wait` is woken by the engine, not by polling.
+    supports_blocking_wait: ClassVar[bool] = False
+    #: Tables outlive the process that wrote them, across server restarts.
+    persistent: ClassVar[bool] = False
+    #: Largest total bytes of one push the engine accepts, or ``None`` for no limit.
+    max_push_bytes: ClassVar[Optional[int]] = None
+
+    def __init__(
+        self, url: str, *, timeout: Optional[float], namespace: str, **options: Any
+    ) -> None:
+        """``url`` as given to ``connect``; ``timeout`` bounds every network wait
+        (``None``: no bound); ``namespace`` isolates tables; ``options`` are this
+        backend's own, from keyword arguments and the URL's query string."""
+        self.url = url
+        self.timeout = timeout
+        self.namespace = namespace
+        if options:
+            raise ConfigurationError(
+                f"{type(self).__name__} takes no option(s) {sorted(options)}; "
+                "common options are: timeout, namespace"
+            )
+
+    # -- tables ----------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def create_table(self, name: str, signature: str, specs: Sequence[Spec]) -> str:
+        """Create table ``name`` with this signature text unless it exists, atomically.
+
+        Return the signature text the table has now: ``signature`` if this call created
+        it, the stored one otherwise (the core compares them).
+        """
+
+    @abc.abstractmethod
+    def signature(self, name: str) -> Optional[str]:
+        """The table's signature text, or ``None`` if there is no such table."""
+
+    @abc.abstractmethod
+    def tables(self) -> List[str]:
+        """The names of the tables in this namespace."""
+
+    def details(self, name: str) -> Dict[str, Any]:
+        """Engine-specific facts about a table, for ``table_info`` (JSON-friendly)."""
+        return {}
+
+    # -- data ------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def version(self, name: str) -> int:
+        """The table's current version; 0 while nothing was written. Must cost one small
+        request, whatever the size of the table."""
+
+    @abc.abstractmethod
+    def write(self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]) -> int:
+        """Store ``arrays`` as the table's new value; return its version.
+
+        Readers must see either the previous value or this one, never a mix; a failed
+        write must leave the previous value readable.
+        """
+
+    @abc.abstractmethod
+    def read(self, name: str, newer_than: int, timeout: Optional[float]) -> Optional[Snapshot]:
+        """The latest value if its version is greater than ``newer_than``, else ``None``.
+
+        Must not wait for data: return ``None`` at once when nothing is newer, at the cost
+        of one small request. ``timeout`` bounds the transfer itself.
+        """
+
+    def wait(self, name: str, newer_than: int, timeout: Optional[float]) -> int:
+        """Block until the version is greater than ``newer_than``; return it.
+
+        Raise :class:`PullTimeoutError` once ``timeout`` seconds pass (``None``: wait as
+        long as it takes). This default polls :meth:`version` with a growing interval;
+        engines that can notify should override it and set ``supports_blocking_wait``.
+        """
+        deadline = deadline_after(timeout)
+        interval = 0.001
+        while True:
+            current = self.version(name)
+            if current > newer_than:
+                return current
+            left = remaining(deadline)
+            if left <= 0:
+                raise PullTimeoutError(
+                    f"table {name!r} at {self.url} stayed at version {current} (waiting for "
+                    f"a version above {newer_than}) for {timeout} s"
+                )
+            time.sleep(min(interval, left))
+            interval = min(interval * 2, 0.05)
+
+    def close(self) -> None:
+        """Release connections. The container calls it once."""
+
+    def describe_options(self) -> Mapping[str, Any]:
+        """The options in force, without secrets, for ``repr`` and ``table_info``."""
+        return {"timeout": self.timeout, "namespace": self.namespace}
+
+
+def deadline_after(timeout: Optional[float]) -> float:
+    """The ``time.monotonic()`` at which ``timeout`` runs out (``inf`` for ``None``)."""
+    return math.inf if timeout is None else time.monotonic() + timeout
+
+
+def remaining(deadline: float) -> float:
+    """Seconds left until ``deadline`` (may be negative; ``inf`` for no deadline)."""
+    return deadline - time.monotonic()

@@ -1,0 +1,105 @@
+"""From ``connect(url, **options)`` to a backend: URL resolution and option parsing.
+
+The URL comes from the argument, else the ``VARSYNC_URL`` environment variable, else the
+embedded default ``memory://default``. Options come from the URL's query string and from
+keyword arguments; a keyword argument wins over the same name in the query string.
+``timeout`` and ``namespace`` are common to every backend; the rest are the backend's.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+from varsync.errors import ConfigurationError
+
+__all__ = ["DEFAULT_URL", "DEFAULT_TIMEOUT", "ENV_URL", "Settings", "resolve", "redact", "parse_timeout"]
+
+DEFAULT_URL = "memory://default"
+ENV_URL = "VARSYNC_URL"
+DEFAULT_TIMEOUT = 30.0
+"""Seconds any call may wait on a server or for data unless told otherwise."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    url: str
+    scheme: str
+    timeout: Optional[float]
+    namespace: str
+    options: Dict[str, Any]
+
+
+def resolve(url: Optional[str], options: Dict[str, Any]) -> Settings:
+    """The URL and options ``connect`` was given, checked and split."""
+    if url is None:
+        url = os.environ.get(ENV_URL) or DEFAULT_URL
+    if not isinstance(url, str) or "://" not in url:
+        raise ConfigurationError(
+            f"{redact(str(url))!r} is not a varsync URL; expected scheme://..., e.g. "
+            "memory://default, reverb://localhost:8000 or redis://localhost:6379/0"
+        )
+    try:
+        parts = urlsplit(url)
+        query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+    except ValueError as exc:
+        raise ConfigurationError(f"cannot parse the URL {redact(url)!r}: {exc}") from None
+    if not parts.scheme:
+        raise ConfigurationError(f"the URL {redact(url)!r} has no scheme")
+    merged: Dict[str, Any] = {}
+    for key, value in query:
+        if key in merged:
+            raise ConfigurationError(f"option {key!r} appears twice in the URL {redact(url)!r}")
+        merged[key] = value
+    merged.update(options)
+    timeout = parse_timeout(merged.pop("timeout", DEFAULT_TIMEOUT), "timeout")
+    namespace = merged.pop("namespace", "")
+    if not isinstance(namespace, str):
+        raise ConfigurationError(f"namespace must be a str, got {namespace!r}")
+    return Settings(
+        url=urlunsplit(parts._replace(query="")),
+        scheme=parts.scheme.lower(),
+        timeout=timeout,
+        namespace=namespace,
+        options=merged,
+    )
+
+
+def parse_timeout(value: Any, name: str) -> Optional[float]:
+    """Seconds as a float; ``None``, ``inf`` or ``"none"`` mean no bound."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if value.strip().lower() in ("none", "inf", "infinity", "forever"):
+            return None
+        try:
+            value = float(value)
+        except ValueError:
+            raise ConfigurationError(
+                f"{name}={value!r} is not a number of seconds; expected e.g. {name}=5 "
+                f"or {name}=none for no bound"
+            ) from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise ConfigurationError(f"{name}={value!r} is not a number of seconds")
+    if value < 0:
+        raise ConfigurationError(f"{name}={value!r} is negative; expected seconds >= 0")
+    return None if math.isinf(value) else float(value)
+
+
+def redact(url: str) -> str:
+    """``url`` with any password replaced by ``***``, for messages and ``repr``."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    netloc = f"{user}:***@{host}"
+    return urlunsplit(parts._replace(netloc=netloc))

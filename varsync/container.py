@@ -1,0 +1,274 @@
+"""The VariableContainer: nests in, nests out, checked and versioned, over any backend."""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from varsync import nest as nest_lib
+from varsync import signature as sig
+from varsync.backends.base import Backend, Snapshot, deadline_after, remaining
+from varsync.config import parse_timeout, redact
+from varsync.errors import (
+    ConfigurationError,
+    CorruptDataError,
+    ItemTooLargeError,
+    PullTimeoutError,
+    TableExistsError,
+    TableNotFoundError,
+    VarsyncError,
+)
+
+__all__ = ["VariableContainer", "TableInfo", "DEFAULT_TABLE"]
+
+DEFAULT_TABLE = "variables"
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    """What ``table_info`` reports about one table."""
+
+    name: str
+    signature: Any
+    version: int
+    nbytes: int
+    details: Dict[str, Any] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return (
+            f"table {self.name!r}: version {self.version}, {self.nbytes} bytes\n"
+            + sig.describe(self.signature)
+        )
+
+
+class VariableContainer:
+    """Publishes and fetches the latest value of nests of variables, one per table.
+
+    Made by :func:`varsync.connect`. Thread-safe when its backend is (every built-in
+    backend is). ``timeout`` is the default bound, in seconds, on every wait; ``None``
+    waits as long as it takes.
+    """
+
+    def __init__(self, backend: Backend, *, timeout: Optional[float]) -> None:
+        self._backend = backend
+        self.timeout = timeout
+        self._signatures: Dict[str, Tuple[Any, List[sig.Spec]]] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # -- tables ----------------------------------------------------------------------
+
+    def create_table(self, name: str, signature: Any) -> Any:
+        """Create table ``name`` from a nest of specs or example values; return its
+        signature. Creating an existing table with an equal signature is a no-op; with a
+        different one it raises :class:`TableExistsError`."""
+        self._check_name(name)
+        wanted = sig.signature_of(signature)
+        stored_text = self._backend_call().create_table(
+            name, sig.to_json(wanted), sig.flat_specs(wanted)
+        )
+        stored = sig.from_json(stored_text)
+        if not sig.same_structure(stored, wanted):
+            raise TableExistsError(
+                f"table {name!r} already exists with another signature:\n"
+                f"{sig.describe(stored)}\nasked for:\n{sig.describe(wanted)}\n"
+                "Use another table name, or connect with the existing signature."
+            )
+        self._remember(name, stored)
+        return stored
+
+    def tables(self) -> List[str]:
+        """The names of the tables this container can see."""
+        return sorted(self._backend_call().tables())
+
+    def signature(self, table: str = DEFAULT_TABLE) -> Any:
+        """The table's signature: a nest of :class:`~varsync.Spec`."""
+        return self._table(table)[0]
+
+    def table_info(self, name: str = DEFAULT_TABLE) -> TableInfo:
+        """The table's signature, current version, size in bytes and backend details."""
+        signature, specs = self._table(name)
+        backend = self._backend_call()
+        return TableInfo(
+            name=name,
+            signature=signature,
+            version=backend.version(name),
+            nbytes=sum(s.nbytes for s in specs),
+            details=dict(backend.details(name)),
+        )
+
+    # -- publishing ------------------------------------------------------------------
+
+    def push(self, values: Any, table: str = DEFAULT_TABLE) -> int:
+        """Publish ``values`` (a nest matching the table's signature); return the new
+        version. Everything is checked first: on any mismatch nothing is written and the
+        table keeps its previous value and version."""
+        _, specs = self._table(table)
+        arrays = sig.flatten_values(self.signature(table), values)
+        backend = self._backend_call()
+        limit = backend.max_push_bytes
+        if limit is not None:
+            total = sum(a.nbytes for a in arrays)
+            if total > limit:
+                raise ItemTooLargeError(
+                    f"push to {table!r} is {total} bytes; {type(backend).__name__} accepts "
+                    f"at most {limit} bytes per push. Nothing was sent. Split the variables "
+                    "over several tables, or use a backend without this limit."
+                )
+        return backend.write(table, arrays, specs)
+
+    # -- fetching --------------------------------------------------------------------
+
+    def version(self, table: str = DEFAULT_TABLE) -> int:
+        """The table's current version: 0 while empty, then 1, 2, ... per push."""
+        self._table(table)
+        return self._backend_call().version(table)
+
+    def pull(self, table: str = DEFAULT_TABLE, *, timeout: Any = None) -> Any:
+        """The table's latest value as a nest of numpy arrays in its signature's
+        structure. On an empty table, waits up to ``timeout`` seconds (default: the
+        container's) for a first push, then raises :class:`PullTimeoutError`."""
+        return self._nest(table, self._pull_flat(table, 0, timeout)[1])
+
+    def pull_if_newer(
+        self, version: int, table: str = DEFAULT_TABLE, *, timeout: Any = None
+    ) -> Optional[Tuple[int, Any]]:
+        """``(new_version, nest)`` if the table holds a version greater than ``version``,
+        else ``None`` at once. Learning that nothing changed costs one small request,
+        whatever the size of the table. ``timeout`` bounds the transfer."""
+        version = self._check_version(version)
+        self._table(table)
+        snapshot = self._backend_call().read(table, version, self._timeout(timeout))
+        if snapshot is None:
+            return None
+        new_version, arrays = self._checked(table, snapshot)
+        return new_version, self._nest(table, arrays)
+
+    def wait_for(self, version: int, table: str = DEFAULT_TABLE, *, timeout: Any = None) -> int:
+        """Block until the table's version is greater than ``version``; return it.
+        Raises :class:`PullTimeoutError` after ``timeout`` seconds (``None``: the
+        container's timeout; ``math.inf`` to wait without bound)."""
+        version = self._check_version(version)
+        self._table(table)
+        return self._backend_call().wait(table, version, self._timeout(timeout))
+
+    def update(self, variables: Any, table: str = DEFAULT_TABLE) -> int:
+        """Pull the table and assign the values into ``variables`` in place (writable
+        numpy arrays or, with TensorFlow, ``tf.Variable``s); return the version. The
+        variables are all checked before any is assigned."""
+        signature, _ = self._table(table)
+        targets = sig.flatten_targets(signature, variables)
+        version, arrays = self._pull_flat(table, 0, None)
+        for target, array in zip(targets, arrays):
+            sig.assign(target, array)
+        return version
+
+    # -- life cycle ------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release the backend's connections. Further calls raise."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._backend.close()
+
+    def __enter__(self) -> "VariableContainer":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"timeout={self.timeout}"
+        namespace = f", namespace={self._backend.namespace!r}" if self._backend.namespace else ""
+        return f"<VariableContainer {redact(self._backend.url)}{namespace} {state}>"
+
+    @property
+    def backend(self) -> Backend:
+        """The backend instance (for engine-specific needs; most code never needs it)."""
+        return self._backend
+
+    # -- internals -------------------------------------------------------------------
+
+    def _backend_call(self) -> Backend:
+        if self._closed:
+            raise ConfigurationError(f"{self!r} is closed; connect again to use it")
+        return self._backend
+
+    def _table(self, name: str) -> Tuple[Any, List[sig.Spec]]:
+        known = self._signatures.get(name)
+        if known is not None:
+            return known
+        self._check_name(name)
+        text = self._backend_call().signature(name)
+        if text is None:
+            existing = self.tables()
+            raise TableNotFoundError(
+                f"no table {name!r} at {redact(self._backend.url)}"
+                + (f" in namespace {self._backend.namespace!r}" if self._backend.namespace else "")
+                + f"; existing tables: {existing or 'none'}. Create it with "
+                "create_table(name, signature)."
+            )
+        return self._remember(name, sig.from_json(text))
+
+    def _remember(self, name: str, signature: Any) -> Tuple[Any, List[sig.Spec]]:
+        entry = (signature, sig.flat_specs(signature))
+        self._signatures[name] = entry
+        return entry
+
+    def _timeout(self, timeout: Any) -> Optional[float]:
+        return self.timeout if timeout is None else parse_timeout(timeout, "timeout")
+
+    def _pull_flat(self, table: str, newer_than: int, timeout: Any) -> Snapshot:
+        self._table(table)
+        limit = self._timeout(timeout)
+        deadline = deadline_after(limit)
+        backend = self._backend_call()
+        while True:
+            snapshot = backend.read(table, newer_than, limit)
+            if snapshot is not None:
+                return self._checked(table, snapshot)
+            left = remaining(deadline)
+            if left <= 0:
+                raise PullTimeoutError(
+                    f"table {table!r} at {redact(backend.url)} is still empty after "
+                    f"{limit} s; push to it first, or pull with a longer timeout"
+                )
+            backend.wait(table, newer_than, None if math.isinf(left) else left)
+
+    def _nest(self, table: str, arrays: List[np.ndarray]) -> Any:
+        return nest_lib.unflatten(self._table(table)[0], arrays)
+
+    def _checked(self, table: str, snapshot: Snapshot) -> Snapshot:
+        """The backend's arrays, verified against the table's specs."""
+        version, arrays = snapshot
+        specs = self._table(table)[1]
+        if len(arrays) != len(specs):
+            raise CorruptDataError(
+                f"table {table!r} returned {len(arrays)} arrays for a signature of "
+                f"{len(specs)} leaves (version {version})"
+            )
+        for index, (array, spec) in enumerate(zip(arrays, specs)):
+            if not isinstance(array, np.ndarray) or array.shape != spec.shape or array.dtype != spec.dtype:
+                raise CorruptDataError(
+                    f"table {table!r} version {version}: leaf {index} is "
+                    f"{getattr(array, 'dtype', type(array).__name__)} "
+                    f"{getattr(array, 'shape', '')}, the signature says {spec}"
+                )
+        return version, list(arrays)
+
+    @staticmethod
+    def _check_name(name: Any) -> None:
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError(f"table name must be a non-empty str, got {name!r}")
+
+    @staticmethod
+    def _check_version(version: Any) -> int:
+        if isinstance(version, bool) or not isinstance(version, (int, np.integer)) or version < 0:
+            raise ConfigurationError(f"version must be an int >= 0, got {version!r}")
+        return int(version)

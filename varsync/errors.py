@@ -1,0 +1,135 @@
+"""Every error varsync raises, under one root.
+
+    VarsyncError
+    ├── ConfigurationError (ValueError)        bad URL, option or argument
+    │   └── UnknownBackendError                no backend for that URL scheme
+    ├── MissingDependencyError (ImportError)   a backend's optional extra is not installed
+    ├── TableNotFoundError (KeyError)          no table of that name
+    ├── TableExistsError (ValueError)          create_table with another signature
+    ├── TableConfigurationError (ValueError)   a server-side table varsync cannot use
+    ├── MissingSignatureError (TypeError)      a server-side table without a signature
+    ├── SignatureError (ValueError)            a signature or example nest varsync cannot use
+    ├── SignatureMismatchError (ValueError)    values that do not fit the table's signature
+    ├── ItemTooLargeError (ValueError)         a push over the engine's size limit
+    ├── CorruptDataError (ValueError)          stored bytes or metadata that do not add up
+    ├── PullTimeoutError (TimeoutError)        a bounded wait ran out
+    └── BackendConnectionError (ConnectionError)   the engine cannot be reached
+        └── AuthenticationError                    the engine refused the credentials
+
+Each specific error also subclasses the built-in a TF-Agents user already catches, so
+``except KeyError`` around ``push(..., table=...)`` keeps working.
+
+Backends turn their driver's exceptions into these in one place, with
+:func:`translate_errors`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Mapping, Type
+
+__all__ = [
+    "VarsyncError",
+    "ConfigurationError",
+    "UnknownBackendError",
+    "MissingDependencyError",
+    "TableNotFoundError",
+    "TableExistsError",
+    "TableConfigurationError",
+    "MissingSignatureError",
+    "SignatureError",
+    "SignatureMismatchError",
+    "ItemTooLargeError",
+    "CorruptDataError",
+    "PullTimeoutError",
+    "BackendConnectionError",
+    "AuthenticationError",
+    "translate_errors",
+]
+
+
+class VarsyncError(Exception):
+    """Root of every error varsync raises."""
+
+
+class ConfigurationError(VarsyncError, ValueError):
+    """A URL, option or argument is malformed or out of range."""
+
+
+class UnknownBackendError(ConfigurationError):
+    """No installed backend handles the URL's scheme."""
+
+
+class MissingDependencyError(VarsyncError, ImportError):
+    """A backend needs an optional dependency that is not installed."""
+
+
+class TableNotFoundError(VarsyncError, KeyError):
+    """The named table does not exist."""
+
+    def __str__(self) -> str:
+        # KeyError.__str__ would show the message in quotes, as a repr.
+        return str(self.args[0]) if self.args else ""
+
+
+class TableExistsError(VarsyncError, ValueError):
+    """``create_table`` named an existing table with a different signature."""
+
+
+class TableConfigurationError(VarsyncError, ValueError):
+    """A table exists on the server but is configured so varsync cannot use it."""
+
+
+class MissingSignatureError(VarsyncError, TypeError):
+    """A table exists on the server but carries no signature."""
+
+
+class SignatureError(VarsyncError, ValueError):
+    """A signature, spec or example nest that cannot describe a table (bad dtype, unknown
+    shape, unsortable or non-string/int dict keys, ``None`` leaves)."""
+
+
+class SignatureMismatchError(VarsyncError, ValueError):
+    """Values do not match the table's signature (structure, dtype or shape)."""
+
+
+class ItemTooLargeError(VarsyncError, ValueError):
+    """A push is larger than the engine can carry; nothing was sent."""
+
+
+class CorruptDataError(VarsyncError, ValueError):
+    """Stored data or metadata is inconsistent, foreign or of an unknown format."""
+
+
+class PullTimeoutError(VarsyncError, TimeoutError):
+    """A bounded wait (pull of an empty table, wait_for, a slow server) ran out."""
+
+
+class BackendConnectionError(VarsyncError, ConnectionError):
+    """The storage engine could not be reached or dropped the connection."""
+
+
+class AuthenticationError(BackendConnectionError):
+    """The storage engine refused the credentials or the permissions are missing."""
+
+
+ErrorMap = Mapping[Type[BaseException], Type[VarsyncError]]
+
+
+@contextlib.contextmanager
+def translate_errors(mapping: ErrorMap, where: str) -> Iterator[None]:
+    """Re-raise driver exceptions as varsync errors, naming ``where`` (an address).
+
+    ``mapping`` goes from a driver exception class to a varsync error class; the first
+    entry the exception is an instance of wins, so list subclasses first. varsync's own
+    errors pass through untouched.
+    """
+    try:
+        yield
+    except VarsyncError:
+        raise
+    except BaseException as exc:
+        for driver_type, varsync_type in mapping.items():
+            if isinstance(exc, driver_type):
+                raise varsync_type(f"{where}: {type(exc).__name__}: {exc}") from exc
+        raise

@@ -1,0 +1,149 @@
+"""Nests: flatten and rebuild them in exactly ``tf.nest``'s order, without TensorFlow.
+
+A nest is a leaf, or a mapping, list, tuple, namedtuple or attrs instance of nests.
+Mapping values come in sorted key order (``tf.nest`` sorts every mapping's keys, even an
+``OrderedDict``'s); the others come in their own order. Strings, bytes, numpy arrays,
+sets and ``None`` are leaves, as in ``tf.nest``.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+from typing import Any, Callable, Iterator, List, Sequence, Tuple
+
+__all__ = [
+    "is_nested",
+    "flatten",
+    "flatten_with_paths",
+    "unflatten",
+    "map_structure",
+    "format_path",
+    "sorted_keys",
+]
+
+PathEntry = Tuple[str, Any]  # ("key", k) for mappings, ("index", i) or ("field", name)
+Path = Tuple[PathEntry, ...]
+
+
+def is_namedtuple(value: Any) -> bool:
+    return isinstance(value, tuple) and hasattr(type(value), "_fields")
+
+
+def is_attrs(value: Any) -> bool:
+    return hasattr(type(value), "__attrs_attrs__")
+
+
+def is_nested(value: Any) -> bool:
+    """True for the containers ``tf.nest`` descends into."""
+    return (
+        isinstance(value, (collections.abc.Mapping, list, tuple))
+        or is_attrs(value)
+    )
+
+
+def sorted_keys(mapping: collections.abc.Mapping) -> List[Any]:
+    """The mapping's keys in ``tf.nest`` order; a clear ``TypeError`` if they cannot sort."""
+    try:
+        return sorted(mapping)
+    except TypeError:
+        kinds = sorted({type(k).__name__ for k in mapping})
+        raise TypeError(
+            "nest mappings need keys that sort against each other (as tf.nest requires); "
+            f"got keys of types {', '.join(kinds)}: {list(mapping)!r}"
+        ) from None
+
+
+def children(value: Any) -> List[Tuple[PathEntry, Any]]:
+    """The (path entry, child) pairs of one nested container, in flatten order."""
+    if isinstance(value, collections.abc.Mapping):
+        return [(("key", k), value[k]) for k in sorted_keys(value)]
+    if is_namedtuple(value):
+        return [(("field", f), v) for f, v in zip(type(value)._fields, value)]
+    if is_attrs(value):
+        return [
+            (("field", a.name), getattr(value, a.name)) for a in type(value).__attrs_attrs__
+        ]
+    return [(("index", i), v) for i, v in enumerate(value)]
+
+
+def flatten_with_paths(nest: Any) -> List[Tuple[Path, Any]]:
+    """All leaves with their paths, in ``tf.nest.flatten`` order."""
+    out: List[Tuple[Path, Any]] = []
+    _walk(nest, (), out)
+    return out
+
+
+def _walk(value: Any, path: Path, out: List[Tuple[Path, Any]]) -> None:
+    if not is_nested(value):
+        out.append((path, value))
+        return
+    for entry, child in children(value):
+        _walk(child, path + (entry,), out)
+
+
+def flatten(nest: Any) -> List[Any]:
+    """The leaves of ``nest`` in ``tf.nest.flatten`` order."""
+    return [leaf for _, leaf in flatten_with_paths(nest)]
+
+
+def unflatten(structure: Any, flat: Sequence[Any]) -> Any:
+    """Rebuild ``structure``'s shape from ``flat`` leaves (``tf.nest.pack_sequence_as``)."""
+    leaves = iter(flat)
+    result = _rebuild(structure, leaves)
+    for _ in leaves:
+        raise ValueError(
+            f"unflatten got more leaves than the structure has ({len(flatten(structure))})"
+        )
+    return result
+
+
+def _rebuild(structure: Any, leaves: Iterator[Any]) -> Any:
+    if not is_nested(structure):
+        try:
+            return next(leaves)
+        except StopIteration:
+            raise ValueError("unflatten got fewer leaves than the structure has") from None
+    if isinstance(structure, collections.abc.Mapping):
+        rebuilt = {k: _rebuild(structure[k], leaves) for k in sorted_keys(structure)}
+        return _like_mapping(structure, rebuilt)
+    values = [_rebuild(child, leaves) for _, child in children(structure)]
+    return _like_sequence(structure, values)
+
+
+def _like_mapping(instance: collections.abc.Mapping, rebuilt: dict) -> Any:
+    kind = type(instance)
+    ordered = [(k, rebuilt[k]) for k in instance]  # keep the instance's own key order
+    if isinstance(instance, collections.defaultdict):
+        return kind(instance.default_factory, ordered)
+    try:
+        return kind(ordered)
+    except TypeError:
+        return dict(ordered)
+
+
+def _like_sequence(instance: Any, values: List[Any]) -> Any:
+    kind = type(instance)
+    if is_namedtuple(instance) or is_attrs(instance):
+        return kind(*values)
+    if kind in (list, tuple):
+        return kind(values)
+    try:
+        return kind(values)
+    except TypeError:
+        return list(values) if isinstance(instance, list) else tuple(values)
+
+
+def map_structure(fn: Callable[..., Any], structure: Any, *others: Any) -> Any:
+    """Apply ``fn`` leafwise; ``others`` must have ``structure``'s leaf count and order."""
+    flats = [flatten(structure)] + [flatten(o) for o in others]
+    return unflatten(structure, [fn(*leaves) for leaves in zip(*flats)])
+
+
+def format_path(path: Path) -> str:
+    """``(("key", "policy"), ("index", 3))`` -> ``['policy'][3]``; ``()`` -> ``<root>``."""
+    if not path:
+        return "<root>"
+    parts = []
+    for kind, item in path:
+        parts.append(f".{item}" if kind == "field" else f"[{item!r}]")
+    return "".join(parts)

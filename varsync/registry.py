@@ -1,0 +1,234 @@
+"""Which backend serves which URL scheme: built-ins and plugins, found through pluggy.
+
+Plugins come from the ``varsync`` entry-point group. Each registers backends as
+``"module:Class"`` strings, so listing backends imports no storage client; the class is
+imported the first time a URL of its scheme is connected to. A plugin that fails to load
+is reported with a :class:`PluginWarning` and the others keep working.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import threading
+import warnings
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type
+
+import pluggy
+
+from varsync import hookspecs
+from varsync.errors import ConfigurationError, MissingDependencyError, UnknownBackendError
+
+__all__ = [
+    "BackendEntry",
+    "BackendRegistry",
+    "PluginWarning",
+    "available_backends",
+    "backend_class",
+    "get_registry",
+    "reset_registry",
+]
+
+BUILTIN = "built-in"
+
+
+class PluginWarning(UserWarning):
+    """A varsync plugin failed to load or registered something invalid."""
+
+
+@dataclass(frozen=True)
+class BackendEntry:
+    """One registered backend. ``installed`` says whether its dependencies import."""
+
+    scheme: str
+    target: str
+    source: str
+    requires: Tuple[str, ...] = ()
+    install_hint: str = ""
+    description: str = ""
+    missing: Tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def installed(self) -> bool:
+        return not self.missing
+
+
+class BackendRegistry:
+    """Backends by scheme. Plugins receive one in ``varsync_register_backends``."""
+
+    def __init__(self) -> None:
+        self._entries: Dict[str, BackendEntry] = {}
+        self._classes: Dict[str, type] = {}
+        self._source = BUILTIN
+        self._lock = threading.Lock()
+
+    def add(
+        self,
+        scheme: str,
+        target: str,
+        *,
+        requires: Sequence[str] = (),
+        extra: Optional[str] = None,
+        install_hint: Optional[str] = None,
+        description: str = "",
+    ) -> None:
+        """Register ``target`` (``"module:Class"``) for URLs ``scheme://...``.
+
+        ``requires`` names the top-level modules the backend imports; ``extra`` is
+        varsync's pip extra that installs them (built-ins) and ``install_hint`` the
+        command to print otherwise. The first backend registered for a scheme keeps it.
+        """
+        scheme = scheme.lower()
+        if not scheme.replace("+", "").replace("-", "").replace(".", "").isalnum():
+            raise ConfigurationError(f"backend scheme {scheme!r} is not a valid URL scheme")
+        if target.count(":") != 1:
+            raise ConfigurationError(
+                f"backend target {target!r} for {scheme}:// must be 'module:Class'"
+            )
+        hint = install_hint or (f'pip install "varsync[{extra}]"' if extra else "")
+        if not hint and requires:
+            hint = "pip install " + " ".join(requires)
+        entry = BackendEntry(
+            scheme=scheme,
+            target=target,
+            source=self._source,
+            requires=tuple(requires),
+            install_hint=hint,
+            description=description,
+            missing=tuple(m for m in requires if importlib.util.find_spec(m) is None),
+        )
+        previous = self._entries.get(scheme)
+        if previous is not None:
+            warnings.warn(
+                f"{entry.source} registers {scheme}:// again ({target}); keeping "
+                f"{previous.target} from {previous.source}",
+                PluginWarning,
+                stacklevel=2,
+            )
+            return
+        self._entries[scheme] = entry
+
+    @property
+    def entries(self) -> Mapping[str, BackendEntry]:
+        """A read-only view of the registered backends by scheme."""
+        return MappingProxyType(self._entries)
+
+    def backend_class(self, scheme: str) -> type:
+        """The backend class for ``scheme``, imported on first use."""
+        scheme = scheme.lower()
+        entry = self._entries.get(scheme)
+        if entry is None:
+            raise UnknownBackendError(
+                f"no varsync backend for {scheme}://; installed schemes: "
+                f"{', '.join(s + '://' for s in sorted(self._entries)) or 'none'}. "
+                "Third-party backends are packages with a 'varsync' entry point."
+            )
+        with self._lock:
+            if scheme not in self._classes:
+                self._classes[scheme] = _import_target(entry)
+            return self._classes[scheme]
+
+
+def _import_target(entry: BackendEntry) -> type:
+    module_name, _, class_name = entry.target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        missing = exc.name or module_name
+        hint = f"; install it with: {entry.install_hint}" if entry.install_hint else ""
+        raise MissingDependencyError(
+            f"the {entry.scheme}:// backend ({entry.target}, from {entry.source}) could not "
+            f"import {missing!r}{hint}"
+        ) from exc
+    try:
+        return getattr(module, class_name)
+    except AttributeError:
+        raise ConfigurationError(
+            f"the {entry.scheme}:// backend names {entry.target}, but {module_name} has no "
+            f"{class_name}; the plugin from {entry.source} is broken"
+        ) from None
+
+
+def _entry_points() -> List[importlib.metadata.EntryPoint]:
+    found = importlib.metadata.entry_points()
+    if hasattr(found, "select"):
+        return list(found.select(group=hookspecs.PROJECT))
+    return list(found.get(hookspecs.PROJECT, ()))  # Python 3.9
+
+
+def _source_of(entry_point: importlib.metadata.EntryPoint) -> str:
+    dist = getattr(entry_point, "dist", None)
+    if dist is None:
+        return f"entry point {entry_point.name}"
+    return f"{dist.metadata['Name']} {dist.version}"
+
+
+def _build_registry() -> BackendRegistry:
+    from varsync import backends as builtin
+
+    manager = pluggy.PluginManager(hookspecs.PROJECT)
+    manager.add_hookspecs(hookspecs)
+    manager.register(builtin, name=BUILTIN)
+    sources = {BUILTIN: BUILTIN}
+    for entry_point in _entry_points():
+        source = _source_of(entry_point)
+        name = f"{source}: {entry_point.name}"
+        if manager.has_plugin(name):
+            continue  # the same distribution found twice on sys.path
+        try:
+            manager.register(entry_point.load(), name=name)
+            sources[name] = source
+        except Exception as exc:  # a broken plugin must not break the others
+            _warn_broken(entry_point.name, source, exc)
+
+    registry = BackendRegistry()
+    # get_hookimpls() keeps registration order: built-ins first, so they keep their schemes.
+    for impl in manager.hook.varsync_register_backends.get_hookimpls():
+        registry._source = sources[impl.plugin_name]
+        try:
+            impl.function(registry=registry)
+        except Exception as exc:
+            _warn_broken(impl.plugin_name, registry._source, exc)
+    registry._source = BUILTIN
+    return registry
+
+
+def _warn_broken(name: str, source: str, exc: Exception) -> None:
+    warnings.warn(
+        f"varsync plugin {name!r} from {source} failed to load and was skipped: "
+        f"{type(exc).__name__}: {exc}",
+        PluginWarning,
+        stacklevel=3,
+    )
+
+
+_REGISTRY: Optional[BackendRegistry] = None
+_REGISTRY_LOCK = threading.Lock()
+
+
+def get_registry() -> BackendRegistry:
+    """The process-wide registry, built on first use."""
+    global _REGISTRY
+    with _REGISTRY_LOCK:
+        if _REGISTRY is None:
+            _REGISTRY = _build_registry()
+        return _REGISTRY
+
+
+def reset_registry() -> None:
+    """Forget the registry so the next use scans the entry points again."""
+    global _REGISTRY
+    with _REGISTRY_LOCK:
+        _REGISTRY = None
+
+
+def available_backends() -> List[BackendEntry]:
+    """Every registered backend: scheme, source, and whether its dependencies import."""
+    return sorted(get_registry().entries.values(), key=lambda e: e.scheme)
+
+
+def backend_class(scheme: str) -> Type[Any]:
+    return get_registry().backend_class(scheme)

@@ -1,0 +1,497 @@
+"""Specs and signatures: what a table holds, and the checks made before any write.
+
+A :class:`Spec` is a fixed shape and a numpy dtype. A signature is a nest of specs; it can
+be built from a nest of example values or of specs (see :func:`signature_of`). Values are
+checked against a signature leaf by leaf, in the signature's structure, and turned into
+the flat list of arrays a backend stores (see :func:`flatten_values`).
+
+Signatures travel as JSON (:func:`to_json` / :func:`from_json`): portable, versioned and
+never pickled.
+"""
+
+from __future__ import annotations
+
+import collections
+import collections.abc
+import json
+import numbers
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+import numpy as np
+
+from varsync import adapters
+from varsync import nest as nest_lib
+from varsync.errors import CorruptDataError, SignatureError, SignatureMismatchError
+
+__all__ = [
+    "Spec",
+    "SUPPORTED_DTYPES",
+    "signature_of",
+    "flatten_values",
+    "flatten_targets",
+    "assign",
+    "flat_specs",
+    "same_structure",
+    "to_json",
+    "from_json",
+    "describe",
+]
+
+SUPPORTED_DTYPES: Tuple[np.dtype, ...] = tuple(
+    np.dtype(name)
+    for name in (
+        "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+        "float16", "float32", "float64", "complex64", "complex128",
+    )
+)
+_SUPPORTED_NAMES = ", ".join(d.name for d in SUPPORTED_DTYPES)
+
+FORMAT = "varsync.signature"
+FORMAT_VERSION = 1
+
+
+def _native(dtype: np.dtype) -> np.dtype:
+    return dtype.newbyteorder("=") if dtype.byteorder not in ("=", "|") else dtype
+
+
+def canonical_dtype(dtype: Any) -> np.dtype:
+    """``dtype`` as a native-byte-order numpy dtype varsync stores, or ``SignatureError``."""
+    try:
+        resolved = _native(np.dtype(dtype))
+    except TypeError as exc:
+        raise SignatureError(f"{dtype!r} is not a dtype ({exc}); expected one of {_SUPPORTED_NAMES}")
+    if resolved not in SUPPORTED_DTYPES:
+        raise SignatureError(
+            f"dtype {resolved} cannot be stored; expected one of {_SUPPORTED_NAMES}"
+        )
+    return resolved
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A fixed shape and a dtype: what one leaf of a table holds."""
+
+    shape: Tuple[int, ...]
+    dtype: np.dtype
+
+    def __init__(self, shape: Sequence[int], dtype: Any) -> None:
+        try:
+            dims = tuple(int(d) for d in shape)
+            well_formed = all(d >= 0 and d == s for d, s in zip(dims, shape))
+        except TypeError:
+            well_formed = False
+        if not well_formed:
+            raise SignatureError(
+                f"Spec shape {shape!r} is not fully defined; expected a sequence of "
+                "non-negative ints (variables have known shapes)"
+            )
+        object.__setattr__(self, "shape", dims)
+        object.__setattr__(self, "dtype", canonical_dtype(dtype))
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def __repr__(self) -> str:
+        return f"Spec(shape={self.shape}, dtype={self.dtype.name})"
+
+
+# ---------------------------------------------------------------------------------------
+# Building a signature
+
+
+def signature_of(example: Any) -> Any:
+    """The signature (a nest of :class:`Spec`) of a nest of example values or specs.
+
+    Leaves may be :class:`Spec`, numpy arrays and scalars, Python bool/int/float/complex
+    (numpy's default dtypes: bool, int64, float64, complex128), and with TensorFlow
+    installed ``tf.TensorSpec``, ``tf.Variable`` and tensors.
+    """
+    try:
+        with_paths = nest_lib.flatten_with_paths(example)
+    except TypeError as exc:
+        raise SignatureError(f"cannot build a signature: {exc}") from None
+    specs = [_spec_of_leaf(path, leaf) for path, leaf in with_paths]
+    return _plain_structure(example, specs)
+
+
+def _spec_of_leaf(path: nest_lib.Path, leaf: Any) -> Spec:
+    if isinstance(leaf, Spec):
+        return leaf
+    where = nest_lib.format_path(path)
+    adapter = adapters.adapter_for(leaf)
+    try:
+        if adapter is not None:
+            shape, dtype = adapter.shape_and_dtype(leaf)
+            return Spec(shape, dtype)
+        if leaf is None:
+            raise SignatureError("None is not a value")
+        if isinstance(leaf, (str, bytes)):
+            raise SignatureError(f"{type(leaf).__name__} is not a numeric value")
+        array = np.asarray(leaf)
+        return Spec(array.shape, array.dtype)
+    except SignatureError as exc:
+        raise SignatureError(
+            f"cannot build a signature: the leaf at {where} ({_describe_value(leaf)}): {exc}"
+        ) from None
+
+
+def _plain_structure(structure: Any, leaves: List[Any]) -> Any:
+    """``structure`` rebuilt from ``leaves`` with mappings as plain, sorted dicts."""
+    items = iter(leaves)
+
+    def build(node: Any) -> Any:
+        if not nest_lib.is_nested(node):
+            return next(items)
+        if isinstance(node, collections.abc.Mapping):
+            for key in node:
+                if not isinstance(key, (str, int)) or isinstance(key, bool):
+                    raise SignatureError(
+                        f"dict key {key!r} ({type(key).__name__}) cannot be stored in a "
+                        "signature; expected str or int keys"
+                    )
+            return {k: build(node[k]) for k in nest_lib.sorted_keys(node)}
+        kids = [build(child) for _, child in nest_lib.children(node)]
+        if nest_lib.is_namedtuple(node) or nest_lib.is_attrs(node):
+            fields = [name for (_, name), _ in nest_lib.children(node)]
+            return _namedtuple_type(type(node).__name__, fields, type(node).__module__)(*kids)
+        return list(kids) if isinstance(node, list) else tuple(kids)
+
+    return build(structure)
+
+
+_NAMEDTUPLES: Dict[Tuple[str, Tuple[str, ...], str], type] = {}
+
+
+def _namedtuple_type(name: str, fields: Sequence[str], module: str) -> type:
+    """A namedtuple class for a stored structure.
+
+    A namedtuple of that name and fields in an *already imported* module is reused (so a
+    pull returns the user's own class); otherwise one is made, once per name and fields.
+    Nothing is ever imported.
+    """
+    fields = tuple(fields)
+    found = getattr(sys.modules.get(module), name, None)
+    if isinstance(found, type) and issubclass(found, tuple) and getattr(found, "_fields", None) == fields:
+        return found
+    key = (name, fields, module)
+    if key not in _NAMEDTUPLES:
+        try:
+            made = collections.namedtuple(name, fields)  # type: ignore[misc]
+        except ValueError as exc:
+            raise CorruptDataError(f"stored namedtuple {name}{fields} is not valid: {exc}")
+        made.__module__ = module
+        _NAMEDTUPLES[key] = made
+    return _NAMEDTUPLES[key]
+
+
+def flat_specs(signature: Any) -> List[Spec]:
+    return nest_lib.flatten(signature)
+
+
+# ---------------------------------------------------------------------------------------
+# Checking values against a signature
+
+
+def flatten_values(signature: Any, values: Any) -> List[np.ndarray]:
+    """Check ``values`` against ``signature``; return its leaves as arrays, in flat order.
+
+    Every array returned is C-contiguous, in native byte order and of exactly its spec's
+    dtype and shape; arrays the caller passed that already qualify are returned as they
+    are, not copied. Raises :class:`SignatureMismatchError` naming the path of the first
+    difference, before anything else happens.
+    """
+    out: List[np.ndarray] = []
+    _check(signature, values, (), out, _leaf_array)
+    return out
+
+
+def flatten_targets(signature: Any, variables: Any) -> List[Any]:
+    """Check that ``variables`` can receive a value of ``signature`` in place; return
+    them in flat order. Each must be a writable numpy array (or, with TensorFlow, a
+    ``tf.Variable``) of its spec's dtype and shape; else :class:`SignatureMismatchError`."""
+    out: List[Any] = []
+    _check(signature, variables, (), out, _leaf_target)
+    return out
+
+
+def assign(target: Any, array: np.ndarray) -> None:
+    """Copy ``array`` into ``target``, one of :func:`flatten_targets`' results."""
+    if isinstance(target, np.ndarray):
+        np.copyto(target, array)
+    else:
+        adapters.adapter_for(target).assign(target, array)  # type: ignore[union-attr]
+
+
+LeafCheck = Callable[[Spec, Any, nest_lib.Path], Any]
+
+
+def _check(
+    expected: Any, got: Any, path: nest_lib.Path, out: List[Any], leaf: LeafCheck
+) -> None:
+    """Walk ``got`` in ``expected``'s structure, appending ``leaf(spec, value, path)``."""
+    if isinstance(expected, Spec):
+        out.append(leaf(expected, got, path))
+        return
+    where = nest_lib.format_path(path)
+    if isinstance(expected, collections.abc.Mapping):
+        if not isinstance(got, collections.abc.Mapping):
+            raise SignatureMismatchError(
+                f"structure differs at {where}: expected a dict with keys "
+                f"{sorted(expected)!r}, got {_describe_value(got)}"
+            )
+        missing = [k for k in expected if k not in got]
+        extra = [k for k in got if k not in expected]
+        if missing or extra:
+            raise SignatureMismatchError(
+                f"structure differs at {where}: expected keys {sorted(expected)!r}, got keys "
+                f"{_safe_sorted(got)!r} (missing {missing!r}, unexpected {extra!r})"
+            )
+        for key in expected:  # signature dicts are already in sorted order
+            _check(expected[key], got[key], path + (("key", key),), out, leaf)
+        return
+    if not _is_sequence(got):
+        raise SignatureMismatchError(
+            f"structure differs at {where}: expected a sequence of {len(expected)} items, "
+            f"got {_describe_value(got)}"
+        )
+    got_children = nest_lib.children(got)
+    if len(got_children) != len(expected):
+        raise SignatureMismatchError(
+            f"structure differs at {where}: expected a sequence of {len(expected)} items, "
+            f"got {_describe_value(got)}"
+        )
+    for i, (child_spec, (entry, child)) in enumerate(zip(expected, got_children)):
+        step = entry if entry[0] == "field" else ("index", i)
+        _check(child_spec, child, path + (step,), out, leaf)
+
+
+def _is_sequence(value: Any) -> bool:
+    return nest_lib.is_nested(value) and not isinstance(value, collections.abc.Mapping)
+
+
+def _safe_sorted(keys: Any) -> List[Any]:
+    try:
+        return sorted(keys)
+    except TypeError:
+        return list(keys)
+
+
+def _mismatch(spec: Spec, path: nest_lib.Path, reason: str) -> SignatureMismatchError:
+    return SignatureMismatchError(
+        f"value at {nest_lib.format_path(path)} does not match the signature: expected "
+        f"{spec.dtype.name} of shape {spec.shape}, got {reason}"
+    )
+
+
+def _not_a_nest(spec: Spec, value: Any, path: nest_lib.Path) -> None:
+    if nest_lib.is_nested(value):
+        raise _mismatch(
+            spec,
+            path,
+            f"{_describe_value(value)} (a list, tuple or dict is a nest, not an array; "
+            "pass np.asarray(...) for array data)",
+        )
+
+
+def _leaf_target(spec: Spec, target: Any, path: nest_lib.Path) -> Any:
+    _not_a_nest(spec, target, path)
+    adapter = adapters.adapter_for(target)
+    if adapter is not None and adapter.is_assignable(target):
+        shape, dtype = adapter.shape_and_dtype(target)
+        got = f"a variable of dtype {np.dtype(dtype).name} and shape {tuple(shape)}"
+    elif isinstance(target, np.ndarray):
+        if not target.flags.writeable:
+            raise _mismatch(spec, path, "a read-only array (update assigns in place)")
+        shape, dtype = target.shape, _native(target.dtype)
+        got = _describe_value(target)
+    else:
+        raise _mismatch(
+            spec,
+            path,
+            f"{_describe_value(target)}, which cannot be assigned in place (expected a "
+            "writable numpy array or a tf.Variable)",
+        )
+    if tuple(shape) != spec.shape or np.dtype(dtype) != spec.dtype:
+        raise _mismatch(spec, path, got)
+    return target
+
+
+def _leaf_array(spec: Spec, value: Any, path: nest_lib.Path) -> np.ndarray:
+    def mismatch(reason: str) -> SignatureMismatchError:
+        return _mismatch(spec, path, reason)
+
+    _not_a_nest(spec, value, path)
+    adapter = adapters.adapter_for(value)
+    if adapter is not None:
+        try:
+            value = adapter.to_numpy(value)
+        except Exception as exc:
+            raise mismatch(f"{_describe_value(value)}, which has no value ({exc})") from None
+    elif isinstance(value, (bool, int, float, complex)) and not isinstance(value, np.generic):
+        return _python_scalar(spec, value, mismatch)
+    if value is None or isinstance(value, (str, bytes)):
+        raise mismatch(_describe_value(value))
+    try:
+        array = np.asarray(value)
+    except Exception as exc:  # arbitrary objects may fail in arbitrary ways
+        raise mismatch(f"{_describe_value(value)}, which is not an array ({exc})") from None
+    if array.dtype.kind in "OUSVMm":
+        raise mismatch(
+            f"{_describe_value(value)}, which cannot be an array of a fixed numeric dtype"
+        )
+    if _native(array.dtype) != spec.dtype:
+        raise mismatch(f"dtype {_native(array.dtype).name} (shape {array.shape})")
+    if array.shape != spec.shape:
+        raise mismatch(f"shape {array.shape} ({array.dtype.name})")
+    if array.dtype.byteorder not in ("=", "|"):
+        array = array.astype(spec.dtype)
+    return np.asarray(array, order="C")
+
+
+def _python_scalar(spec: Spec, value: Any, mismatch: Any) -> np.ndarray:
+    """Python scalars are weakly typed, as in TensorFlow: they take the spec's dtype when
+    it holds them exactly (an int into any int, uint or float table; a float into a float
+    table; ...)."""
+    if spec.shape != ():
+        raise mismatch(f"a Python {type(value).__name__} scalar")
+    kind = spec.dtype.kind
+    if kind not in _PYTHON_SCALAR_KINDS[_python_type(value)]:
+        raise mismatch(f"Python {type(value).__name__} {value!r}")
+    if kind in "iu" and isinstance(value, numbers.Integral):
+        info = np.iinfo(spec.dtype)
+        if not info.min <= value <= info.max:
+            raise mismatch(f"{value!r}, outside {spec.dtype.name}'s range [{info.min}, {info.max}]")
+    return np.asarray(value, dtype=spec.dtype)
+
+
+_PYTHON_SCALAR_KINDS = {bool: "b", int: "iufc", float: "fc", complex: "c"}
+
+
+def _python_type(value: Any) -> type:
+    for kind in (bool, int, float, complex):  # bool first: it is also an int
+        if isinstance(value, kind):
+            return kind
+    raise TypeError(value)
+
+
+def _describe_value(value: Any) -> str:
+    if isinstance(value, collections.abc.Mapping):
+        return f"a {type(value).__name__} with keys {_safe_sorted(value)!r}"
+    if nest_lib.is_namedtuple(value) or nest_lib.is_attrs(value):
+        return f"a {type(value).__name__} of {len(nest_lib.children(value))} fields"
+    if isinstance(value, (list, tuple)):
+        return f"a {type(value).__name__} of {len(value)} items"
+    if isinstance(value, np.ndarray):
+        return f"an array of dtype {value.dtype} and shape {value.shape}"
+    if value is None:
+        return "None"
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{type(value).__name__} {text}"
+
+
+def same_structure(a: Any, b: Any) -> bool:
+    """Signature equality: same structure (list and tuple alike), same specs."""
+    return _structure_key(a) == _structure_key(b)
+
+
+def _structure_key(node: Any) -> Any:
+    if isinstance(node, Spec):
+        return ("spec", node.shape, node.dtype.str)
+    if isinstance(node, collections.abc.Mapping):
+        return ("dict", tuple((k, _structure_key(node[k])) for k in nest_lib.sorted_keys(node)))
+    return ("seq", tuple(_structure_key(child) for _, child in nest_lib.children(node)))
+
+
+def describe(signature: Any) -> str:
+    """A signature as readable lines: ``['policy'][0]  float32  (64, 32)``."""
+    rows = [
+        f"{nest_lib.format_path(path)}  {spec.dtype.name}  {spec.shape}"
+        for path, spec in nest_lib.flatten_with_paths(signature)
+    ]
+    return "\n".join(rows) if rows else "(no leaves)"
+
+
+# ---------------------------------------------------------------------------------------
+# Portable form
+
+
+def to_json(signature: Any) -> str:
+    """The signature as portable JSON text (format ``varsync.signature``, version 1)."""
+    document = {"format": FORMAT, "version": FORMAT_VERSION, "structure": _encode(signature)}
+    return json.dumps(document, separators=(",", ":"), sort_keys=True)
+
+
+def _encode(node: Any) -> Any:
+    if isinstance(node, Spec):
+        return {"spec": {"shape": list(node.shape), "dtype": node.dtype.name}}
+    if isinstance(node, collections.abc.Mapping):
+        return {"dict": [[k, _encode(node[k])] for k in nest_lib.sorted_keys(node)]}
+    if nest_lib.is_namedtuple(node):
+        return {
+            "namedtuple": {
+                "name": type(node).__name__,
+                "module": type(node).__module__,
+                "fields": list(type(node)._fields),
+                "values": [_encode(v) for v in node],
+            }
+        }
+    kind = "list" if isinstance(node, list) else "tuple"
+    return {kind: [_encode(v) for v in node]}
+
+
+def from_json(text: str) -> Any:
+    """The signature stored as :func:`to_json` text; ``CorruptDataError`` if it is not one."""
+    try:
+        document = json.loads(text)
+    except (TypeError, ValueError) as exc:
+        raise CorruptDataError(f"stored signature is not JSON ({exc}): {str(text)[:80]!r}") from None
+    if not isinstance(document, dict) or document.get("format") != FORMAT:
+        raise CorruptDataError(
+            f"stored signature is not a {FORMAT} document: {str(text)[:80]!r}"
+        )
+    if document.get("version") != FORMAT_VERSION:
+        raise CorruptDataError(
+            f"stored signature has format version {document.get('version')!r}; this varsync "
+            f"reads version {FORMAT_VERSION} (upgrade varsync to read newer tables)"
+        )
+    try:
+        return _decode(document["structure"])
+    except CorruptDataError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, SignatureError) as exc:
+        raise CorruptDataError(f"stored signature is malformed: {exc}") from None
+
+
+def _decode(node: Any) -> Any:
+    if not isinstance(node, dict) or len(node) != 1:
+        raise CorruptDataError(f"stored signature node is malformed: {str(node)[:80]!r}")
+    (kind, body), = node.items()
+    if kind == "spec":
+        return Spec(body["shape"], body["dtype"])
+    if kind == "dict":
+        decoded = {}
+        for key, child in body:
+            if not isinstance(key, (str, int)) or isinstance(key, bool):
+                raise CorruptDataError(f"stored dict key {key!r} is not a str or int")
+            decoded[key] = _decode(child)
+        return {k: decoded[k] for k in nest_lib.sorted_keys(decoded)}
+    if kind == "namedtuple":
+        made = _namedtuple_type(body["name"], body["fields"], body.get("module", "__varsync__"))
+        values = [_decode(v) for v in body["values"]]
+        if len(values) != len(made._fields):
+            raise CorruptDataError(f"stored namedtuple {body['name']} has the wrong field count")
+        return made(*values)
+    if kind == "list":
+        return [_decode(v) for v in body]
+    if kind == "tuple":
+        return tuple(_decode(v) for v in body)
+    raise CorruptDataError(f"stored signature has an unknown node kind {kind!r}")
