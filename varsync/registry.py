@@ -185,8 +185,10 @@ def _build_registry() -> BackendRegistry:
             _warn_broken(entry_point.name, source, exc)
 
     registry = BackendRegistry()
-    # get_hookimpls() keeps registration order: built-ins first, so they keep their schemes.
-    for impl in manager.hook.varsync_register_backends.get_hookimpls():
+    # Built-ins first, so they keep their schemes: get_hookimpls() keeps registration
+    # order only among plain hookimpls (pluggy puts trylast ones first).
+    impls = manager.hook.varsync_register_backends.get_hookimpls()
+    for impl in sorted(impls, key=lambda impl: impl.plugin_name != BUILTIN):
         registry._source = sources[impl.plugin_name]
         try:
             impl.function(registry=registry)

@@ -80,7 +80,7 @@ class Spec:
         try:
             dims = tuple(int(d) for d in shape)
             well_formed = all(d >= 0 and d == s for d, s in zip(dims, shape))
-        except TypeError:
+        except (TypeError, ValueError, OverflowError):  # None, "a", nan, inf
             well_formed = False
         if not well_formed:
             raise SignatureError(
@@ -368,7 +368,11 @@ def _python_scalar(spec: Spec, value: Any, mismatch: Any) -> np.ndarray:
         info = np.iinfo(spec.dtype)
         if not info.min <= value <= info.max:
             raise mismatch(f"{value!r}, outside {spec.dtype.name}'s range [{info.min}, {info.max}]")
-    return np.asarray(value, dtype=spec.dtype)
+    try:
+        with np.errstate(over="raise"):
+            return np.asarray(value, dtype=spec.dtype)
+    except (OverflowError, FloatingPointError):  # e.g. 1e300 into float32, 10**400 into float64
+        raise mismatch(f"{value!r}, too large for {spec.dtype.name}") from None
 
 
 _PYTHON_SCALAR_KINDS = {bool: "b", int: "iufc", float: "fc", complex: "c"}
@@ -452,7 +456,7 @@ def from_json(text: str) -> Any:
     """The signature stored as :func:`to_json` text; ``CorruptDataError`` if it is not one."""
     try:
         document = json.loads(text)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise CorruptDataError(f"stored signature is not JSON ({exc}): {str(text)[:80]!r}") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise CorruptDataError(
@@ -467,7 +471,7 @@ def from_json(text: str) -> Any:
         return _decode(document["structure"])
     except CorruptDataError:
         raise
-    except (KeyError, TypeError, ValueError, AttributeError, SignatureError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, RecursionError, SignatureError) as exc:
         raise CorruptDataError(f"stored signature is malformed: {exc}") from None
 
 

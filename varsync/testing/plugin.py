@@ -1,1 +1,15 @@
-"""pytest plugin (entry point ``pytest11``): placeholder until the suite lands."""
+"""pytest plugin for the conformance suite (registered through the ``pytest11`` entry point).
+
+It makes pytest rewrite the suite's asserts, so a failing conformance test shows the
+values it compared, in a third party's test run as in ours.
+"""
+
+import pytest
+
+pytest.register_assert_rewrite("varsync.testing.suite")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "varsync_conformance: a test of varsync's backend conformance suite"
+    )

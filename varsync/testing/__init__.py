@@ -1,0 +1,46 @@
+"""The varsync conformance suite: the behaviour every backend must show.
+
+Subclass :class:`ConformanceTests` in a test module and give it one fixture, ``url``, a
+URL for a fresh, empty namespace of your backend::
+
+    import uuid
+    import pytest
+    from varsync.testing import ConformanceTests
+
+    class TestMyBackend(ConformanceTests):
+        @pytest.fixture
+        def url(self):
+            return f"mine://localhost:1234?namespace=test-{uuid.uuid4().hex}"
+
+Run pytest: every test of the suite runs against your backend. Tests of abilities your
+backend does not declare (its ``supports_*`` / ``shared_across_processes`` flags) skip.
+
+Optional fixtures to override:
+
+- ``connect_options``: keyword arguments for every ``varsync.connect`` call;
+- ``make_tables``: a function ``make(tables) -> url`` that brings tables ``{name:
+  signature}`` into being and returns the URL to connect to; override it when clients
+  cannot create tables (as with Reverb, whose tables are fixed when the server starts).
+
+The mixins (:class:`TableTests`, :class:`RoundTripTests`, ...) can also be used alone.
+The suite is registered as a pytest plugin (entry point ``pytest11``), so nothing else
+is needed in ``conftest.py``.
+"""
+
+from varsync.testing.suite import (
+    ConcurrencyTests,
+    ConformanceTests,
+    RoundTripTests,
+    TableTests,
+    ValidationTests,
+    VersionTests,
+)
+
+__all__ = [
+    "ConformanceTests",
+    "TableTests",
+    "RoundTripTests",
+    "ValidationTests",
+    "VersionTests",
+    "ConcurrencyTests",
+]
