@@ -26,6 +26,7 @@ from varsync.errors import (
     TableConfigurationError,
     TableExistsError,
     TableNotFoundError,
+    TableResetError,
     UnknownBackendError,
     VarsyncError,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "UnknownBackendError",
     "MissingDependencyError",
     "TableNotFoundError",
+    "TableResetError",
     "TableExistsError",
     "TableConfigurationError",
     "MissingSignatureError",

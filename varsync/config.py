@@ -97,9 +97,8 @@ def redact(url: str) -> str:
         return "<unparsable URL>"
     if parts.password is None:
         return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    netloc = f"{user}:***@{host}"
-    return urlunsplit(parts._replace(netloc=netloc))
+    # From the raw netloc: parts.port raises on a bad port, parts.hostname drops
+    # IPv6 brackets and case.
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user = userinfo.partition(":")[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))

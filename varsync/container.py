@@ -11,7 +11,7 @@ import numpy as np
 
 from varsync import nest as nest_lib
 from varsync import signature as sig
-from varsync.backends.base import Backend, Snapshot, deadline_after, remaining
+from varsync.backends.base import Backend, deadline_after, remaining
 from varsync.config import parse_timeout, redact
 from varsync.errors import (
     ConfigurationError,
@@ -20,6 +20,7 @@ from varsync.errors import (
     PullTimeoutError,
     TableExistsError,
     TableNotFoundError,
+    TableResetError,
     VarsyncError,
 )
 
@@ -132,7 +133,7 @@ class VariableContainer:
         """The table's latest value as a nest of numpy arrays in its signature's
         structure. On an empty table, waits up to ``timeout`` seconds (default: the
         container's) for a first push, then raises :class:`PullTimeoutError`."""
-        return self._nest(table, self._pull_flat(table, 0, timeout)[1])
+        return self._nest(table, self._pull_flat(table, timeout)[1])
 
     def pull_if_newer(
         self, version: int, table: str = DEFAULT_TABLE, *, timeout: Any = None
@@ -142,11 +143,12 @@ class VariableContainer:
         whatever the size of the table. ``timeout`` bounds the transfer."""
         version = self._check_version(version)
         self._table(table)
-        snapshot = self._backend_call().read(table, version, self._timeout(timeout))
-        if snapshot is None:
+        current, arrays = self._backend_call().read(table, version, self._timeout(timeout))
+        if arrays is None:
+            self._check_not_reset(table, current, version)
             return None
-        new_version, arrays = self._checked(table, snapshot)
-        return new_version, self._nest(table, arrays)
+        current, arrays = self._checked(table, current, arrays)
+        return current, self._nest(table, arrays)
 
     def wait_for(self, version: int, table: str = DEFAULT_TABLE, *, timeout: Any = None) -> int:
         """Block until the table's version is greater than ``version``; return it.
@@ -154,7 +156,9 @@ class VariableContainer:
         container's timeout; ``math.inf`` to wait without bound)."""
         version = self._check_version(version)
         self._table(table)
-        return self._backend_call().wait(table, version, self._timeout(timeout))
+        current = self._backend_call().wait(table, version, self._timeout(timeout))
+        self._check_not_reset(table, current, version)
+        return current
 
     def update(self, variables: Any, table: str = DEFAULT_TABLE) -> int:
         """Pull the table and assign the values into ``variables`` in place (writable
@@ -162,7 +166,7 @@ class VariableContainer:
         variables are all checked before any is assigned."""
         signature, _ = self._table(table)
         targets = sig.flatten_targets(signature, variables)
-        version, arrays = self._pull_flat(table, 0, None)
+        version, arrays = self._pull_flat(table, None)
         for target, array in zip(targets, arrays):
             sig.assign(target, array)
         return version
@@ -224,29 +228,39 @@ class VariableContainer:
     def _timeout(self, timeout: Any) -> Optional[float]:
         return self.timeout if timeout is None else parse_timeout(timeout, "timeout")
 
-    def _pull_flat(self, table: str, newer_than: int, timeout: Any) -> Snapshot:
+    def _pull_flat(self, table: str, timeout: Any) -> Tuple[int, List[np.ndarray]]:
+        """The latest version and arrays, waiting up to ``timeout`` for a first push."""
         self._table(table)
         limit = self._timeout(timeout)
         deadline = deadline_after(limit)
         backend = self._backend_call()
         while True:
-            snapshot = backend.read(table, newer_than, limit)
-            if snapshot is not None:
-                return self._checked(table, snapshot)
+            version, arrays = backend.read(table, 0, limit)
+            if arrays is not None:
+                return self._checked(table, version, arrays)
             left = remaining(deadline)
             if left <= 0:
                 raise PullTimeoutError(
                     f"table {table!r} at {redact(backend.url)} is still empty after "
                     f"{limit} s; push to it first, or pull with a longer timeout"
                 )
-            backend.wait(table, newer_than, None if math.isinf(left) else left)
+            backend.wait(table, 0, None if math.isinf(left) else left)
 
     def _nest(self, table: str, arrays: List[np.ndarray]) -> Any:
         return nest_lib.unflatten(self._table(table)[0], arrays)
 
-    def _checked(self, table: str, snapshot: Snapshot) -> Snapshot:
+    def _check_not_reset(self, table: str, current: int, held: int) -> None:
+        if current < held:
+            raise TableResetError(
+                f"table {table!r} at {redact(self._backend.url)} is at version {current}, "
+                f"below version {held} you hold: its history restarted (e.g. the server lost "
+                "its data). Your version means nothing now; pull() to resynchronise."
+            )
+
+    def _checked(
+        self, table: str, version: int, arrays: List[np.ndarray]
+    ) -> Tuple[int, List[np.ndarray]]:
         """The backend's arrays, verified against the table's specs."""
-        version, arrays = snapshot
         specs = self._table(table)[1]
         if len(arrays) != len(specs):
             raise CorruptDataError(

@@ -12,6 +12,7 @@
     ├── SignatureMismatchError (ValueError)    values that do not fit the table's signature
     ├── ItemTooLargeError (ValueError)         a push over the engine's size limit
     ├── CorruptDataError (ValueError)          stored bytes or metadata that do not add up
+    ├── TableResetError (RuntimeError)         the table's history restarted (data lost)
     ├── PullTimeoutError (TimeoutError)        a bounded wait ran out
     └── BackendConnectionError (ConnectionError)   the engine cannot be reached
         └── AuthenticationError                    the engine refused the credentials
@@ -41,6 +42,7 @@ __all__ = [
     "SignatureMismatchError",
     "ItemTooLargeError",
     "CorruptDataError",
+    "TableResetError",
     "PullTimeoutError",
     "BackendConnectionError",
     "AuthenticationError",
@@ -99,6 +101,12 @@ class ItemTooLargeError(VarsyncError, ValueError):
 
 class CorruptDataError(VarsyncError, ValueError):
     """Stored data or metadata is inconsistent, foreign or of an unknown format."""
+
+
+class TableResetError(VarsyncError, RuntimeError):
+    """The table is at a lower version than one the caller holds: its history restarted
+    (for example the server lost its data). Versions from before are meaningless now;
+    ``pull()`` or ``pull_if_newer(0)`` resynchronises."""
 
 
 class PullTimeoutError(VarsyncError, TimeoutError):

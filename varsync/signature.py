@@ -328,6 +328,7 @@ def _leaf_array(spec: Spec, value: Any, path: nest_lib.Path) -> np.ndarray:
         return _mismatch(spec, path, reason)
 
     _not_a_nest(spec, value, path)
+    given = value  # describe a tensor as given (e.g. dtype=string), not its numpy copy
     adapter = adapters.adapter_for(value)
     if adapter is not None:
         try:
@@ -344,7 +345,7 @@ def _leaf_array(spec: Spec, value: Any, path: nest_lib.Path) -> np.ndarray:
         raise mismatch(f"{_describe_value(value)}, which is not an array ({exc})") from None
     if array.dtype.kind in "OUSVMm":
         raise mismatch(
-            f"{_describe_value(value)}, which cannot be an array of a fixed numeric dtype"
+            f"{_describe_value(given)}, which cannot be an array of a fixed numeric dtype"
         )
     if _native(array.dtype) != spec.dtype:
         raise mismatch(f"dtype {_native(array.dtype).name} (shape {array.shape})")

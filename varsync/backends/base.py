@@ -29,8 +29,8 @@ from varsync.signature import Spec
 
 __all__ = ["Backend", "Snapshot", "remaining", "deadline_after"]
 
-Snapshot = Tuple[int, List[np.ndarray]]
-"""A version and its arrays, all from that one version."""
+Snapshot = Tuple[int, Optional[List[np.ndarray]]]
+"""The table's current version and, when asked for, that one version's arrays."""
 
 
 class Backend(abc.ABC):
@@ -100,16 +100,18 @@ class Backend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def read(self, name: str, newer_than: int, timeout: Optional[float]) -> Optional[Snapshot]:
-        """The latest value if its version is greater than ``newer_than``, else ``None``.
+    def read(self, name: str, newer_than: int, timeout: Optional[float]) -> Snapshot:
+        """``(version, arrays)`` of the latest value if its version is greater than
+        ``newer_than``, else ``(version, None)``.
 
-        Must not wait for data: return ``None`` at once when nothing is newer, at the cost
-        of one small request. ``timeout`` bounds the transfer itself.
+        Must not wait for data: when nothing is newer, answer at once at the cost of one
+        small request. ``timeout`` bounds the transfer itself.
         """
 
     def wait(self, name: str, newer_than: int, timeout: Optional[float]) -> int:
-        """Block until the version is greater than ``newer_than``; return it.
+        """Block while the table's version equals ``newer_than``; return the version.
 
+        (A version below ``newer_than`` returns at once: the core reports the reset.)
         Raise :class:`PullTimeoutError` once ``timeout`` seconds pass (``None``: wait as
         long as it takes). This default polls :meth:`version` with a growing interval;
         engines that can notify should override it and set ``supports_blocking_wait``.
@@ -118,7 +120,7 @@ class Backend(abc.ABC):
         interval = 0.001
         while True:
             current = self.version(name)
-            if current > newer_than:
+            if current != newer_than:
                 return current
             left = remaining(deadline)
             if left <= 0:

@@ -106,11 +106,11 @@ class MemoryBackend(Backend):
             self._store.changed.notify_all()
             return table.version
 
-    def read(self, name: str, newer_than: int, timeout: Optional[float]) -> Optional[Snapshot]:
+    def read(self, name: str, newer_than: int, timeout: Optional[float]) -> Snapshot:
         with self._store.changed:
             table = self._store.tables[self._key(name)]
             if table.version <= newer_than:
-                return None
+                return table.version, None
             version, stored = table.version, table.arrays
         return version, [array.view() for array in stored]
 
@@ -118,7 +118,7 @@ class MemoryBackend(Backend):
         deadline = deadline_after(timeout)
         key = self._key(name)
         with self._store.changed:
-            while self._store.tables[key].version <= newer_than:
+            while self._store.tables[key].version == newer_than:
                 left = remaining(deadline)
                 if left <= 0:
                     raise PullTimeoutError(

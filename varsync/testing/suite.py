@@ -359,11 +359,19 @@ class VersionTests(_Base):
         assert version == 1
         assert_bit_equal(values, filled(SMALL, 1))
         assert store.pull_if_newer(1) is None
-        assert store.pull_if_newer(7) is None
         store.push(filled(SMALL, 2))
         version, values = store.pull_if_newer(1)
         assert version == 2
         assert_bit_equal(values, filled(SMALL, 2))
+
+    def test_a_version_above_the_tables_is_reported_as_a_reset_not_waited_on(
+        self, store: Any
+    ) -> None:
+        store.push(filled(SMALL, 1))
+        for call in (lambda: store.pull_if_newer(7), lambda: store.wait_for(7, timeout=20)):
+            with pytest.raises(varsync.TableResetError, match="version 1"):
+                call()
+        assert store.pull_if_newer(0)[0] == 1
 
     def test_pull_of_an_empty_table_times_out(self, store: Any) -> None:
         started = time.monotonic()
