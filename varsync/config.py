@@ -95,10 +95,21 @@ def redact(url: str) -> str:
         parts = urlsplit(url)
     except ValueError:
         return "<unparsable URL>"
-    if parts.password is None:
-        return url
-    # From the raw netloc: parts.port raises on a bad port, parts.hostname drops
-    # IPv6 brackets and case.
-    userinfo, _, host = parts.netloc.rpartition("@")
-    user = userinfo.partition(":")[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    if "://" not in url and "@" in url:
+        return "<URL with credentials>"
+    if parts.password is not None:
+        # From the raw netloc: parts.port raises on a bad port, parts.hostname drops
+        # IPv6 brackets and case.
+        userinfo, _, host = parts.netloc.rpartition("@")
+        user = userinfo.partition(":")[0]
+        parts = parts._replace(netloc=f"{user}:***@{host}")
+    if parts.query:
+        query = [
+            (k, "***" if k.lower() in _SECRET_OPTIONS else v)
+            for k, v in parse_qsl(parts.query, keep_blank_values=True)
+        ]
+        parts = parts._replace(query="&".join(f"{k}={v}" for k, v in query))
+    return urlunsplit(parts)
+
+
+_SECRET_OPTIONS = {"password", "pass", "passwd", "token", "secret", "auth"}

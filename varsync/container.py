@@ -12,7 +12,7 @@ import numpy as np
 from varsync import nest as nest_lib
 from varsync import signature as sig
 from varsync.backends.base import Backend, deadline_after, remaining
-from varsync.config import parse_timeout, redact
+from varsync.config import parse_timeout
 from varsync.errors import (
     ConfigurationError,
     CorruptDataError,
@@ -190,7 +190,7 @@ class VariableContainer:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"timeout={self.timeout}"
         namespace = f", namespace={self._backend.namespace!r}" if self._backend.namespace else ""
-        return f"<VariableContainer {redact(self._backend.url)}{namespace} {state}>"
+        return f"<VariableContainer {self._backend.url}{namespace} {state}>"
 
     @property
     def backend(self) -> Backend:
@@ -213,7 +213,7 @@ class VariableContainer:
         if text is None:
             existing = self.tables()
             raise TableNotFoundError(
-                f"no table {name!r} at {redact(self._backend.url)}"
+                f"no table {name!r} at {self._backend.url}"
                 + (f" in namespace {self._backend.namespace!r}" if self._backend.namespace else "")
                 + f"; existing tables: {existing or 'none'}. Create it with "
                 "create_table(name, signature)."
@@ -241,7 +241,7 @@ class VariableContainer:
             left = remaining(deadline)
             if left <= 0:
                 raise PullTimeoutError(
-                    f"table {table!r} at {redact(backend.url)} is still empty after "
+                    f"table {table!r} at {backend.url} is still empty after "
                     f"{limit} s; push to it first, or pull with a longer timeout"
                 )
             backend.wait(table, 0, None if math.isinf(left) else left)
@@ -252,7 +252,7 @@ class VariableContainer:
     def _check_not_reset(self, table: str, current: int, held: int) -> None:
         if current < held:
             raise TableResetError(
-                f"table {table!r} at {redact(self._backend.url)} is at version {current}, "
+                f"table {table!r} at {self._backend.url} is at version {current}, "
                 f"below version {held} you hold: its history restarted (e.g. the server lost "
                 "its data). Your version means nothing now; pull() to resynchronise."
             )

@@ -253,7 +253,7 @@ def _check(
                 f"structure differs at {where}: expected keys {sorted(expected)!r}, got keys "
                 f"{_safe_sorted(got)!r} (missing {missing!r}, unexpected {extra!r})"
             )
-        for key in expected:  # signature dicts are already in sorted order
+        for key in nest_lib.sorted_keys(expected):  # flat order, even for a hand-made dict
             _check(expected[key], got[key], path + (("key", key),), out, leaf)
         return
     if not _is_sequence(got):

@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from varsync.config import redact
 from varsync.errors import ConfigurationError, PullTimeoutError
 from varsync.signature import Spec
 
@@ -50,10 +51,11 @@ class Backend(abc.ABC):
     def __init__(
         self, url: str, *, timeout: Optional[float], namespace: str, **options: Any
     ) -> None:
-        """``url`` as given to ``connect``; ``timeout`` bounds every network wait
+        """``url`` as given to ``connect`` (parse credentials from this argument:
+        ``self.url`` has them redacted); ``timeout`` bounds every network wait
         (``None``: no bound); ``namespace`` isolates tables; ``options`` are this
         backend's own, from keyword arguments and the URL's query string."""
-        self.url = url
+        self.url = redact(url)  # for messages and repr: never holds a password
         self.timeout = timeout
         self.namespace = namespace
         if options:
