@@ -1,6 +1,7 @@
 """Nests: flatten and rebuild them in exactly ``tf.nest``'s order, without TensorFlow.
 
-A nest is a leaf, or a mapping, list, tuple, namedtuple or attrs instance of nests.
+A nest is a leaf, or a mapping, list, tuple, namedtuple, other sequence or attrs instance
+of nests.
 Mapping values come in sorted key order (``tf.nest`` sorts every mapping's keys, even an
 ``OrderedDict``'s); the others come in their own order. Strings, bytes, numpy arrays,
 sets and ``None`` are leaves, as in ``tf.nest``.
@@ -34,11 +35,13 @@ def is_attrs(value: Any) -> bool:
 
 
 def is_nested(value: Any) -> bool:
-    """True for the containers ``tf.nest`` descends into."""
-    return (
-        isinstance(value, (collections.abc.Mapping, list, tuple))
-        or is_attrs(value)
-    )
+    """True for the containers ``tf.nest`` descends into: mappings, attrs instances and
+    sequences other than str and bytes."""
+    if isinstance(value, (collections.abc.Mapping, list, tuple)):
+        return True
+    if isinstance(value, collections.abc.Sequence):
+        return not isinstance(value, (str, bytes))
+    return is_attrs(value)
 
 
 def sorted_keys(mapping: collections.abc.Mapping) -> List[Any]:

@@ -18,7 +18,8 @@ __all__ = ["ADAPTER", "TensorFlowAdapter"]
 
 class TensorFlowAdapter:
     def handles(self, value: Any) -> bool:
-        return isinstance(value, (tf.Tensor, tf.Variable, tf.TensorSpec)) or _is_distributed(value)
+        # tf.distribute variables (Mirrored, ...) are tf.Variables too.
+        return isinstance(value, (tf.Tensor, tf.Variable, tf.TensorSpec))
 
     def shape_and_dtype(self, value: Any) -> Tuple[Tuple[int, ...], Any]:
         shape = tf.TensorShape(value.shape)
@@ -33,19 +34,13 @@ class TensorFlowAdapter:
             raise TypeError(f"{value!r} is a spec, not a value")
         if isinstance(value, tf.Tensor):
             return value.numpy()
-        return value.read_value().numpy()  # plain and distributed variables alike
+        return value.read_value().numpy()  # plain and tf.distribute variables alike
 
     def is_assignable(self, target: Any) -> bool:
-        return isinstance(target, tf.Variable) or (
-            _is_distributed(target) and hasattr(target, "assign")
-        )
+        return isinstance(target, tf.Variable)
 
     def assign(self, target: Any, array: Any) -> None:
         target.assign(array)
-
-
-def _is_distributed(value: Any) -> bool:
-    return isinstance(value, tf.distribute.DistributedValues)
 
 
 ADAPTER = TensorFlowAdapter()
