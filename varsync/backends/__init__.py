@@ -17,3 +17,10 @@ def varsync_register_backends(registry: "BackendRegistry") -> None:
         "varsync.backends.memory:MemoryBackend",
         description="in-process store shared by the containers of one process",
     )
+    registry.add(
+        "reverb",
+        "varsync.backends.reverb:ReverbBackend",
+        requires=["reverb", "tensorflow"],
+        extra="reverb",
+        description="tables of a Reverb server, interchangeable with TF-Agents' container",
+    )

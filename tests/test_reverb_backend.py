@@ -1,0 +1,241 @@
+"""The Reverb backend against real Reverb servers: the conformance suite, TF-Agents-style
+table validation, no hangs, the gRPC size limit, restarts and checkpoints."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+reverb = pytest.importorskip("reverb")
+tf = pytest.importorskip("tensorflow")
+
+import varsync  # noqa: E402
+from varsync.backends.reverb import MAX_PUSH_BYTES  # noqa: E402
+from varsync.reverb import serve, variables_table  # noqa: E402
+from varsync.testing import ConformanceTests  # noqa: E402
+
+SIGNATURE = {"w": np.zeros((3, 2), np.float32), "train_step": np.int64(0)}
+
+
+def values(number: int) -> dict:
+    return {"w": np.full((3, 2), number, np.float32), "train_step": np.int64(number)}
+
+
+class TestReverbConformance(ConformanceTests):
+    """Reverb tables are fixed at server start: each test gets a server with its tables."""
+
+    @pytest.fixture
+    def connect_options(self):
+        return {"timeout": 20}
+
+    @pytest.fixture
+    def url(self, reverb_servers):
+        return reverb_servers({"unused": SIGNATURE}).url
+
+    @pytest.fixture
+    def make_tables(self, reverb_servers):
+        return lambda tables: reverb_servers(dict(tables)).url
+
+
+def _raw_server(**table_options):
+    options = dict(
+        name="variables",
+        sampler=reverb.selectors.Uniform(),
+        remover=reverb.selectors.Fifo(),
+        rate_limiter=reverb.rate_limiters.MinSize(1),
+        max_size=1,
+        max_times_sampled=0,
+        signature=tf.TensorSpec((2,), tf.float32),
+    )
+    options.update(table_options)
+    return reverb.Server([reverb.Table(**options)])
+
+
+@pytest.mark.parametrize(
+    "table_options, error, builtin, hint",
+    [
+        ({"max_size": 2}, varsync.TableConfigurationError, ValueError, "max_size=2"),
+        ({"signature": None}, varsync.MissingSignatureError, TypeError, "no signature"),
+        ({"max_times_sampled": 1}, varsync.TableConfigurationError, ValueError, "max_times_sampled=1"),
+        (
+            {"rate_limiter": reverb.rate_limiters.SampleToInsertRatio(1.0, 1, 2.0)},
+            varsync.TableConfigurationError,
+            ValueError,
+            "rate limiter",
+        ),
+    ],
+)
+def test_misconfigured_tables_are_refused_with_how_to_configure_them(
+    table_options, error, builtin, hint
+):
+    server = _raw_server(**table_options)
+    try:
+        with varsync.connect(f"reverb://localhost:{server.port}", timeout=10) as store:
+            with pytest.raises(error) as caught:
+                store.pull(timeout=1)
+            assert isinstance(caught.value, builtin)
+            assert hint in str(caught.value)
+            assert "MinSize(1)" in str(caught.value) and f"localhost:{server.port}" in str(caught.value)
+    finally:
+        server.stop()
+
+
+def test_missing_table_is_a_key_error_naming_the_tables_there(reverb_servers):
+    server = reverb_servers({"other": SIGNATURE})
+    with varsync.connect(server.url, timeout=10) as store:
+        with pytest.raises(varsync.TableNotFoundError, match="'other'") as caught:
+            store.version("variables")
+        assert isinstance(caught.value, KeyError)
+
+
+def test_create_table_explains_that_reverb_tables_are_fixed_at_server_start(reverb_servers):
+    server = reverb_servers({"variables": SIGNATURE})
+    with varsync.connect(server.url, timeout=10) as store:
+        assert varsync.flatten(store.create_table("variables", SIGNATURE)) == varsync.flatten(
+            varsync.signature_of(SIGNATURE)
+        )
+        with pytest.raises(varsync.TableNotFoundError, match="fixed when the server starts"):
+            store.create_table("new", SIGNATURE)
+        with pytest.raises(varsync.TableExistsError):
+            store.create_table("variables", {"w": np.zeros(3)})
+
+
+def test_connecting_to_a_port_nobody_listens_on_fails_at_once():
+    server = _raw_server()
+    port = server.port
+    server.stop()
+    started = time.monotonic()
+    with pytest.raises(varsync.BackendConnectionError, match=f"localhost:{port}"):
+        varsync.connect(f"reverb://localhost:{port}", timeout=20)
+    assert time.monotonic() - started < 5
+
+
+def test_pull_of_an_empty_table_raises_after_the_timeout_naming_the_server(reverb_servers):
+    server = reverb_servers({"variables": SIGNATURE})
+    with varsync.connect(server.url, timeout=10) as store:
+        started = time.monotonic()
+        with pytest.raises(varsync.PullTimeoutError, match=f"localhost:{server.port}"):
+            store.pull(timeout=0.5)
+        assert time.monotonic() - started < 5
+        assert store.version() == 0
+
+
+def test_calls_to_a_stopped_server_raise_connection_errors_within_the_timeout(reverb_servers):
+    server = reverb_servers({"variables": SIGNATURE})
+    store = varsync.connect(server.url, timeout=2)
+    store.push(values(1))
+    server.stop()
+    for call in (store.version, lambda: store.push(values(2)), lambda: store.pull_if_newer(0)):
+        started = time.monotonic()
+        with pytest.raises(varsync.BackendConnectionError, match=f"localhost:{server.port}"):
+            call()
+        assert time.monotonic() - started < 10
+    store.close()
+
+
+def test_push_over_the_grpc_limit_is_refused_before_sending_and_the_process_lives(reverb_servers):
+    # 2.4 GB of zeros: numpy asks the OS for untouched pages, so this costs no memory.
+    huge = {"big": varsync.Spec((600_000_000,), "float32")}
+    server = reverb_servers({"variables": huge})
+    with varsync.connect(server.url, timeout=10) as store:
+        with pytest.raises(varsync.ItemTooLargeError) as caught:
+            store.push({"big": np.zeros(600_000_000, np.float32)})
+        message = str(caught.value)
+        assert "2400000000 bytes" in message and str(MAX_PUSH_BYTES) in message
+        assert isinstance(caught.value, ValueError)
+        assert store.version() == 0  # nothing was stored
+
+
+def test_a_restarted_server_never_makes_a_reader_accept_an_older_value(reverb_servers):
+    first = reverb_servers({"variables": SIGNATURE})
+    port = first.port
+    writer = varsync.connect(first.url, timeout=5)
+    reader = varsync.connect(first.url, timeout=5)
+    for number in (1, 2, 3):
+        writer.push(values(number))
+    held, _ = reader.pull_if_newer(0)
+    assert held == 3
+    first.stop()
+    reverb_servers({"variables": SIGNATURE}, port=port)  # back, empty, on the same port
+    assert writer.push(values(40)) == 1  # the writer carries on without reconnecting
+    with pytest.raises(varsync.TableResetError, match="version 3"):
+        reader.pull_if_newer(held)
+    with pytest.raises(varsync.TableResetError):
+        reader.wait_for(held, timeout=5)
+    version, latest = reader.pull_if_newer(0)
+    assert version == 1 and int(latest["train_step"]) == 40
+    writer.close()
+    reader.close()
+
+
+def test_a_checkpointed_server_restarted_from_its_checkpoint_serves_the_last_version(
+    reverb_servers, tmp_path
+):
+    first = reverb_servers({"variables": SIGNATURE}, checkpoint_dir=str(tmp_path))
+    port = first.port
+    with varsync.connect(first.url, timeout=5) as store:
+        for number in (1, 2):
+            store.push(values(number))
+        first.checkpoint()
+        first.stop()
+        reverb_servers({"variables": SIGNATURE}, port=port, checkpoint_dir=str(tmp_path))
+        assert store.version() == 2
+        np.testing.assert_array_equal(store.pull()["w"], values(2)["w"])
+        assert store.push(values(3)) == 3
+
+
+def test_containers_in_this_process_use_a_server_in_another_process(reverb_child_server):
+    server = reverb_child_server({"variables": SIGNATURE})
+    with varsync.connect(server.url, timeout=10) as writer, varsync.connect(
+        server.url, timeout=10
+    ) as reader:
+        assert writer.push(values(5)) == 1
+        version, got = reader.pull_if_newer(0)
+        assert version == 1 and int(got["train_step"]) == 5
+        assert reader.wait_for(0, timeout=5) == 1
+
+
+def test_namespaces_select_prefixed_server_tables(reverb_servers):
+    server = reverb_servers({"team-a/variables": SIGNATURE, "team-b/variables": SIGNATURE})
+    with varsync.connect(server.url, namespace="team-a", timeout=10) as a, varsync.connect(
+        server.url, namespace="team-b", timeout=10
+    ) as b:
+        assert a.tables() == ["variables"] and b.tables() == ["variables"]
+        a.push(values(1))
+        assert a.version() == 1 and b.version() == 0
+
+
+def test_tensorflow_variables_push_and_update_through_reverb(reverb_servers):
+    server = reverb_servers({"variables": {"w": tf.TensorSpec((3, 2), tf.float32), "train_step": tf.TensorSpec((), tf.int64)}})
+    with varsync.connect(server.url, timeout=10) as store:
+        source = {"w": tf.Variable(tf.fill((3, 2), 7.0)), "train_step": tf.Variable(7, dtype=tf.int64)}
+        assert store.push(source) == 1
+        target = {"w": tf.Variable(tf.zeros((3, 2))), "train_step": tf.Variable(0, dtype=tf.int64)}
+        assert store.update(target) == 1
+        np.testing.assert_array_equal(target["w"].numpy(), np.full((3, 2), 7.0, np.float32))
+        assert int(target["train_step"].numpy()) == 7
+
+
+def test_table_info_reports_the_server_table(reverb_servers):
+    server = reverb_servers({"variables": SIGNATURE})
+    with varsync.connect(server.url, timeout=10) as store:
+        store.push(values(1))
+        info = store.table_info()
+        assert info.version == 1 and info.nbytes == 3 * 2 * 4 + 8
+        assert info.details["address"] == f"localhost:{server.port}"
+        assert info.details["current_size"] == 1
+
+
+def test_server_tables_are_configured_like_tf_agents_tables():
+    table = variables_table("variables", SIGNATURE)
+    info = table.info
+    assert info.max_size == 1 and info.max_times_sampled == 0
+    assert info.rate_limiter_info.min_size_to_sample == 1
+    assert info.sampler_options.uniform and info.remover_options.fifo
+
+
+def test_serve_refuses_int_dict_keys_reverb_cannot_store():
+    with pytest.raises(varsync.SignatureError, match="str keys"):
+        serve({"variables": {1: np.zeros(2)}})

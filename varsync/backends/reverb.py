@@ -1,0 +1,329 @@
+"""``reverb://host:port``: variables in the tables of a Reverb server (extra ``reverb``).
+
+Tables are the ones TF-Agents' ``ReverbVariableContainer`` uses: ``max_size=1``,
+``max_times_sampled=0``, a ``MinSize(1)`` rate limiter and the variables' specs as the
+signature. Either container reads what the other wrote.
+
+- **Version** = the table's count of completed inserts (from ``server_info``: one small
+  request, whatever the table's size). TF-Agents' pushes count too. The count restarts
+  when the server restarts; a reader holding a higher version then gets
+  ``TableResetError`` from the core instead of an older value or an endless wait.
+- **Push** goes through one long-lived trajectory writer per table: measured about twice
+  as fast as a new writer per insert (``client.insert``, TF-Agents' ``TFClient.insert``);
+  see ``benchmarks/``. The version returned is the insert count read right after the
+  push was confirmed. Before each push the table's insert count and age are checked: a
+  writer whose server restarted is replaced, so the push after a restart goes through.
+- **Pull** checks the count first (an empty table is never sampled, so it never blocks),
+  then samples the single item on a worker thread bounded by the timeout.
+- **Size**: Reverb aborts the client process when one insert request exceeds gRPC's 2 GB
+  limit, so pushes above :data:`MAX_PUSH_BYTES` are refused before anything is sent.
+- Reverb has no change notification: ``wait`` polls the count (growing interval, 50 ms
+  at most).
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+import threading
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+from urllib.parse import urlsplit
+
+import numpy as np
+
+try:
+    import reverb
+    from reverb import pybind as reverb_pybind
+    import tensorflow as tf
+except ImportError as exc:  # pragma: no cover - exercised where the extra is missing
+    from varsync.errors import MissingDependencyError
+
+    raise MissingDependencyError(
+        f"the reverb:// backend needs dm-reverb and TensorFlow ({exc.name} is missing); "
+        'install them with: pip install "varsync[reverb]" (Linux x86-64, Python 3.9-3.11)'
+    ) from exc
+
+from varsync import signature as sig
+from varsync.backends.base import Backend, Snapshot
+from varsync.errors import (
+    BackendConnectionError,
+    ConfigurationError,
+    MissingSignatureError,
+    PullTimeoutError,
+    TableConfigurationError,
+    TableNotFoundError,
+    VarsyncError,
+)
+from varsync.signature import Spec
+
+__all__ = ["ReverbBackend", "MAX_PUSH_BYTES", "check_table_info"]
+
+#: gRPC's hard limit on one message is 2 GiB; keep headroom for the request's framing.
+MAX_PUSH_BYTES = 2**31 - 64 * 2**20
+
+_INFO_TENSORS = reverb_pybind.Sampler.NUM_INFO_TENSORS
+
+HOW_TO_CONFIGURE = (
+    "varsync.reverb.serve({name: signature}) builds such a server; by hand: "
+    "reverb.Table(name, sampler=reverb.selectors.Uniform(), remover=reverb.selectors.Fifo(), "
+    "rate_limiter=reverb.rate_limiters.MinSize(1), max_size=1, max_times_sampled=0, "
+    "signature=<nest of tf.TensorSpec>)"
+)
+
+
+def check_table_info(name: str, info: Any, address: str) -> None:
+    """Raise if the server's table cannot hold variables the way TF-Agents' tables do."""
+    where = f"Reverb table {name!r} at {address}"
+    if info.max_size != 1:
+        raise TableConfigurationError(
+            f"{where} has max_size={info.max_size}; a variables table holds exactly the "
+            f"latest value, so max_size must be 1. {HOW_TO_CONFIGURE}"
+        )
+    if info.max_times_sampled != 0:
+        raise TableConfigurationError(
+            f"{where} has max_times_sampled={info.max_times_sampled}; items would vanish "
+            f"after being pulled, so it must be 0 (unlimited). {HOW_TO_CONFIGURE}"
+        )
+    limiter = info.rate_limiter_info
+    if limiter.min_size_to_sample != 1 or limiter.max_diff < 1e300:
+        raise TableConfigurationError(
+            f"{where} has a rate limiter that can block pulls (min_size_to_sample="
+            f"{limiter.min_size_to_sample}, max_diff={limiter.max_diff}); use MinSize(1). "
+            f"{HOW_TO_CONFIGURE}"
+        )
+    if not info.signature:
+        raise MissingSignatureError(
+            f"{where} has no signature; varsync (like TF-Agents) needs the variables' specs "
+            f"as the table signature. {HOW_TO_CONFIGURE}"
+        )
+
+
+class ReverbBackend(Backend):
+    """A client of one Reverb server; its variables tables are fixed at server start."""
+
+    supports_create_table = False
+    shared_across_processes = True
+    max_push_bytes = MAX_PUSH_BYTES
+
+    def __init__(self, url: str, *, timeout: Optional[float], namespace: str, **options: Any):
+        super().__init__(url, timeout=timeout, namespace=namespace, **options)
+        parts = urlsplit(url)
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if not parts.hostname or port is None or parts.path not in ("", "/"):
+            raise ConfigurationError(
+                f"Reverb URL {self.url!r} must be reverb://host:port, e.g. reverb://localhost:8000"
+            )
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        self.address = f"{host}:{port}"
+        self._probe(parts.hostname, port)
+        self._client = reverb.Client(self.address)
+        self._writers: Dict[str, Any] = {}
+        self._writer_lock = threading.Lock()
+        self._incarnations: Dict[str, Tuple[float, int]] = {}
+        self._server_info()  # fail now, with the address, if the server does not answer
+
+    def _probe(self, host: str, port: int) -> None:
+        """Fail fast when nothing listens: Reverb's own calls wait out their deadline."""
+        limit = 5.0 if self.timeout is None else min(self.timeout, 5.0)
+        try:
+            socket.create_connection((host, port), timeout=max(limit, 0.1)).close()
+        except OSError as exc:
+            raise BackendConnectionError(
+                f"no Reverb server answers at {self.address}: {exc}. Is the server "
+                "running, and is the address right?"
+            ) from exc
+
+    # -- requests --------------------------------------------------------------------
+
+    def _server_info(self, timeout: Optional[float] = None) -> Dict[str, Any]:
+        """Table infos by server table name; bounded by ``timeout`` (default: the
+        container's). Reverb takes whole seconds, 0 meaning no bound."""
+        limit = self.timeout if timeout is None else timeout
+        seconds = 0 if limit is None else max(1, math.ceil(limit))
+        with self._translated("asking for the server's tables"):
+            return self._client.server_info(seconds)
+
+    def _translated(self, doing: str) -> "_ReverbErrors":
+        return _ReverbErrors(self.address, doing)
+
+    def _table_name(self, name: str) -> str:
+        return f"{self.namespace}/{name}" if self.namespace else name
+
+    def _info(self, name: str) -> Optional[Any]:
+        return self._server_info().get(self._table_name(name))
+
+    def _checked_info(self, name: str) -> Any:
+        info = self._info(name)
+        if info is None:
+            raise TableNotFoundError(
+                f"Reverb table {self._table_name(name)!r} is gone from {self.address} "
+                "(the server restarted with other tables?)"
+            )
+        return info
+
+    # -- tables ----------------------------------------------------------------------
+
+    def signature(self, name: str) -> Optional[str]:
+        info = self._info(name)
+        if info is None:
+            return None
+        check_table_info(self._table_name(name), info, self.address)
+        return sig.to_json(sig.signature_of(info.signature))
+
+    def create_table(self, name: str, signature: str, specs: Sequence[Spec]) -> str:
+        stored = self.signature(name)
+        if stored is None:
+            raise TableNotFoundError(
+                f"Reverb table {self._table_name(name)!r} does not exist at {self.address}, "
+                "and Reverb cannot add tables to a running server: they are fixed when the "
+                f"server starts. {HOW_TO_CONFIGURE}"
+            )
+        return stored
+
+    def tables(self) -> List[str]:
+        prefix = f"{self.namespace}/" if self.namespace else ""
+        return sorted(
+            n[len(prefix):] for n in self._server_info() if n.startswith(prefix) and n != prefix
+        )
+
+    def details(self, name: str) -> Dict[str, Any]:
+        info = self._checked_info(name)
+        return {
+            "address": self.address,
+            "server_table": info.name,
+            "current_size": info.current_size,
+            "inserts": _insert_count(info),
+        }
+
+    # -- data ------------------------------------------------------------------------
+
+    def version(self, name: str) -> int:
+        return _version_of(self._checked_info(name))
+
+    def write(self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]) -> int:
+        table = self._table_name(name)
+        with self._writer_lock:
+            if self._restarted(table, self._checked_info(name)):
+                # A writer's stream to a server that restarted does not recover.
+                _close_quietly(self._writers.pop(table, None))
+            writer = self._writers.get(table)
+            if writer is None:
+                with self._translated(f"opening a writer for table {table!r}"):
+                    writer = self._client.trajectory_writer(
+                        num_keep_alive_refs=1, validate_items=False
+                    )
+                self._writers[table] = writer
+            try:
+                with self._translated(f"pushing to table {table!r}"):
+                    writer.append(list(arrays))
+                    writer.create_item(table, 1.0, [column[-1] for column in writer.history])
+                    writer.flush(
+                        timeout_ms=None if self.timeout is None else max(1, int(self.timeout * 1000))
+                    )
+            except VarsyncError:
+                # The writer's stream may be broken: start the next push on a new one.
+                self._writers.pop(table, None)
+                _close_quietly(writer)
+                raise
+            info = self._checked_info(name)
+            self._restarted(table, info)  # remember this incarnation of the server
+        return _version_of(info)
+
+    def _restarted(self, table: str, info: Any) -> bool:
+        """True when the server behind ``table`` is not the one this client last saw:
+        its insert count went down, or its table worker (whose busy and idle times add
+        up to its age) started later."""
+        started = time.monotonic() - _age_seconds(info)
+        count = _insert_count(info)
+        seen = self._incarnations.get(table)
+        self._incarnations[table] = (started, count)
+        return seen is not None and (count < seen[1] or started - seen[0] > 1.0)
+
+    def read(self, name: str, newer_than: int, timeout: Optional[float]) -> Snapshot:
+        version = _version_of(self._checked_info(name))
+        if version <= newer_than:
+            return version, None
+        arrays = self._sample(self._table_name(name), timeout)
+        return version, arrays
+
+    def _sample(self, table: str, timeout: Optional[float]) -> List[np.ndarray]:
+        """The table's single item, on a worker thread so a server that vanished between
+        the version check and the sample cannot block the caller past ``timeout``."""
+        limit = self.timeout if timeout is None else timeout
+        result: Dict[str, Any] = {}
+
+        def sample() -> None:
+            try:
+                sampler = self._client._client.NewSampler(table, 1, 1)
+                result["data"] = sampler.GetNextTimestep()[0]
+            except BaseException as exc:  # handed to the caller below
+                result["error"] = exc
+
+        worker = threading.Thread(target=sample, name=f"varsync-reverb-sample-{table}", daemon=True)
+        worker.start()
+        worker.join(limit)
+        if worker.is_alive():
+            raise PullTimeoutError(
+                f"sampling Reverb table {table!r} at {self.address} took longer than {limit} s "
+                "(did the server restart empty?); the sample was abandoned"
+            )
+        if "error" in result:
+            with self._translated(f"pulling from table {table!r}"):
+                raise result["error"]
+        return list(result["data"][_INFO_TENSORS:])
+
+    def close(self) -> None:
+        with self._writer_lock:
+            writers, self._writers = list(self._writers.values()), {}
+        for writer in writers:
+            _close_quietly(writer)
+
+
+def _insert_count(info: Any) -> int:
+    return int(info.rate_limiter_info.insert_stats.completed)
+
+
+def _version_of(info: Any) -> int:
+    # An empty table is version 0 whatever the counter says (a reset() clears both).
+    return _insert_count(info) if info.current_size > 0 else 0
+
+
+def _age_seconds(info: Any) -> float:
+    worker = info.table_worker_time
+    busy_and_idle = worker.running_ms + worker.sleeping_ms + worker.sampling_ms + worker.inserting_ms
+    return busy_and_idle / 1000.0
+
+
+def _close_quietly(writer: Any) -> None:
+    if writer is None:
+        return
+    try:
+        writer.close()
+    except Exception:  # closing a writer whose server is gone must not mask the cause
+        pass
+
+
+class _ReverbErrors:
+    """The one place Reverb's exceptions become varsync's, naming the server address."""
+
+    def __init__(self, address: str, doing: str) -> None:
+        self.address = address
+        self.doing = doing
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, exc: Optional[BaseException], tb: Any) -> bool:
+        if exc is None or isinstance(exc, VarsyncError):
+            return False
+        text = f"{type(exc).__name__}: {exc}"
+        where = f"Reverb server at {self.address} ({self.doing})"
+        if isinstance(exc, reverb.errors.DeadlineExceededError) or "Deadline" in str(exc):
+            raise BackendConnectionError(f"{where} did not answer in time: {text}") from exc
+        if isinstance(exc, (RuntimeError, reverb.errors.ReverbError, tf.errors.OpError)):
+            raise BackendConnectionError(f"{where} failed: {text}") from exc
+        return False

@@ -1,0 +1,1 @@
+"""Drop-in replacements for the classes varsync grew out of."""

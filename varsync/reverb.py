@@ -1,0 +1,128 @@
+"""Serving variables tables from an embedded Reverb server (extra ``reverb``).
+
+    from varsync.reverb import serve
+
+    with serve({"variables": {"w": np.zeros((64, 32), np.float32), "train_step": 0}}) as server:
+        store = varsync.connect(server.url)          # reverb://localhost:<port>
+        ...
+
+Every table is configured the way TF-Agents' ``ReverbVariableContainer`` expects (Uniform
+sampler, Fifo remover, ``MinSize(1)``, ``max_size=1``, ``max_times_sampled=0``, the
+variables' specs as the signature), so TF-Agents' container can use it too.
+
+Reverb 0.14 listens on every interface (``[::]:port``) and has no option to choose one,
+and its gRPC service has no authentication: run it on a private network, behind a
+firewall, or in a network namespace (``make test`` runs the tests in one whose only
+interface is loopback).
+"""
+
+from __future__ import annotations
+
+import collections.abc
+from typing import Any, List, Mapping, Optional
+
+from varsync import nest as nest_lib
+from varsync import signature as sig
+from varsync.errors import ConfigurationError, SignatureError
+
+try:
+    import reverb
+    import tensorflow as tf
+except ImportError as exc:  # pragma: no cover - exercised where the extra is missing
+    from varsync.errors import MissingDependencyError
+
+    raise MissingDependencyError(
+        f"varsync.reverb needs dm-reverb and TensorFlow ({exc.name} is missing); install "
+        'them with: pip install "varsync[reverb]" (Linux x86-64, Python 3.9-3.11)'
+    ) from exc
+
+__all__ = ["serve", "ReverbServer", "variables_table", "tensorflow_signature"]
+
+
+def tensorflow_signature(signature: Any) -> Any:
+    """A nest of ``tf.TensorSpec`` for a varsync signature or example nest (the form a
+    Reverb table signature takes). Dict keys must be strings, as Reverb stores them."""
+    specs = sig.signature_of(signature)
+    for path, _ in nest_lib.flatten_with_paths(specs):
+        for kind, key in path:
+            if kind == "key" and not isinstance(key, str):
+                raise SignatureError(
+                    f"dict key {key!r} at {nest_lib.format_path(path)} is not a str; "
+                    "Reverb table signatures only hold str keys"
+                )
+    return nest_lib.map_structure(
+        lambda spec: tf.TensorSpec(spec.shape, tf.as_dtype(spec.dtype)), specs
+    )
+
+
+def variables_table(name: str, signature: Any) -> "reverb.Table":
+    """A Reverb table that holds the latest value of a nest of variables."""
+    return reverb.Table(
+        name=name,
+        sampler=reverb.selectors.Uniform(),
+        remover=reverb.selectors.Fifo(),
+        rate_limiter=reverb.rate_limiters.MinSize(1),
+        max_size=1,
+        max_times_sampled=0,
+        signature=tensorflow_signature(signature),
+    )
+
+
+class ReverbServer:
+    """A running Reverb server. ``url`` is what ``varsync.connect`` takes."""
+
+    def __init__(self, server: "reverb.Server", table_names: List[str]) -> None:
+        self._server: Optional[reverb.Server] = server
+        self.port: int = server.port
+        self.address = f"localhost:{self.port}"
+        self.url = f"reverb://{self.address}"
+        self.tables = table_names
+
+    def checkpoint(self) -> str:
+        """Write a checkpoint now; return its path (see ``serve(checkpoint_dir=...)``)."""
+        return reverb.Client(self.address).checkpoint()
+
+    def stop(self) -> None:
+        """Stop serving. Safe to call twice."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop()
+
+    @property
+    def running(self) -> bool:
+        return self._server is not None
+
+    def __enter__(self) -> "ReverbServer":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"<ReverbServer {self.url} tables={self.tables} {state}>"
+
+
+def serve(
+    tables: Mapping[str, Any],
+    port: int = 0,
+    checkpoint_dir: Optional[str] = None,
+) -> ReverbServer:
+    """Start a Reverb server holding one variables table per entry of ``tables``
+    (``{name: signature or example nest}``); ``port=0`` picks a free port.
+
+    With ``checkpoint_dir``, the server restores the latest checkpoint found there at
+    start and writes new ones there (``ReverbServer.checkpoint()``).
+    """
+    if not isinstance(tables, collections.abc.Mapping) or not tables:
+        raise ConfigurationError(
+            f"serve() needs a non-empty mapping {{table name: signature}}, got {tables!r}"
+        )
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port < 65536:
+        raise ConfigurationError(f"port must be an int in [0, 65535], got {port!r}")
+    built = [variables_table(name, signature) for name, signature in tables.items()]
+    checkpointer = None
+    if checkpoint_dir is not None:
+        checkpointer = reverb.checkpointers.DefaultCheckpointer(path=str(checkpoint_dir))
+    server = reverb.Server(tables=built, port=port or None, checkpointer=checkpointer)
+    return ReverbServer(server, list(tables))
