@@ -220,7 +220,8 @@ class ReverbBackend(Backend):
             try:
                 with self._translated(f"pushing to table {table!r}"):
                     writer.append(list(arrays))
-                    writer.create_item(table, 1.0, [column[-1] for column in writer.history])
+                    # A one-step trajectory (not a squeezed column), exactly what TF-Agents writes.
+                    writer.create_item(table, 1.0, [column[-1:] for column in writer.history])
                     writer.flush(
                         timeout_ms=None if self.timeout is None else max(1, int(self.timeout * 1000))
                     )

@@ -1,0 +1,240 @@
+"""varsync.compat.tf_agents.ReverbVariableContainer, tested the way TF-Agents tests its own
+class (same server, same nests, same errors), and interop with TF-Agents' real class in
+both directions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+reverb = pytest.importorskip("reverb")
+tf = pytest.importorskip("tensorflow")
+
+import varsync  # noqa: E402
+from varsync.compat import tf_agents as compat  # noqa: E402
+
+SIGNATURE = (
+    tf.TensorSpec((), tf.int64),
+    {"var1": (tf.TensorSpec((2,), tf.float64),), "var2": tf.TensorSpec((2, 1), tf.int32)},
+)
+
+
+def _server(table="variables", max_size=1, signature=SIGNATURE):
+    """A server configured exactly as in TF-Agents' reverb_variable_container_test."""
+    return reverb.Server(
+        tables=[
+            reverb.Table(
+                name=table,
+                sampler=reverb.selectors.Uniform(),
+                remover=reverb.selectors.Fifo(),
+                rate_limiter=reverb.rate_limiters.MinSize(1),
+                max_size=max_size,
+                max_times_sampled=0,
+                signature=signature,
+            )
+        ]
+    )
+
+
+@pytest.fixture
+def server():
+    server = _server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def address(server):
+    return f"localhost:{server.port}"
+
+
+def nested_variables(step=0, var1=(1, 1), var2=((2,), (3,)), int_type=tf.int64, seq=tuple):
+    return (
+        tf.Variable(step, dtype=int_type, shape=()),
+        {
+            "var1": seq([tf.Variable(list(var1), dtype=tf.float64, shape=(2,))]),
+            "var2": tf.Variable([list(r) for r in var2], dtype=tf.int32, shape=(2, 1)),
+        },
+    )
+
+
+def zero_variables(int_type=tf.int64, seq=tuple):
+    return nested_variables(-1, (0, 0), ((0,), (0,)), int_type=int_type, seq=seq)
+
+
+def assert_in_server(address):
+    client = reverb.Client(address)
+    assert client.server_info()["variables"].current_size == 1
+    content = next(iter(client.sample("variables", 1)))[0].data
+    assert len(content) == 3
+    np.testing.assert_array_equal(content[0], np.array(0, np.int64))
+    np.testing.assert_allclose(content[1], np.array([1, 1], np.float64))
+    np.testing.assert_array_equal(content[2], np.array([[2], [3]], np.int32))
+
+
+def assert_updated(variables):
+    flat = tf.nest.flatten(variables)
+    assert flat[0].numpy() == 0 and flat[0].dtype == tf.int64
+    np.testing.assert_allclose(flat[1].numpy(), [1.0, 1.0])
+    np.testing.assert_array_equal(flat[2].numpy(), [[2], [3]])
+
+
+# -- the constructor's errors, as in TF-Agents ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "server_options, error",
+    [({"table": "no_variables_table"}, KeyError), ({"signature": None}, TypeError), ({"max_size": 2}, ValueError)],
+)
+def test_constructor_raises_like_tf_agents(server_options, error):
+    bad = _server(**server_options)
+    try:
+        with pytest.raises(error):
+            compat.ReverbVariableContainer(f"localhost:{bad.port}")
+    finally:
+        bad.stop()
+
+
+def test_constants_match_tf_agents():
+    assert (compat.DEFAULT_TABLE, compat.TRAIN_STEP_KEY, compat.POLICY_KEY) == (
+        "variables",
+        "train_step",
+        "policy_variables",
+    )
+
+
+# -- push / pull / update ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seq", [tuple, list])
+def test_push_stores_the_flat_values_in_the_server(address, seq):
+    compat.ReverbVariableContainer(address).push(nested_variables(seq=seq))
+    assert_in_server(address)
+
+
+def test_push_returns_none_and_pull_returns_tensors_in_the_signature_structure(address):
+    container = compat.ReverbVariableContainer(address)
+    assert container.push(nested_variables()) is None
+    pulled = container.pull()
+    tf.nest.assert_same_structure(pulled, SIGNATURE)
+    assert all(isinstance(t, tf.Tensor) for t in tf.nest.flatten(pulled))
+    np.testing.assert_array_equal(pulled[1]["var2"].numpy(), [[2], [3]])
+
+
+def test_push_raises_key_error_on_unknown_table(address):
+    with pytest.raises(KeyError):
+        compat.ReverbVariableContainer(address).push(tf.Variable(1), "unknown_table")
+
+
+@pytest.mark.parametrize(
+    "values",
+    [lambda: tf.Variable(1), lambda: zero_variables(int_type=tf.int32)],
+    ids=["structure", "dtype"],
+)
+def test_push_raises_invalid_argument_on_mismatch_and_stores_nothing(address, values):
+    container = compat.ReverbVariableContainer(address)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        container.push(values())
+    assert reverb.Client(address).server_info()["variables"].current_size == 0
+
+
+@pytest.mark.parametrize("seq", [tuple, list])
+def test_update_assigns_the_pulled_values(address, seq):
+    compat.ReverbVariableContainer(address).push(nested_variables())
+    variables = zero_variables(seq=seq)
+    assert compat.ReverbVariableContainer(address).update(variables) is None
+    assert_updated(variables)
+
+
+def test_update_raises_key_error_on_unknown_table(address):
+    with pytest.raises(KeyError):
+        compat.ReverbVariableContainer(address).update(tf.Variable(1), "unknown_table")
+
+
+@pytest.mark.parametrize(
+    "variables",
+    [lambda: tf.Variable(1), lambda: zero_variables(int_type=tf.int32)],
+    ids=["structure", "dtype"],
+)
+def test_update_raises_value_error_on_mismatch(address, variables):
+    container = compat.ReverbVariableContainer(address)
+    container.push(nested_variables())
+    with pytest.raises(ValueError):
+        container.update(variables())
+
+
+def test_pull_raises_key_error_on_unknown_table(address):
+    with pytest.raises(KeyError):
+        compat.ReverbVariableContainer(address).pull("unknown_table")
+
+
+def test_pull_of_an_empty_table_raises_timeout_instead_of_hanging(address):
+    container = compat.ReverbVariableContainer(address, timeout=0.5)
+    with pytest.raises(TimeoutError):
+        container.pull()
+
+
+STRATEGIES = {
+    "default": lambda: tf.distribute.get_strategy(),
+    "one_device": lambda: tf.distribute.OneDeviceStrategy("/cpu:0"),
+    "mirrored": lambda: tf.distribute.MirroredStrategy(("/cpu:0", "/cpu:1")),
+}
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_push_and_update_under_distribute_strategy(address, strategy):
+    if strategy == "mirrored" and len(tf.config.list_logical_devices("CPU")) < 2:
+        pytest.skip("TensorFlow started before two logical CPUs could be configured")
+    with STRATEGIES[strategy]().scope():
+        variables = nested_variables()
+        targets = zero_variables()
+    container = compat.ReverbVariableContainer(address)
+    container.push(variables)
+    assert_in_server(address)
+    container.update(targets)
+    assert_updated(targets)
+
+
+# -- interop with TF-Agents' own class ------------------------------------------------
+
+
+@pytest.fixture
+def tf_agents_container():
+    module = pytest.importorskip("tf_agents.experimental.distributed.reverb_variable_container")
+    return module.ReverbVariableContainer
+
+
+def test_what_tf_agents_pushes_varsync_pulls(address, tf_agents_container):
+    tf_agents_container(address).push(nested_variables(step=7))
+    with varsync.connect(f"reverb://{address}", timeout=10) as store:
+        version, values = store.pull_if_newer(0)
+        assert version == 1
+        assert int(values[0]) == 7 and values[0].dtype == np.int64
+        np.testing.assert_array_equal(values[1]["var2"], [[2], [3]])
+        assert isinstance(values[1]["var1"], tuple)
+    pulled = compat.ReverbVariableContainer(address).pull()
+    assert int(pulled[0].numpy()) == 7
+
+
+def test_what_varsync_pushes_tf_agents_pulls_and_updates(address, tf_agents_container):
+    with varsync.connect(f"reverb://{address}", timeout=10) as store:
+        assert store.push(
+            (np.int64(0), {"var1": [np.array([1.0, 1.0])], "var2": np.array([[2], [3]], np.int32)})
+        ) == 1
+    original = tf_agents_container(address)
+    pulled = original.pull()
+    np.testing.assert_allclose(pulled[1]["var1"][0].numpy(), [1.0, 1.0])
+    variables = zero_variables()
+    original.update(variables)
+    assert_updated(variables)
+
+
+def test_versions_count_tf_agents_pushes_too(address, tf_agents_container):
+    original = tf_agents_container(address)
+    with varsync.connect(f"reverb://{address}", timeout=10) as store:
+        original.push(nested_variables(step=1))
+        assert store.version() == 1
+        assert store.push((2, {"var1": (np.ones(2),), "var2": np.zeros((2, 1), np.int32)})) == 2
+        original.push(nested_variables(step=3))
+        assert store.wait_for(2, timeout=5) == 3
+        assert int(store.pull()[0]) == 3
