@@ -15,16 +15,21 @@ $(VENV)/.core-installed: pyproject.toml | $(PY)
 	$(PIP) install -e .
 	touch $@
 
-# Everything the test suite needs: Reverb (TensorFlow), redis-py, pytest, hypothesis.
-$(VENV)/.all-installed: pyproject.toml | $(PY)
+# Everything the test suite needs: Reverb (TensorFlow), redis-py, pytest, hypothesis, and
+# TF-Agents for the interop tests. tf-agents 0.19 pins typing-extensions 4.5, which the
+# TensorFlow stack's grpcio refuses, so it goes in without its pins (tests/requirements-tf-agents.txt).
+$(VENV)/.all-installed: pyproject.toml tests/requirements-tf-agents.txt | $(PY)
 	$(PIP) install -e ".[all,test]"
+	$(PIP) install --no-deps "tf-agents==0.19.0"
+	$(PIP) install -r tests/requirements-tf-agents.txt
 	touch $@ $(VENV)/.core-installed
 
 demo: $(VENV)/.core-installed
 	$(PY) examples/learner_actors.py
 
+# Reverb servers listen on every interface: run them where loopback is the only one.
 test: $(VENV)/.all-installed
-	$(PY) -m pytest
+	scripts/loopback-only $(PY) -m pytest
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

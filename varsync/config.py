@@ -60,7 +60,8 @@ def resolve(url: Optional[str], options: Dict[str, Any]) -> Settings:
     if not isinstance(namespace, str):
         raise ConfigurationError(f"namespace must be a str, got {namespace!r}")
     return Settings(
-        url=urlunsplit(parts._replace(query="")),
+        # Cut by hand: urlunsplit would turn "dir:///x" into "dir:/x".
+        url=url.split("?", 1)[0].split("#", 1)[0],
         scheme=parts.scheme.lower(),
         timeout=timeout,
         namespace=namespace,

@@ -99,7 +99,7 @@ class VariableContainer:
             signature=signature,
             version=backend.version(name),
             nbytes=sum(s.nbytes for s in specs),
-            details=dict(backend.details(name)),
+            details={**backend.details(name), "options": dict(backend.describe_options())},
         )
 
     # -- publishing ------------------------------------------------------------------
@@ -205,6 +205,7 @@ class VariableContainer:
         return self._backend
 
     def _table(self, name: str) -> Tuple[Any, List[sig.Spec]]:
+        self._backend_call()  # a closed container answers nothing, cached or not
         known = self._signatures.get(name)
         if known is not None:
             return known
@@ -239,12 +240,15 @@ class VariableContainer:
             if arrays is not None:
                 return self._checked(table, version, arrays)
             left = remaining(deadline)
-            if left <= 0:
+            try:
+                if left <= 0:
+                    raise PullTimeoutError("no time left")
+                backend.wait(table, 0, None if math.isinf(left) else left)
+            except PullTimeoutError:
                 raise PullTimeoutError(
-                    f"table {table!r} at {backend.url} is still empty after "
-                    f"{limit} s; push to it first, or pull with a longer timeout"
-                )
-            backend.wait(table, 0, None if math.isinf(left) else left)
+                    f"table {table!r} at {backend.url} is still empty after {limit:g} s; "
+                    "push to it first, or pull with a longer timeout"
+                ) from None
 
     def _nest(self, table: str, arrays: List[np.ndarray]) -> Any:
         return nest_lib.unflatten(self._table(table)[0], arrays)

@@ -256,17 +256,12 @@ def _check(
         for key in nest_lib.sorted_keys(expected):  # flat order, even for a hand-made dict
             _check(expected[key], got[key], path + (("key", key),), out, leaf)
         return
-    if not _is_sequence(got):
+    if not _is_sequence(got) or len(nest_lib.children(got)) != len(expected):
         raise SignatureMismatchError(
-            f"structure differs at {where}: expected a sequence of {len(expected)} items, "
-            f"got {_describe_value(got)}"
+            f"structure differs at {where}: expected a sequence of "
+            f"{_count(len(expected), 'item')}, got {_describe_value(got)}"
         )
     got_children = nest_lib.children(got)
-    if len(got_children) != len(expected):
-        raise SignatureMismatchError(
-            f"structure differs at {where}: expected a sequence of {len(expected)} items, "
-            f"got {_describe_value(got)}"
-        )
     for i, (child_spec, (entry, child)) in enumerate(zip(expected, got_children)):
         step = entry if entry[0] == "field" else ("index", i)
         _check(child_spec, child, path + (step,), out, leaf)
@@ -386,13 +381,17 @@ def _python_type(value: Any) -> type:
     raise TypeError(value)
 
 
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" + ("" if number == 1 else "s")
+
+
 def _describe_value(value: Any) -> str:
     if isinstance(value, collections.abc.Mapping):
         return f"a {type(value).__name__} with keys {_safe_sorted(value)!r}"
     if nest_lib.is_namedtuple(value) or nest_lib.is_attrs(value):
-        return f"a {type(value).__name__} of {len(nest_lib.children(value))} fields"
+        return f"a {type(value).__name__} of {_count(len(nest_lib.children(value)), 'field')}"
     if isinstance(value, (list, tuple)):
-        return f"a {type(value).__name__} of {len(value)} items"
+        return f"a {type(value).__name__} of {_count(len(value), 'item')}"
     if isinstance(value, np.ndarray):
         return f"an array of dtype {value.dtype} and shape {value.shape}"
     if value is None:

@@ -51,8 +51,8 @@ class Backend(abc.ABC):
     def __init__(
         self, url: str, *, timeout: Optional[float], namespace: str, **options: Any
     ) -> None:
-        """``url`` as given to ``connect`` (parse credentials from this argument:
-        ``self.url`` has them redacted); ``timeout`` bounds every network wait
+        """``url``: the URL given to ``connect`` without its query string (parse
+        credentials from this argument: ``self.url`` has them redacted); ``timeout`` bounds every network wait
         (``None``: no bound); ``namespace`` isolates tables; ``options`` are this
         backend's own, from keyword arguments and the URL's query string."""
         self.url = redact(url)  # for messages and repr: never holds a password
@@ -127,8 +127,8 @@ class Backend(abc.ABC):
             left = remaining(deadline)
             if left <= 0:
                 raise PullTimeoutError(
-                    f"table {name!r} at {self.url} stayed at version {current} (waiting for "
-                    f"a version above {newer_than}) for {timeout} s"
+                    f"table {name!r} at {self.url} stayed at version {current} for "
+                    f"{timeout:g} s"
                 )
             time.sleep(min(interval, left))
             interval = min(interval * 2, 0.05)
@@ -137,7 +137,7 @@ class Backend(abc.ABC):
         """Release connections. The container calls it once."""
 
     def describe_options(self) -> Mapping[str, Any]:
-        """The options in force, without secrets, for ``repr`` and ``table_info``."""
+        """The options in force, without secrets, for ``table_info``."""
         return {"timeout": self.timeout, "namespace": self.namespace}
 
 

@@ -123,8 +123,7 @@ class MemoryBackend(Backend):
                 if left <= 0:
                     raise PullTimeoutError(
                         f"table {name!r} in {self.url} stayed at version "
-                        f"{self._store.tables[key].version} (waiting for a version above "
-                        f"{newer_than}) for {timeout} s"
+                        f"{self._store.tables[key].version} for {timeout:g} s"
                     )
                 self._store.changed.wait(None if left == float("inf") else left)
             return self._store.tables[key].version

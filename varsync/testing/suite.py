@@ -16,8 +16,6 @@ from varsync import nest as nest_lib
 from varsync.config import resolve
 from varsync.registry import backend_class
 
-pytestmark = pytest.mark.varsync_conformance
-
 Point = collections.namedtuple("Point", ["x", "y"])
 
 #: Every dtype a TF-Agents user pushes, with values that stress bit-exactness.
@@ -62,6 +60,9 @@ def filled(signature: Any, value: int) -> Any:
 
 class _Base:
     """Fixtures shared by the mixins; ``url`` is the one a backend author must give."""
+
+    # On the class, so the tests of every subclass carry the marker too.
+    pytestmark = [pytest.mark.varsync_conformance]
 
     @pytest.fixture
     def url(self) -> str:
