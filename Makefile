@@ -10,9 +10,9 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 
-# Core only: numpy and pluggy. Enough for the embedded (memory) demo.
-$(VENV)/.core-installed: pyproject.toml | $(PY)
-	$(PIP) install -e .
+# The demo's needs: the core and the reverb extra (TensorFlow 2.15, dm-reverb 0.14).
+$(VENV)/.reverb-installed: pyproject.toml | $(PY)
+	$(PIP) install -e ".[reverb]"
 	touch $@
 
 # Everything the test suite needs: Reverb (TensorFlow), redis-py, pytest, hypothesis, and
@@ -22,10 +22,11 @@ $(VENV)/.all-installed: pyproject.toml tests/requirements-tf-agents.txt | $(PY)
 	$(PIP) install -e ".[all,test]"
 	$(PIP) install --no-deps "tf-agents==0.19.0"
 	$(PIP) install -r tests/requirements-tf-agents.txt
-	touch $@ $(VENV)/.core-installed
+	touch $@ $(VENV)/.reverb-installed
 
-demo: $(VENV)/.core-installed
-	$(PY) examples/learner_actors.py
+# One learner process serving an embedded Reverb server, three actor processes.
+demo: $(VENV)/.reverb-installed
+	scripts/loopback-only $(PY) examples/reverb_learner_actors.py
 
 # Reverb servers listen on every interface: run them where loopback is the only one.
 test: $(VENV)/.all-installed
