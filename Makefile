@@ -15,11 +15,13 @@ $(VENV)/.reverb-installed: pyproject.toml | $(PY)
 	$(PIP) install -e ".[reverb]"
 	touch $@
 
-# Everything the test suite needs: Reverb (TensorFlow), redis-py, pytest, hypothesis, and
+# Everything the test suite needs: Reverb (TensorFlow), redis-py, pytest, hypothesis, the
+# example shm:// plugin (a separate distribution, as a third party's would be), and
 # TF-Agents for the interop tests. tf-agents 0.19 pins typing-extensions 4.5, which the
 # TensorFlow stack's grpcio refuses, so it goes in without its pins (tests/requirements-tf-agents.txt).
-$(VENV)/.all-installed: pyproject.toml tests/requirements-tf-agents.txt | $(PY)
+$(VENV)/.all-installed: pyproject.toml tests/requirements-tf-agents.txt plugins/varsync-shm/pyproject.toml | $(PY)
 	$(PIP) install -e ".[all,test]"
+	$(PIP) install -e plugins/varsync-shm
 	$(PIP) install --no-deps "tf-agents==0.19.0"
 	$(PIP) install -r tests/requirements-tf-agents.txt
 	touch $@ $(VENV)/.reverb-installed

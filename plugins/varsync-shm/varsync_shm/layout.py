@@ -1,0 +1,91 @@
+"""Where a store lives under ``/dev/shm`` and how names become file names.
+
+    <root>/varsync-shm.<store>/            one store: the URL shm://<store>
+        n_<namespace>/                     one namespace ("n_" alone for the default "")
+            t_<table>/                     one table (see varsync_shm.backend for its files)
+
+Names are percent-encoded (``quote(name, safe="")``), so any string is a valid name and
+no name can climb out of its directory. Only the standard library is imported here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Optional
+from urllib.parse import quote, unquote, urlsplit
+
+from varsync.errors import ConfigurationError
+
+__all__ = [
+    "DEFAULT_ROOT",
+    "STORE_PREFIX",
+    "store_name_of",
+    "store_path",
+    "namespace_path",
+    "table_path",
+    "table_name_of",
+    "remove_store",
+]
+
+DEFAULT_ROOT = "/dev/shm"
+STORE_PREFIX = "varsync-shm."
+_NAMESPACE_PREFIX = "n_"
+_TABLE_PREFIX = "t_"
+_NAME_MAX = 255  # bytes in one file name, on Linux file systems
+
+
+def store_name_of(url: str) -> str:
+    """The store an ``shm://<store>`` URL names; ``ConfigurationError`` if none."""
+    parts = urlsplit(url)
+    name = unquote(parts.netloc + parts.path).strip("/")
+    if not name:
+        raise ConfigurationError(
+            f"shm URL {url!r} names no store; expected shm://<store>, e.g. shm://training "
+            "(processes that connect to the same store share its tables)"
+        )
+    return name
+
+
+def _encode(prefix: str, name: str, what: str) -> str:
+    encoded = prefix + quote(name, safe="")
+    if len(encoded) > _NAME_MAX:
+        raise ConfigurationError(
+            f"{what} name {name[:40]!r}... is too long for a file name under /dev/shm "
+            f"({len(encoded)} bytes encoded, at most {_NAME_MAX}); use a shorter name"
+        )
+    return encoded
+
+
+def store_path(store: str, root: str = DEFAULT_ROOT) -> str:
+    """The directory holding store ``store`` (whether or not it exists yet)."""
+    return os.path.join(root, _encode(STORE_PREFIX, store, "store"))
+
+
+def namespace_path(store: str, namespace: str, root: str = DEFAULT_ROOT) -> str:
+    return os.path.join(store_path(store, root), _encode(_NAMESPACE_PREFIX, namespace, "namespace"))
+
+
+def table_path(namespace_dir: str, table: str) -> str:
+    return os.path.join(namespace_dir, _encode(_TABLE_PREFIX, table, "table"))
+
+
+def table_name_of(entry: str) -> Optional[str]:
+    """The table a directory entry of a namespace holds, or ``None`` for anything else."""
+    if not entry.startswith(_TABLE_PREFIX):
+        return None
+    return unquote(entry[len(_TABLE_PREFIX):])
+
+
+def remove_store(store: str, root: str = DEFAULT_ROOT) -> bool:
+    """Delete store ``store`` and every table in it; return whether it existed.
+
+    Processes still holding pulled arrays keep them (the kernel frees the memory when
+    they drop them); containers still connected see empty namespaces afterwards.
+    """
+    path = store_path(store, root)
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        return False
+    return True

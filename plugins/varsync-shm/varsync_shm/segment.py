@@ -1,0 +1,210 @@
+"""One version of a table in one file: a 64-byte header, a JSON leaf index, the arrays.
+
+    offset  size  field
+    0       8     magic b"VSYNCSHM"
+    8       4     layout version (1)
+    12      4     bytes before the first array (header + index, a multiple of 64)
+    16      8     table version held; 0 while a writer fills the file
+    24      8     file size
+    32      4     number of leaves
+    36      4     index length in bytes
+    40      24    reserved (zero)
+    64      ...   index: JSON [[dtype.str, shape, offset], ...] in flat order
+    ...           each array's raw bytes, C order, native byte order, 64-byte aligned
+
+Arrays are raw bytes described by a dtype string and a shape, never pickles; the dtype
+must be a plain number or bool. The table version is written last when a file is
+published and zeroed first when a spare file is reused, so a file whose header names a
+version holds exactly that version's bytes (see :mod:`varsync_shm.backend`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass, field
+from typing import Any, List, Sequence, Tuple
+
+import numpy as np
+
+from varsync.errors import CorruptDataError
+from varsync.signature import Spec
+
+__all__ = ["Plan", "Leaf", "plan", "write", "fill", "set_version", "read_version", "parse", "arrays_of"]
+
+MAGIC = b"VSYNCSHM"
+LAYOUT = 1
+ALIGN = 64
+_HEADER = struct.Struct("<8sIIQQII24x")
+_VERSION = struct.Struct("<Q")
+_VERSION_OFFSET = 16
+HEADER_SIZE = _HEADER.size  # 64
+_CHUNK = 1 << 24  # bytes per pwrite call
+_NUMERIC_KINDS = "biufc"
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+@dataclass(frozen=True)
+class Leaf:
+    dtype: np.dtype
+    shape: Tuple[int, ...]
+    offset: int
+    nbytes: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nbytes", math.prod(self.shape) * self.dtype.itemsize)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where each array of a table goes in its files; the same for every version."""
+
+    head: bytes  # header (version 0) + index + padding
+    leaves: Tuple[Leaf, ...]
+    size: int
+
+
+def plan(specs: Sequence[Spec]) -> Plan:
+    """The file layout for a table with these flat specs."""
+    index_entries: List[List[Any]] = []
+    # The index length depends on the offsets and the offsets on the index length:
+    # lay out once with a guess, then again until the data start stops moving.
+    start = HEADER_SIZE
+    for _ in range(16):  # converges in two or three passes
+        offset = start
+        leaves = []
+        index_entries = []
+        for spec in specs:
+            leaves.append(Leaf(spec.dtype, tuple(spec.shape), offset))
+            index_entries.append([spec.dtype.str, list(spec.shape), offset])
+            offset = _aligned(offset + spec.nbytes)
+        index = json.dumps(index_entries, separators=(",", ":")).encode()
+        needed = _aligned(HEADER_SIZE + len(index))
+        if needed <= start:
+            break
+        start = needed
+    else:  # pragma: no cover - would need an index of astronomical size
+        raise AssertionError("segment layout did not converge")
+    size = max(offset, start)
+    header = _HEADER.pack(MAGIC, LAYOUT, start, 0, size, len(leaves), len(index))
+    head = header + index + bytes(start - HEADER_SIZE - len(index))
+    return Plan(head=head, leaves=tuple(leaves), size=size)
+
+
+def write(fd: int, layout: Plan, arrays: Sequence[np.ndarray]) -> None:
+    """Write header (version 0), index and arrays into the file ``fd`` with ``pwrite``
+    (faster than a mapping for a new file, whose pages the kernel must allocate)."""
+    _pwrite_all(fd, memoryview(layout.head), 0)
+    for leaf, array in zip(layout.leaves, arrays):
+        if leaf.nbytes:
+            raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+            _pwrite_all(fd, memoryview(raw), leaf.offset)
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    done = 0
+    while done < len(data):  # bounded: every pass writes at least one byte or raises
+        written = os.pwrite(fd, data[done : done + _CHUNK], offset + done)
+        if written <= 0:
+            raise OSError(f"pwrite wrote {written} bytes at offset {offset + done}")
+        done += written
+
+
+def fill(buffer: Any, layout: Plan, arrays: Sequence[np.ndarray]) -> None:
+    """Write header (version 0), index and arrays into ``buffer``, a writable mapping
+    of a file of ``layout.size`` bytes."""
+    memory = np.frombuffer(buffer, np.uint8, layout.size)
+    memory[: len(layout.head)] = np.frombuffer(layout.head, np.uint8)
+    for leaf, array in zip(layout.leaves, arrays):
+        if leaf.nbytes:
+            raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+            np.copyto(memory[leaf.offset : leaf.offset + leaf.nbytes], raw)
+
+
+def set_version(fd: int, version: int) -> None:
+    """Mark the file as holding ``version`` (0: being written, not a version)."""
+    os.pwrite(fd, _VERSION.pack(version), _VERSION_OFFSET)
+
+
+def read_version(fd: int) -> int:
+    data = os.pread(fd, _VERSION.size, _VERSION_OFFSET)
+    return _VERSION.unpack(data)[0] if len(data) == _VERSION.size else 0
+
+
+@dataclass(frozen=True)
+class Parsed:
+    version: int
+    leaves: Tuple[Leaf, ...]
+
+
+def parse(buffer: Any, size: int, where: str) -> Parsed:
+    """The header and index of a file of ``size`` bytes whose start is in ``buffer``."""
+    view = memoryview(buffer)
+    if len(view) < HEADER_SIZE:
+        raise CorruptDataError(f"{where} is {len(view)} bytes, too short to be a varsync-shm segment")
+    magic, layout, start, version, total, count, index_len = _HEADER.unpack_from(view, 0)
+    if magic != MAGIC:
+        raise CorruptDataError(f"{where} is not a varsync-shm segment (magic {magic!r})")
+    if layout != LAYOUT:
+        raise CorruptDataError(
+            f"{where} has segment layout {layout}; this varsync-shm reads layout {LAYOUT} "
+            "(upgrade varsync-shm on every process that shares the store)"
+        )
+    if total != size or HEADER_SIZE + index_len > start or start > total or len(view) < size:
+        raise CorruptDataError(
+            f"{where}: header says {total} bytes with data from {start}, index {index_len} "
+            f"bytes; the file has {size}"
+        )
+    try:
+        leaves = _leaves(bytes(view[HEADER_SIZE : HEADER_SIZE + index_len]), start, total, count)
+    except CorruptDataError as exc:
+        raise CorruptDataError(f"{where}: {exc}") from None
+    return Parsed(version=version, leaves=leaves)
+
+
+@functools.lru_cache(maxsize=64)  # the same few indexes, pulled again and again
+def _leaves(index: bytes, start: int, total: int, count: int) -> Tuple[Leaf, ...]:
+    try:
+        leaves = tuple(
+            Leaf(np.dtype(str(dtype)), tuple(int(d) for d in shape), int(offset))
+            for dtype, shape, offset in json.loads(index)
+        )
+    except (ValueError, TypeError) as exc:
+        raise CorruptDataError(f"leaf index is malformed ({exc})") from None
+    for leaf in leaves:
+        if (
+            leaf.dtype.kind not in _NUMERIC_KINDS
+            or not leaf.dtype.isnative
+            or any(d < 0 for d in leaf.shape)
+            or leaf.offset < start
+            or leaf.offset + leaf.nbytes > total
+        ):
+            raise CorruptDataError(f"leaf {leaf} does not fit a {total}-byte segment")
+    if len(leaves) != count:
+        raise CorruptDataError(f"header says {count} leaves, the index has {len(leaves)}")
+    return leaves
+
+
+def arrays_of(memory: np.ndarray, leaves: Sequence[Leaf]) -> List[np.ndarray]:
+    """Read-only arrays viewing ``memory`` (a uint8 array over the file), without copying.
+
+    Every non-empty array is a view of ``memory``, whose lifetime therefore ends only
+    when all of them are gone (numpy's ``base`` chain stops at ``memory``, the first array
+    that does not own its data and whose base is not an array).
+    """
+    out = []
+    for leaf in leaves:
+        if leaf.nbytes == 0:
+            array = np.empty(leaf.shape, leaf.dtype)
+            array.flags.writeable = False
+        else:
+            raw = memory[leaf.offset : leaf.offset + leaf.nbytes]
+            array = raw.view(leaf.dtype).reshape(leaf.shape)
+        out.append(array)
+    return out
