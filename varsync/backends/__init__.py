@@ -24,3 +24,17 @@ def varsync_register_backends(registry: "BackendRegistry") -> None:
         extra="reverb",
         description="tables of a Reverb server, interchangeable with TF-Agents' container",
     )
+    registry.add(
+        "redis",
+        "varsync.backends.redis:RedisBackend",
+        requires=["redis"],
+        extra="redis",
+        description="tables in a Redis server, atomically versioned (redis://host:port/db)",
+    )
+    registry.add(
+        "rediss",
+        "varsync.backends.redis:RedisBackend",
+        requires=["redis"],
+        extra="redis",
+        description="the redis backend over TLS (rediss://host:port/db)",
+    )

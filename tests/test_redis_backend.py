@@ -1,0 +1,538 @@
+"""The redis backend: the conformance suite against a real redis-server, exactly as a third
+party would run it, plus what is particular to Redis: the stored signature, values over
+512 MB, maxmemory, a server that is down, hung, password-protected or restricted by ACL,
+a server that lost its data, corrupt chunks, and waits woken by the server."""
+
+from __future__ import annotations
+
+import gc
+import json
+import socket
+import threading
+import time
+import tracemalloc
+from typing import Any, Dict, List
+
+import numpy as np
+import pytest
+
+import varsync
+from varsync.testing import ConformanceTests
+from varsync.testing.suite import SMALL, assert_bit_equal, check_consistent, filled
+
+redis = pytest.importorskip("redis")
+
+MB = 1 << 20
+
+
+class TestRedisConformance(ConformanceTests):
+    @pytest.fixture
+    def url(self, redis_namespace: Any) -> str:
+        return redis_namespace()
+
+
+class TestRedisConformanceInSmallChunks(ConformanceTests):
+    """The suite again with 4 KiB chunks, so most values span many chunks and most
+    chunks hold pieces of several arrays; keep=0 retires versions as soon as possible."""
+
+    @pytest.fixture
+    def url(self, redis_namespace: Any) -> str:
+        return redis_namespace(chunk_size=4096, keep=0)
+
+
+@pytest.fixture
+def server(redis_servers: Any) -> Any:
+    """A server of this test's own."""
+    return redis_servers()
+
+
+def keys_of(server: Any, pattern: str = "*") -> List[str]:
+    with server.client() as client:
+        return sorted(k.decode() for k in client.scan_iter(match=pattern, count=1000))
+
+
+def command_calls(client: Any) -> Dict[str, int]:
+    stats = client.info("commandstats")
+    return {name.split("_", 1)[1]: entry["calls"] for name, entry in stats.items()}
+
+
+# -- the signature ---------------------------------------------------------------------------
+
+
+def test_the_signature_is_stored_with_the_table_as_the_cores_json(server: Any) -> None:
+    url = server.url + "?namespace=sig"
+    with varsync.connect(url) as store:
+        store.create_table("variables", SMALL)
+    with server.client() as client:
+        head = client.hgetall("varsync:sig:variables:head")
+    document = json.loads(head[b"sig"])
+    assert document["format"] == "varsync.signature"
+    assert head[b"version"] == b"0" and head[b"fmt"] == b"1"
+    with varsync.connect(url) as reader:  # connecting to an existing table reads it
+        assert varsync.flatten(reader.signature()) == varsync.flatten(SMALL)
+
+
+def test_create_table_with_another_signature_never_overwrites(server: Any) -> None:
+    url = server.url + "?namespace=race"
+    signatures = [{"x": varsync.Spec((n,), "float32")} for n in range(1, 9)]
+    outcomes: List[Any] = [None] * len(signatures)
+    start = threading.Barrier(len(signatures))
+
+    def create(index: int) -> None:
+        with varsync.connect(url) as store:
+            start.wait(10)
+            try:
+                outcomes[index] = store.create_table("t", signatures[index])
+            except varsync.TableExistsError as exc:
+                outcomes[index] = exc
+
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(len(signatures))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    winners = [i for i, o in enumerate(outcomes) if not isinstance(o, Exception)]
+    assert len(winners) == 1, outcomes
+    assert all(isinstance(o, varsync.TableExistsError) for i, o in enumerate(outcomes) if i != winners[0])
+    with varsync.connect(url) as store:
+        assert varsync.flatten(store.signature("t")) == varsync.flatten(signatures[winners[0]])
+
+
+# -- large values, zero copy -------------------------------------------------------------------
+
+
+def test_an_array_larger_than_redis_512_mb_value_limit_round_trips(server: Any) -> None:
+    count = 600 * MB // 8  # 600 MiB of uint64 in one array
+    with varsync.connect(server.url, timeout=120) as store:
+        store.create_table("big", {"w": varsync.Spec((count,), "uint64")})
+        values = np.arange(count, dtype=np.uint64)
+        assert store.push({"w": values}, table="big") == 1
+        del values
+        pulled = store.pull("big")["w"]
+        step = 8 * MB
+        for start in range(0, count, step):  # compare in slices: no 600 MB temporaries
+            expected = np.arange(start, min(count, start + step), dtype=np.uint64)
+            assert np.array_equal(pulled[start : start + step], expected), f"differs after {start}"
+        del pulled
+        gc.collect()
+    with server.client() as client:
+        client.flushall()
+
+
+def test_push_sends_array_memory_without_copying_it(server: Any) -> None:
+    values = {"w": np.random.default_rng(1).standard_normal(16 * MB // 4).astype(np.float32)}
+    with varsync.connect(server.url) as store:
+        store.create_table("variables", values)
+        store.push(values)  # connections are made, scripts cached
+        tracemalloc.start()
+        try:
+            store.push(values)
+            _, push_peak = tracemalloc.get_traced_memory()
+            tracemalloc.reset_peak()
+            pulled = store.pull()
+            _, pull_peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert push_peak < 2 * MB, f"a 16 MiB push allocated {push_peak} bytes"
+    assert pull_peak < 16 * MB + 2 * MB, f"a 16 MiB pull allocated {pull_peak} bytes"
+    assert_bit_equal(pulled, values)
+
+
+def test_a_pull_whose_version_is_retired_mid_read_starts_again_from_the_head(
+    redis_namespace: Any,
+) -> None:
+    url = redis_namespace(chunk_size=4096, keep=0)
+    with varsync.connect(url) as writer, varsync.connect(url) as reader:
+        writer.create_table("variables", SMALL)
+        writer.push(filled(SMALL, 1))
+        backend = reader.backend
+        fetch = backend._fetch
+        retire = [2, 3]  # pushed between the reader's head read and its chunk reads
+
+        def fetch_after_newer_pushes(*args: Any) -> Any:
+            while retire:
+                writer.push(filled(SMALL, retire.pop(0)))
+            return fetch(*args)
+
+        backend._fetch = fetch_after_newer_pushes
+        version, values = reader.pull_if_newer(0)
+        assert (version, check_consistent(values)) == (3, 3)
+        assert reader.table_info().details["pulls_restarted"] == 1
+
+
+# -- change detection and waiting --------------------------------------------------------------
+
+
+def test_pull_if_newer_when_nothing_changed_is_one_small_request(server: Any) -> None:
+    values = {"w": np.ones(8 * MB // 4, np.float32)}
+    with varsync.connect(server.url) as store, server.client() as admin:
+        store.create_table("variables", values)
+        version = store.push(values)
+        before = command_calls(admin)
+        for _ in range(10):
+            assert store.pull_if_newer(version) is None
+            assert store.version() == version
+        after = command_calls(admin)
+    changed = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+    changed.pop("info", None)
+    assert changed == {"hmget": 20}
+
+
+def test_wait_for_blocks_on_the_server_and_wakes_on_a_push(server: Any) -> None:
+    with varsync.connect(server.url) as store, server.client() as admin:
+        store.create_table("variables", SMALL)
+        store.push(filled(SMALL, 1))
+        before = command_calls(admin)
+        with pytest.raises(varsync.PullTimeoutError):
+            store.wait_for(1, timeout=2.5)
+        idle = {k: command_calls(admin)[k] - before.get(k, 0) for k in ("xread", "hmget")}
+        assert 1 <= idle["xread"] <= 4 and idle["hmget"] <= 5, idle  # blocked, not polling
+
+        result: Dict[str, Any] = {}
+        blocked = threading.Event()
+
+        def wait() -> None:
+            blocked.set()
+            result["version"] = store.wait_for(1, timeout=30)
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        blocked.wait(5)
+        with varsync.connect(server.url) as writer:
+            writer.push(filled(SMALL, 2))
+        thread.join(10)
+        assert not thread.is_alive() and result == {"version": 2}
+
+
+# -- failures ----------------------------------------------------------------------------------
+
+
+def test_maxmemory_makes_the_push_fail_and_keeps_the_previous_version(redis_servers: Any) -> None:
+    server = redis_servers(config=["--maxmemory", "48mb", "--maxmemory-policy", "noeviction"])
+    small = {"w": varsync.Spec((1 * MB,), "uint8")}
+    with varsync.connect(server.url, chunk_size=MB) as store:
+        store.create_table("variables", small)
+        store.push({"w": np.full(MB, 1, np.uint8)})
+        store.create_table("huge", {"w": varsync.Spec((96 * MB,), "uint8")})
+        with pytest.raises(varsync.ItemTooLargeError, match="maxmemory"):
+            store.push({"w": np.full(96 * MB, 2, np.uint8)}, table="huge")
+        assert store.version("huge") == 0
+        assert store.version() == 1
+        assert_bit_equal(store.pull(), {"w": np.full(MB, 1, np.uint8)})
+        assert store.push({"w": np.full(MB, 3, np.uint8)}) == 2  # the memory came back
+        assert_bit_equal(store.pull(), {"w": np.full(MB, 3, np.uint8)})
+    chunks = keys_of(server, "varsync::huge:d:*")
+    assert chunks == [], f"the failed push left {len(chunks)} chunks behind"
+
+
+def test_a_server_that_is_down_is_a_connection_error(server: Any) -> None:
+    url = server.url
+    server.stop()
+    started = time.monotonic()
+    with pytest.raises(varsync.BackendConnectionError) as caught:
+        varsync.connect(url, timeout=3)
+    assert time.monotonic() - started < 6  # bounded by the timeout, no retries for seconds
+    assert "127.0.0.1" in str(caught.value)
+
+
+def test_a_server_that_goes_down_is_a_connection_error_within_the_timeout(server: Any) -> None:
+    store = varsync.connect(server.url, timeout=3)
+    try:
+        store.create_table("variables", SMALL)
+        store.push(filled(SMALL, 1))
+        server.stop()
+        for call in (lambda: store.pull_if_newer(1), lambda: store.push(filled(SMALL, 2)),
+                     lambda: store.wait_for(1, timeout=5), store.pull):
+            started = time.monotonic()
+            with pytest.raises(varsync.BackendConnectionError):
+                call()
+            assert time.monotonic() - started < 6
+    finally:
+        store.close()
+
+
+def test_a_server_that_never_answers_is_a_connection_error_within_the_timeout() -> None:
+    with socket.socket() as silent:  # accepts connections (backlog) but never replies
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        started = time.monotonic()
+        with pytest.raises(varsync.BackendConnectionError, match="[Tt]imeout|timed out"):
+            varsync.connect(f"redis://127.0.0.1:{port}/0", timeout=1)
+        assert time.monotonic() - started < 4
+
+
+@pytest.mark.parametrize("password", ["wrong-password", None])
+def test_a_wrong_or_missing_password_is_an_authentication_error_at_once(
+    redis_servers: Any, password: Any
+) -> None:
+    server = redis_servers(password="s3cret-pass")
+    url = server.url.replace("redis://", f"redis://:{password}@") if password else server.url
+    started = time.monotonic()
+    with pytest.raises(varsync.AuthenticationError) as caught:
+        varsync.connect(url, timeout=10)
+    assert time.monotonic() - started < 3  # refused at once, not after retries
+    assert "wrong-password" not in str(caught.value) and "s3cret" not in str(caught.value)
+    with varsync.connect(server.url.replace("redis://", "redis://:s3cret-pass@")) as store:
+        assert "s3cret" not in repr(store) and "s3cret" not in str(store.backend.describe_options())
+
+
+# The command sets docs/redis.md gives for a learner (writes) and for actors (read only).
+WRITER_COMMANDS = (
+    "+ping +hmget +hget +smembers +get +xread +set +unlink +eval +evalsha "
+    "+hset +exists +del +sadd +persist +xadd +xrevrange"
+)
+READER_COMMANDS = "+ping +hmget +hget +smembers +get +xread"
+
+
+def test_an_acl_user_limited_to_its_prefix_and_the_documented_commands_works(
+    server: Any,
+) -> None:
+    with server.client() as admin:
+        for user, commands in (("learner", WRITER_COMMANDS), ("actor", READER_COMMANDS)):
+            admin.execute_command(
+                "ACL", "SETUSER", user, "reset", "on", f">{user}-pw", "~varsync:team:*",
+                *commands.split(),
+            )
+    url = server.url.replace("redis://", "redis://learner:learner-pw@")
+    actor_url = server.url.replace("redis://", "redis://actor:actor-pw@")
+    values = {"w": np.arange(3 * MB // 4, dtype=np.float32), "step": np.int64(3)}
+    with varsync.connect(url, namespace="team", chunk_size=MB) as writer, varsync.connect(
+        actor_url, namespace="team"
+    ) as reader:
+        writer.create_table("variables", values)
+        for step in range(3):  # past keep, so retired chunks are deleted too
+            writer.push(values)
+        assert reader.wait_for(0, timeout=5) == 3
+        assert_bit_equal(reader.pull(), values)
+        assert reader.pull_if_newer(3) is None and reader.tables() == ["variables"]
+        assert reader.table_info().version == 3
+        with pytest.raises(varsync.AuthenticationError):  # actors cannot publish
+            reader.push(values)
+        assert writer.version() == 3
+    with varsync.connect(url, namespace="other") as outside:
+        with pytest.raises(varsync.AuthenticationError, match="ACL|permission"):
+            outside.create_table("variables", values)
+
+
+def test_checksums_are_zlibs_crc32_whichever_implementation_computes_them() -> None:
+    import zlib
+
+    from varsync.backends.redis import _crc32
+
+    data = np.random.default_rng(3).integers(0, 256, 1 << 20, dtype=np.uint8)
+    views = [memoryview(data)[:1000], memoryview(data)[1000:]]
+    assert _crc32(views) == zlib.crc32(data)
+
+
+def test_tls_with_a_ca_certificate(redis_servers: Any) -> None:
+    server = redis_servers(tls=True)
+    url = f"{server.url}?ssl_ca_certs={server.tls['ca']}&chunk_size=65536"
+    values = {"w": np.random.default_rng(2).standard_normal(300_000).astype(np.float32)}
+    with varsync.connect(url) as store:
+        store.create_table("variables", values)
+        store.push(values)
+        assert_bit_equal(store.pull(), values)
+    with pytest.raises(varsync.BackendConnectionError):  # a certificate it cannot verify
+        varsync.connect(server.url, timeout=3)
+    unverified = f"{server.url}?ssl_cert_reqs=none&ssl_check_hostname=false"
+    with varsync.connect(unverified) as store:  # encrypted, server not authenticated
+        assert_bit_equal(store.pull(), values)
+
+
+# -- a server that lost its data ----------------------------------------------------------------
+
+
+def test_a_restart_without_persistence_never_lets_readers_accept_an_older_value(
+    server: Any,
+) -> None:
+    with varsync.connect(server.url, timeout=5) as writer, varsync.connect(
+        server.url, timeout=5
+    ) as reader:
+        writer.create_table("variables", SMALL)
+        for number in (1, 2, 3):
+            writer.push(filled(SMALL, number))
+        held, values = reader.pull_if_newer(0)
+        assert held == 3 and check_consistent(values) == 3
+        server.restart()
+
+        with pytest.raises(varsync.TableResetError):
+            reader.pull_if_newer(held)
+        with pytest.raises(varsync.TableResetError):
+            reader.wait_for(held, timeout=5)
+        assert reader.version() == 0
+        # The writer carries on: the table comes back, under a new epoch.
+        for number in (11, 12, 13, 14):
+            writer.push(filled(SMALL, number))
+        assert writer.version() == 4
+        # Version 4 is above the 3 the reader holds, but of another history: refused.
+        with pytest.raises(varsync.TableResetError, match="new history"):
+            reader.pull_if_newer(held)
+        with pytest.raises(varsync.TableResetError):
+            reader.wait_for(held, timeout=5)
+        assert check_consistent(reader.pull()) == 14  # pull() resynchronises
+        assert reader.pull_if_newer(4) is None
+
+
+def test_a_flushall_wakes_a_waiting_reader_with_a_reset_instead_of_hanging(server: Any) -> None:
+    with varsync.connect(server.url) as store, server.client() as admin:
+        store.create_table("variables", SMALL)
+        store.push(filled(SMALL, 1))
+        result: Dict[str, Any] = {}
+
+        def wait() -> None:
+            try:
+                result["version"] = store.wait_for(1, timeout=30)
+            except Exception as exc:
+                result["error"] = exc
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        admin.flushall()
+        thread.join(10)
+        assert not thread.is_alive(), "wait_for hung after the server lost its data"
+        assert isinstance(result.get("error"), varsync.TableResetError), result
+
+
+def test_a_server_back_on_an_older_snapshot_starts_a_new_history(server: Any) -> None:
+    # No save points: the SAVE below is the only snapshot, and a restart loads it.
+    with varsync.connect(server.url, timeout=5) as writer, varsync.connect(
+        server.url, timeout=5
+    ) as reader:
+        writer.create_table("variables", SMALL)
+        for number in (1, 2):
+            writer.push(filled(SMALL, number))
+        with server.client() as admin:
+            admin.save()  # the snapshot holds version 2
+        for number in (3, 4, 5):
+            writer.push(filled(SMALL, number))
+        assert reader.pull_if_newer(0)[0] == 5
+        server.restart()  # back to version 2
+
+        with pytest.raises(varsync.TableResetError):
+            reader.pull_if_newer(5)
+        stale_version, stale = reader.pull_if_newer(0)
+        assert stale_version == 2 and check_consistent(stale) == 2
+        # The writer, which published 5, notices and starts a new history past it.
+        assert writer.push(filled(SMALL, 6)) == 6
+        with pytest.raises(varsync.TableResetError):
+            reader.pull_if_newer(stale_version)
+        assert check_consistent(reader.pull()) == 6
+
+
+# -- corrupt or foreign data -------------------------------------------------------------------
+
+
+@pytest.fixture
+def pushed(server: Any) -> Any:
+    """A table ``variables`` at version 1 (two chunks of 64 KiB) and the admin client."""
+    url = server.url + "?namespace=c&chunk_size=65536"
+    values = {"w": np.arange(30_000, dtype=np.float32)}
+    store = varsync.connect(url)
+    store.create_table("variables", values)
+    store.push(values)
+    admin = server.client()
+    chunk = sorted(keys_of(server, "varsync:c:variables:d:*"))[0]
+    yield store, admin, chunk
+    store.close()
+    admin.close()
+
+
+def test_a_chunk_changed_in_place_fails_its_checksum(pushed: Any) -> None:
+    store, admin, chunk = pushed
+    admin.setrange(chunk, 1000, b"\x7f\x7f\x7f\x7f")
+    with pytest.raises(varsync.CorruptDataError, match="checksum"):
+        store.pull()
+
+
+@pytest.mark.parametrize("size", ["short", "same-length", "empty"])
+def test_a_chunk_replaced_by_foreign_bytes_is_corrupt_data(pushed: Any, size: str) -> None:
+    store, admin, chunk = pushed
+    length = {"short": 5, "same-length": admin.strlen(chunk), "empty": 0}[size]
+    admin.set(chunk, b"x" * length)
+    with pytest.raises(varsync.CorruptDataError):
+        store.pull()
+
+
+def test_a_chunk_deleted_under_the_current_version_is_corrupt_data_not_a_hang(pushed: Any) -> None:
+    store, admin, chunk = pushed
+    admin.delete(chunk)
+    with pytest.raises(varsync.CorruptDataError, match="missing"):
+        store.pull(timeout=5)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("layout", "garbage"), ("layout", "1:2:3"), ("version", "-4"), ("fmt", "99"),
+     ("sig", "{not json")],
+)
+def test_a_malformed_head_is_corrupt_data(server: Any, pushed: Any, field: str, value: str) -> None:
+    _, admin, _ = pushed
+    admin.hset("varsync:c:variables:head", field, value)
+    with varsync.connect(server.url + "?namespace=c") as reader:
+        with pytest.raises(varsync.CorruptDataError):
+            reader.pull(timeout=5)
+
+
+def test_foreign_keys_under_the_prefix_are_corrupt_data(server: Any) -> None:
+    with server.client() as admin:
+        admin.set("varsync:f:variables:head", "not a hash")
+        admin.hset("varsync:f:other:head", "owner", "someone else")
+    with varsync.connect(server.url + "?namespace=f") as store:
+        for call in (
+            lambda: store.pull("variables", timeout=1),
+            lambda: store.create_table("variables", SMALL),
+            lambda: store.create_table("other", SMALL),
+        ):
+            with pytest.raises(varsync.CorruptDataError, match="prefix"):
+                call()
+
+
+# -- options -------------------------------------------------------------------------------------
+
+
+def test_namespaces_and_prefixes_isolate_tables(redis_namespace: Any) -> None:
+    url = redis_namespace()
+    namespace = url.split("namespace=")[1]
+    with varsync.connect(url) as a, varsync.connect(url, prefix="other") as b, varsync.connect(
+        url, namespace=namespace + "x"
+    ) as c:
+        a.create_table("variables", SMALL)
+        assert b.tables() == [] and c.tables() == []
+        assert a.tables() == ["variables"]
+
+
+def test_table_names_with_separators_stay_apart(redis_namespace: Any) -> None:
+    with varsync.connect(redis_namespace()) as store:
+        names = ["a:b", "a", "a:b:head", "tables", "ünï cödé/{x}*"]
+        for index, name in enumerate(names):
+            store.create_table(name, {"x": varsync.Spec((index + 1,), "int32")})
+            store.push({"x": np.full(index + 1, index, np.int32)}, table=name)
+        assert store.tables() == sorted(names)
+        for index, name in enumerate(names):
+            assert_bit_equal(store.pull(name), {"x": np.full(index + 1, index, np.int32)})
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"chunk_size": "12"}, "chunk_size"),
+        ({"keep": "-1"}, "keep"),
+        ({"db": "x"}, "db"),
+        ({"colour": "blue"}, "colour"),
+        ({"ssl_ca_certs": "/ca.pem"}, "rediss://"),
+        ({"socket_timeout": "soon"}, "socket_timeout"),
+    ],
+)
+def test_bad_options_are_configuration_errors(redis_url: str, options: Any, message: str) -> None:
+    with pytest.raises(varsync.ConfigurationError, match=message):
+        varsync.connect(redis_url.split("?")[0], **options)
+
+
+def test_the_database_comes_from_the_url_path(server: Any) -> None:
+    with varsync.connect(server.url.replace("/0", "/3")) as store:
+        store.create_table("variables", SMALL)
+    with server.client(db=3) as admin:
+        assert admin.exists("varsync::variables:head")
+    with pytest.raises(varsync.ConfigurationError, match="database"):
+        varsync.connect(server.url.replace("/0", "/3"), db=4)
