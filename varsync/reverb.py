@@ -25,16 +25,8 @@ from varsync import nest as nest_lib
 from varsync import signature as sig
 from varsync.errors import ConfigurationError, SignatureError
 
-try:
-    import reverb
-    import tensorflow as tf
-except ImportError as exc:  # pragma: no cover - exercised where the extra is missing
-    from varsync.errors import MissingDependencyError
-
-    raise MissingDependencyError(
-        f"varsync.reverb needs dm-reverb and TensorFlow ({exc.name} is missing); install "
-        'them with: pip install "varsync[reverb]" (Linux x86-64, Python 3.9-3.11)'
-    ) from exc
+# The backend module imports Reverb and TensorFlow, or says which extra to install.
+from varsync.backends.reverb import reverb, tf
 
 __all__ = ["serve", "ReverbServer", "variables_table", "tensorflow_signature"]
 

@@ -135,13 +135,20 @@ class TableTests(_Base):
         assert info.nbytes == 3 * 2 * 4 + 2 * 4 + 8
         assert varsync.flatten(info.signature) == varsync.flatten(SMALL)
 
-    def test_create_table_again_with_same_signature_is_a_no_op(
-        self, url: str, connect: Any, backend_cls: type
-    ) -> None:
+    @pytest.fixture
+    def created_by_client(self, url: str, connect: Any, backend_cls: type) -> Any:
+        """A container with table ``t`` created by ``create_table`` (skips where clients
+        cannot create tables)."""
         if not backend_cls.supports_create_table:
             pytest.skip("backend cannot create tables from a client")
         container = connect(url)
         container.create_table("t", SMALL)
+        return container
+
+    def test_create_table_again_with_same_signature_is_a_no_op(
+        self, url: str, connect: Any, created_by_client: Any
+    ) -> None:
+        container = created_by_client
         container.push(filled(SMALL, 3), table="t")
         again = connect(url).create_table("t", {"train_step": np.int64(0), "policy": (
             np.zeros((3, 2), np.float32), np.zeros(2, np.float32))})
@@ -149,12 +156,9 @@ class TableTests(_Base):
         assert container.version("t") == 1
 
     def test_create_table_with_another_signature_is_refused(
-        self, url: str, connect: Any, backend_cls: type
+        self, url: str, connect: Any, created_by_client: Any
     ) -> None:
-        if not backend_cls.supports_create_table:
-            pytest.skip("backend cannot create tables from a client")
-        container = connect(url)
-        container.create_table("t", SMALL)
+        container = created_by_client
         container.push(filled(SMALL, 5), table="t")
         with pytest.raises(varsync.TableExistsError):
             connect(url).create_table("t", {"train_step": varsync.Spec((), "int32")})
