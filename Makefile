@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo test clean
+.PHONY: demo test bench soak clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,20 @@ demo: $(VENV)/.reverb-installed
 test: $(VENV)/.all-installed
 	VARSYNC_REDIS_TLS_SERVER=$(CURDIR)/$(VENV)/redis-tls/redis-server \
 	    scripts/loopback-only $(PY) -m pytest
+
+# Every benchmark in benchmarks/, end to end in under 15 minutes on a 2-core machine:
+# benchmarks/RESULTS.md, benchmarks/results.json and the plots in docs/img/ (matplotlib,
+# the `bench` extra). The suite starts and stops its own Reverb and redis servers.
+bench: $(VENV)/.all-installed
+	$(PY) -c "import matplotlib" 2>/dev/null || $(PIP) install -e ".[all,test,bench]"
+	scripts/loopback-only $(PY) benchmarks/suite.py
+
+# A bounded soak, outside `make test`: per backend, a writer and three readers for
+# SOAK_SECONDS, every pulled value checked; pushes, pulls, inconsistencies (must be 0)
+# and memory growth of clients and servers. Figures: docs/guarantees.md.
+SOAK_SECONDS ?= 60
+soak: $(VENV)/.all-installed
+	scripts/loopback-only $(PY) benchmarks/soak.py --seconds $(SOAK_SECONDS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

@@ -13,9 +13,10 @@ For float32 nests of 40 MB and 400 MB (four leaves), on the same fresh redis-ser
 - server memory growth (``used_memory``, sampled every millisecond) while four reader
   processes pull the 400 MB table at once, as a fraction of the payload.
 
-Medians of ``--repeat`` rounds in which the contenders take turns; a ratio is the median
-over rounds of varsync's time over the other's (below 1: varsync is faster). The machine
-may be shared and noisy: compare ratios taken in the same run.
+Medians of ``--repeat`` rounds in which the contenders take turns, with their spread
+(interquartile range); a ratio is the median over rounds of varsync's time over the
+other's (below 1: varsync is faster). The machine may be shared and noisy: compare ratios
+taken in the same run. ``--json FILE`` also writes the figures as JSON.
 
     .venv/bin/python benchmarks/redis_bench.py            # starts its own redis-server
     .venv/bin/python benchmarks/redis_bench.py --url redis://127.0.0.1:6379/0
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import multiprocessing
 import os
 import platform
@@ -68,6 +70,14 @@ def interleaved(runs: Dict[str, Callable[[], Any]], repeat: int) -> Dict[str, Li
             times[name].append(time.perf_counter() - started)
             del result
     return times
+
+
+def quartiles(values: List[float]) -> Tuple[float, float]:
+    """The first and third quartiles of ``values``: the spread around the median."""
+    if len(values) < 2:
+        return values[0], values[0]
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q3
 
 
 def ratio(times: Dict[str, List[float]], mine: str, other: str) -> float:
@@ -126,6 +136,7 @@ def bench_size(url: str, megabytes: int, repeat: int) -> Dict[str, float]:
             repeat,
         )
         out.update({name: statistics.median(values) for name, values in times.items()})
+        out.update({f"{name} iqr": quartiles(values) for name, values in times.items()})
         out["push ratio"] = ratio(times, "varsync push", "hand push")
         out["pull ratio"] = ratio(times, "varsync pull", "hand pull")
         out["pull / copyto fresh"] = ratio(times, "varsync pull", "np.copyto (fresh arrays)")
@@ -137,12 +148,14 @@ def bench_size(url: str, megabytes: int, repeat: int) -> Dict[str, float]:
             assert store.pull_if_newer(version) is None
             calls.append(time.perf_counter_ns() - started)
         out["pull_if_newer unchanged"] = statistics.median(calls) / 1e9
+        out["pull_if_newer unchanged iqr"] = tuple(q / 1e9 for q in quartiles(calls))
         calls = []
         for _ in range(2000):
             started = time.perf_counter_ns()
             store.version()
             calls.append(time.perf_counter_ns() - started)
         out["version"] = statistics.median(calls) / 1e9
+        out["version iqr"] = tuple(q / 1e9 for q in quartiles(calls))
     hand.delete(*keys.values())
     hand.close()
     return out
@@ -275,7 +288,10 @@ def main() -> None:
     parser.add_argument("--readers", type=int, default=4)
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--only-memory", action="store_true")
+    parser.add_argument("--json", help="also write the figures as JSON to this file")
     args = parser.parse_args()
+
+    figures: Dict[str, Any] = {"repeat": args.repeat, "sizes": {}, "memory": {}}
 
     def run(url: str) -> None:
         info = redis.Redis.from_url(url).info("server")
@@ -290,9 +306,10 @@ def main() -> None:
         )
         for megabytes in [] if args.only_memory else args.sizes:
             results = bench_size(url, megabytes, args.repeat)
+            figures["sizes"][megabytes] = results
             print(f"## {megabytes} MB float32 nest (4 leaves)\n")
-            print("| operation | median | ratio |")
-            print("|---|---|---|")
+            print("| operation | median | spread (IQR) | ratio |")
+            print("|---|---|---|---|")
             rows: List[Tuple[str, str]] = [
                 ("varsync push", f"{results['push ratio']:.2f} x hand"),
                 ("hand push", ""),
@@ -305,11 +322,14 @@ def main() -> None:
                 ("version", ""),
             ]
             for name, ratio in rows:
-                print(f"| {name} | {milliseconds(results[name])} | {ratio} |")
+                q1, q3 = results[f"{name} iqr"]
+                print(f"| {name} | {milliseconds(results[name])} | "
+                      f"{milliseconds(q1)}–{milliseconds(q3)} | {ratio} |")
             print()
         if not args.skip_memory:
             megabytes = max(args.sizes)
             memory = bench_memory(url, megabytes, args.readers)
+            figures["memory"] = {"megabytes": megabytes, "readers": args.readers, **memory}
             print(f"## memory, {megabytes} MB nest\n")
             print("| measure | multiple of the payload |")
             print("|---|---|")
@@ -322,6 +342,9 @@ def main() -> None:
     else:
         with running_redis_server() as server:
             run(server.url)
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(figures, out, indent=1)
 
 
 if __name__ == "__main__":

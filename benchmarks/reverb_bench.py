@@ -7,13 +7,14 @@ when nothing changed on 40 MB and 400 MB tables (TF-Agents has no such call: it 
 the whole nest to read the train step), and the client's peak memory above baseline
 during a 400 MB push and pull.
 
-    scripts/loopback-only .venv/bin/python benchmarks/reverb_bench.py [--rounds 15] [--markdown FILE]
+    scripts/loopback-only .venv/bin/python benchmarks/reverb_bench.py [--rounds 15] [--markdown FILE] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import multiprocessing
 import os
 import statistics
@@ -88,6 +89,7 @@ def main(argv: List[str] = None) -> int:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--polls", type=int, default=500)
     parser.add_argument("--markdown", help="also write the results as markdown to this file")
+    parser.add_argument("--json", help="also write the figures as JSON to this file")
     args = parser.parse_args(argv)
 
     import tensorflow as tf
@@ -104,6 +106,7 @@ def main(argv: List[str] = None) -> int:
     server = context.Process(target=_serve, args=({"t40": small, "t400": large}, ready, stop), daemon=True)
     server.start()
     lines: List[str] = []
+    figures: Dict[str, Dict] = {"rounds": args.rounds, "push_pull": {}, "poll": {}, "memory": {}}
 
     def report(line: str = "") -> None:
         print(line, flush=True)
@@ -150,6 +153,10 @@ def main(argv: List[str] = None) -> int:
         report("|---|---:|---:|---:|---:|---:|")
         for name in runs:
             q = statistics.quantiles(runs[name], n=4)
+            figures["push_pull"][name] = {
+                "push_ms": statistics.median(pushes[name]) * 1e3, "pull_ms": statistics.median(pulls[name]) * 1e3,
+                "total_ms": statistics.median(runs[name]) * 1e3, "q1_ms": q[0] * 1e3, "q3_ms": q[2] * 1e3,
+                "ratio": statistics.median(runs[name]) / base}
             report(f"| {name} | {statistics.median(pushes[name]) * 1e3:.1f} | {statistics.median(pulls[name]) * 1e3:.1f} | "
                    f"{statistics.median(runs[name]) * 1e3:.1f} | {q[0] * 1e3:.1f}-{q[2] * 1e3:.1f} | "
                    f"{statistics.median(runs[name]) / base:.2f} |")
@@ -166,6 +173,9 @@ def main(argv: List[str] = None) -> int:
             held = store.version(table)
             polls = [timed(lambda: store.pull_if_newer(held, table)) for _ in range(args.polls)]
             full = [timed(lambda: store.pull(table)) for _ in range(3)]
+            figures["poll"][table[1:] + " MB"] = {
+                "median_ms": statistics.median(polls) * 1e3,
+                "p90_ms": statistics.quantiles(polls, n=10)[-1] * 1e3, "pull_ms": statistics.median(full) * 1e3}
             report(f"| {table[1:]} MB | {statistics.median(polls) * 1e3:.3f} | "
                    f"{statistics.quantiles(polls, n=10)[-1] * 1e3:.3f} | {statistics.median(full) * 1e3:.0f} |")
         report()
@@ -180,6 +190,7 @@ def main(argv: List[str] = None) -> int:
         report()
         report("| operation | peak resident memory above baseline (MB) | multiple of payload |")
         report("|---|---:|---:|")
+        figures["memory"] = {"payload": large_bytes, "push": push_peak / large_bytes, "pull": pull_peak / large_bytes}
         report(f"| push | {push_peak / MB:.0f} | {push_peak / large_bytes:.2f} |")
         report(f"| pull (result kept) | {pull_peak / MB:.0f} | {pull_peak / large_bytes:.2f} |")
         report()
@@ -193,6 +204,9 @@ def main(argv: List[str] = None) -> int:
     if args.markdown:
         with open(args.markdown, "w") as out:
             out.write("\n".join(lines) + "\n")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(figures, out, indent=1)
     return 0
 
 

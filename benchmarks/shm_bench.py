@@ -1,11 +1,11 @@
 """shm:// push and pull of 40 MB and 400 MB float32 nests, against np.copyto of the same
 bytes in the same run (the baseline: a plain in-memory copy into existing arrays).
 
-    .venv/bin/python benchmarks/shm_bench.py [--sizes 40MB,400MB] [--repeats 9]
+    .venv/bin/python benchmarks/shm_bench.py [--sizes 40MB,400MB] [--repeats 9] [--json FILE]
 
 Needs varsync-shm installed (pip install -e plugins/varsync-shm). Each repeat runs every
 operation once, in turn, so that drift on a noisy machine hits them alike; medians are
-printed with their ratio to the copy.
+printed with their spread (interquartile range) and their ratio to the copy.
 
 Steady state (one writer, readers that do not hold on to pulled arrays; the current
 segment and the spare alternate, and both processes keep them mapped):
@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
+import os
 import platform
 import statistics
 import time
@@ -62,7 +64,7 @@ def timed(operation: Callable[[], object]) -> float:
     return time.perf_counter() - started
 
 
-def bench(nbytes: int, repeats: int) -> Dict[str, float]:
+def bench(nbytes: int, repeats: int) -> Dict[str, List[float]]:
     values = nest_of(nbytes)
     sources = varsync.flatten(values)
     targets = varsync.unflatten(values, [np.zeros_like(a) for a in sources])
@@ -113,28 +115,49 @@ def bench(nbytes: int, repeats: int) -> Dict[str, float]:
             import varsync_shm
 
             varsync_shm.remove_store(store)
-    return {name: statistics.median(samples) for name, samples in times.items()}
+    return times
+
+
+def quartiles(samples: List[float]) -> List[float]:
+    if len(samples) < 2:
+        return [samples[0], samples[0]]
+    q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    return [q1, q3]
+
+
+def shown(seconds: float) -> str:
+    return f"{seconds * 1e6:.1f} µs" if seconds < 1e-3 else f"{seconds * 1e3:.1f} ms"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="40MB,400MB", help="comma-separated nest sizes")
     parser.add_argument("--repeats", type=int, default=9, help="runs of each operation")
+    parser.add_argument("--json", help="also write the figures as JSON to this file")
     args = parser.parse_args()
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
     print(f"# shm:// vs np.copyto, {time.strftime('%Y-%m-%d %H:%M')}, {platform.node()}, "
-          f"{platform.machine()}, Python {platform.python_version()}, numpy {np.__version__}, "
-          f"median of {args.repeats}")
+          f"{os.cpu_count()} cores, {memory:.0f} GiB, {platform.machine()}, "
+          f"Python {platform.python_version()}, numpy {np.__version__}, median of {args.repeats}")
     print()
-    print("| nest | operation | median | ratio to copy | GB/s |")
-    print("|---|---|---|---|---|")
+    print("| nest | operation | median | spread (IQR) | ratio to copy | GB/s |")
+    print("|---|---|---|---|---|---|")
+    figures: Dict[str, Dict[str, Dict[str, object]]] = {}
     for text in args.sizes.split(","):
         nbytes = parse_size(text)
-        medians = bench(nbytes, args.repeats)
+        samples = bench(nbytes, args.repeats)
+        medians = {name: statistics.median(values) for name, values in samples.items()}
         copy = medians["copy"]
+        figures[text] = {name: {"median": seconds, "iqr": quartiles(samples[name]), "ratio_to_copy": seconds / copy}
+                         for name, seconds in medians.items()}
         for name, seconds in medians.items():
             rate = "" if name == "poll" else f"{nbytes / seconds / 1e9:.2f}"
-            shown = f"{seconds * 1e6:.1f} µs" if seconds < 1e-3 else f"{seconds * 1e3:.1f} ms"
-            print(f"| {text} | {name} | {shown} | {seconds / copy:.2f}x | {rate} |")
+            q1, q3 = quartiles(samples[name])
+            print(f"| {text} | {name} | {shown(seconds)} | {shown(q1)}–{shown(q3)} | "
+                  f"{seconds / copy:.2f}x | {rate} |")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"repeats": args.repeats, "sizes": figures}, out, indent=1)
 
 
 if __name__ == "__main__":
