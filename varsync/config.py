@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from varsync.errors import ConfigurationError
@@ -22,6 +22,9 @@ DEFAULT_URL = "memory://default"
 ENV_URL = "VARSYNC_URL"
 DEFAULT_TIMEOUT = 30.0
 """Seconds any call may wait on a server or for data unless told otherwise."""
+MAX_TIMEOUT = 2**31 - 1
+"""Seconds (68 years) beyond which a timeout means no bound: sockets, threads and Reverb's
+whole-second deadlines cannot count further."""
 
 
 @dataclass(frozen=True)
@@ -44,9 +47,20 @@ def resolve(url: Optional[str], options: Dict[str, Any]) -> Settings:
         )
     try:
         parts = urlsplit(url)
-        query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
     except ValueError as exc:
         raise ConfigurationError(f"cannot parse the URL {redact(url)!r}: {exc}") from None
+    try:
+        query: Optional[List[Tuple[str, str]]] = parse_qsl(
+            parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)
+        )
+    except ValueError:  # neither shown nor chained: it may quote a password cut at an '&'
+        query = None
+    if query is None:
+        raise ConfigurationError(
+            f"cannot parse the query string of the URL {redact(url.split('?', 1)[0])!r}: "
+            "options are name=value pairs joined by '&' (percent-encode '&', '=' and '#' "
+            "inside a value, such as a password)"
+        )
     if not parts.scheme:
         raise ConfigurationError(f"the URL {redact(url)!r} has no scheme")
     merged: Dict[str, Any] = {}
@@ -83,11 +97,13 @@ def parse_timeout(value: Any, name: str) -> Optional[float]:
                 f"{name}={value!r} is not a number of seconds; expected e.g. {name}=5 "
                 f"or {name}=none for no bound"
             ) from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+        isinstance(value, float) and math.isnan(value)
+    ):
         raise ConfigurationError(f"{name}={value!r} is not a number of seconds")
     if value < 0:
         raise ConfigurationError(f"{name}={value!r} is negative; expected seconds >= 0")
-    return None if math.isinf(value) else float(value)
+    return None if value > MAX_TIMEOUT else float(value)
 
 
 def redact(url: str) -> str:
@@ -106,7 +122,7 @@ def redact(url: str) -> str:
         parts = parts._replace(netloc=f"{user}:***@{host}")
     if parts.query:
         query = [
-            (k, "***" if k.lower() in _SECRET_OPTIONS else v)
+            (k, "***" if _is_secret(k) else v)
             for k, v in parse_qsl(parts.query, keep_blank_values=True)
         ]
         parts = parts._replace(query="&".join(f"{k}={v}" for k, v in query))
@@ -114,3 +130,11 @@ def redact(url: str) -> str:
 
 
 _SECRET_OPTIONS = {"password", "pass", "passwd", "token", "secret", "auth"}
+_SECRET_PARTS = ("password", "passwd", "secret", "token")
+
+
+def _is_secret(option: str) -> bool:
+    """Whether a query option's value is a secret (``password``, ``ssl_password``,
+    ``access_token``, ...)."""
+    name = option.lower()
+    return name in _SECRET_OPTIONS or any(part in name for part in _SECRET_PARTS)

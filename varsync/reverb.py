@@ -35,6 +35,11 @@ def tensorflow_signature(signature: Any) -> Any:
     """A nest of ``tf.TensorSpec`` for a varsync signature or example nest (the form a
     Reverb table signature takes). Dict keys must be strings, as Reverb stores them."""
     specs = sig.signature_of(signature)
+    if not nest_lib.flatten(specs):
+        raise SignatureError(
+            f"signature {specs!r} has no leaf; a Reverb item must hold data, so a "
+            "variables table needs at least one array"
+        )
     for path, _ in nest_lib.flatten_with_paths(specs):
         for kind, key in path:
             if kind == "key" and not isinstance(key, str):

@@ -56,10 +56,11 @@ class MemoryBackend(Backend):
     def __init__(self, url: str, *, timeout: Optional[float], namespace: str, **options: Any):
         super().__init__(url, timeout=timeout, namespace=namespace, **options)
         parts = urlsplit(url)
-        self.store_name = (parts.netloc + parts.path).strip("/")
+        # Without any user-info: a store has no use for credentials, and must not show them.
+        self.store_name = (parts.netloc.rpartition("@")[2] + parts.path).strip("/")
         if not self.store_name:
             raise ConfigurationError(
-                f"memory URL {url!r} names no store; expected memory://<name>, "
+                f"memory URL {self.url!r} names no store; expected memory://<name>, "
                 "e.g. memory://default"
             )
         self._store = _store(self.store_name)

@@ -103,6 +103,7 @@ _OPTIONS = (
     "ssl_keyfile", "ssl_password", "ssl_cert_reqs", "ssl_check_hostname",
 )
 _SECRET_OPTIONS = ("password", "ssl_password")
+_CERT_REQS = ("none", "optional", "required")  # redis-py's names for ssl_cert_reqs
 
 # -- the server side ------------------------------------------------------------------------
 
@@ -126,8 +127,10 @@ _PUBLISH = """
 local h = redis.call('HMGET', KEYS[1], 'epoch', 'version', 'data', 'retained', 'layout')
 if not h[1] then return {-1, ''} end
 if h[1] ~= ARGV[1] then return {-2, h[1]} end
+-- digits only, below 2^53: Lua numbers are doubles, exact up to there
+if not string.match(h[2] or '', '^%d+$') then return {-4, 'version'} end
 local version = tonumber(h[2])
-if not version then return {-4, 'version'} end
+if version >= 9007199254740992 then return {-4, 'version'} end
 local chunks = tonumber(ARGV[4])
 local data = ARGV[6] .. ARGV[2] .. ':'
 for i = 0, chunks - 1 do
@@ -306,7 +309,9 @@ class RedisBackend(Backend):
         parts = urlsplit(url)
         tls = parts.scheme.lower() == "rediss"
         try:
-            port = parts.port or 6379
+            port = 6379 if parts.port is None else parts.port
+            if port == 0:
+                raise ValueError
         except ValueError:
             raise ConfigurationError(
                 f"the redis URL has a malformed port: {parts.netloc.rpartition('@')[2]!r}"
@@ -319,8 +324,8 @@ class RedisBackend(Backend):
         password = options.pop("password", None)
         if password is None and parts.password is not None:
             password = unquote(parts.password)
-        prefix = str(options.pop("prefix", "varsync"))
-        if not prefix:
+        prefix = options.pop("prefix", "varsync")
+        if not isinstance(prefix, str) or not prefix:
             raise ConfigurationError("prefix must be a non-empty string (default: varsync)")
         self.chunk_size = _int_option(
             "chunk_size", options.pop("chunk_size", _DEFAULT_CHUNK), _MIN_CHUNK, _MAX_CHUNK
@@ -341,6 +346,10 @@ class RedisBackend(Backend):
         if "ssl_check_hostname" in ssl:
             ssl["ssl_check_hostname"] = _bool_option(
                 "ssl_check_hostname", ssl["ssl_check_hostname"]
+            )
+        if isinstance(ssl.get("ssl_cert_reqs"), str) and ssl["ssl_cert_reqs"] not in _CERT_REQS:
+            raise ConfigurationError(
+                f"ssl_cert_reqs={ssl['ssl_cert_reqs']!r} is not one of {', '.join(_CERT_REQS)}"
             )
 
         shown_host = f"[{host}]" if ":" in host else host
@@ -446,10 +455,10 @@ class RedisBackend(Backend):
             fmt, stored, epoch = (_text(x) for x in self._redis.hmget(head, "fmt", "sig", "epoch"))
         if fmt is None and stored is None and epoch is None:
             return None
-        if stored is None or epoch is None:
+        if stored is None or not _is_epoch(epoch):
             raise CorruptDataError(
-                f"key {head!r} at {self.address} is not a varsync table head (no signature "
-                "or epoch); is something else using this key prefix?"
+                f"key {head!r} at {self.address} is not a varsync table head (no signature, "
+                "or no valid epoch); is something else using this key prefix?"
             )
         self._check_format(name, fmt)
         return self._remember(name, epoch, stored).signature
@@ -539,8 +548,12 @@ class RedisBackend(Backend):
             return None
         self._check_format(name, fmt)
         try:
-            number = int(version)  # type: ignore[arg-type]
-            if number < 0 or epoch is None:
+            # ASCII digits below 2**53, as the publish script checks (Lua numbers are doubles)
+            digits = version or ""
+            if not _is_epoch(epoch) or not (digits.isascii() and digits.isdigit()):
+                raise ValueError
+            number = int(digits)
+            if number >= 2**53:
                 raise ValueError
         except (TypeError, ValueError):
             raise CorruptDataError(
@@ -747,7 +760,16 @@ class RedisBackend(Backend):
                 f"table {name!r} at {self.address} version {head.version} holds {total} "
                 f"bytes; its signature needs {expected}"
             )
-        token = bytes.fromhex(head.data or "")
+        try:
+            token = bytes.fromhex(head.data or "")
+            if len(token) != 8:
+                raise ValueError
+        except ValueError:
+            raise CorruptDataError(
+                f"table {name!r} at {self.address} version {head.version}: its head names "
+                f"data {head.data!r}, not a token varsync writes; is something else writing "
+                "under this prefix?"
+            ) from None
         arrays = [np.empty(s.shape, s.dtype) for s in known.specs]
         conn = self._pool.get_connection()
         wire = _Wire(conn, deadline)
@@ -840,6 +862,11 @@ class RedisBackend(Backend):
 
 
 # -- bytes on the wire ---------------------------------------------------------------------------
+
+
+def _is_epoch(epoch: Optional[str]) -> bool:
+    """Whether ``epoch`` is one varsync writes (``secrets.token_hex(8)``)."""
+    return epoch is not None and len(epoch) == 16 and all(c in "0123456789abcdef" for c in epoch)
 
 
 def _text(value: Any) -> Any:

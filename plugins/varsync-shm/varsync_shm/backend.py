@@ -47,6 +47,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import stat
 import weakref
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -89,6 +90,18 @@ _ERRORS = {PermissionError: AuthenticationError, OSError: BackendConnectionError
 
 def _token() -> str:
     return os.urandom(8).hex()
+
+
+def _open_regular(path: str, flags: int) -> int:
+    """``os.open`` for a file varsync-shm made: anything else in its place (a directory,
+    a FIFO, which would block the open) is ``CorruptDataError``."""
+    fd = os.open(path, flags | os.O_CLOEXEC | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CorruptDataError(
+            f"{path} is not a regular file; is something else writing in this store?"
+        )
+    return fd
 
 
 def _try_lock(fd: int, kind: int) -> bool:
@@ -292,11 +305,17 @@ class ShmBackend(Backend):
 
     @staticmethod
     def _read_signature(table: str) -> Optional[str]:
+        path = os.path.join(table, SIGNATURE)
         try:
-            with open(os.path.join(table, SIGNATURE), encoding="utf-8") as f:
-                return f.read()
+            fd = _open_regular(path, os.O_RDONLY)
         except (FileNotFoundError, NotADirectoryError):
             return None
+        with open(fd, "rb") as f:
+            data = f.read()
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise CorruptDataError(f"{path} is not text, so not a signature") from None
 
     @staticmethod
     def _pointer(table: str) -> Optional[str]:
@@ -324,7 +343,7 @@ class ShmBackend(Backend):
         (it was retired and reused meanwhile: the caller reads the link again)."""
         path = os.path.join(table, pointer)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = _open_regular(path, os.O_RDONLY)
         except FileNotFoundError:
             if self._pointer(table) == pointer:
                 raise CorruptDataError(f"{table}/{CURRENT} points to {pointer}, which is missing")
@@ -416,7 +435,7 @@ class ShmBackend(Backend):
         for entry in retired:
             path = os.path.join(table, entry)
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO must not block
             except FileNotFoundError:
                 continue
             try:
@@ -433,7 +452,7 @@ class ShmBackend(Backend):
     @staticmethod
     def _unused(path: str) -> bool:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO must not block
         except FileNotFoundError:
             return False
         try:

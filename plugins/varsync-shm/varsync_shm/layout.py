@@ -15,6 +15,7 @@ import shutil
 from typing import Optional
 from urllib.parse import quote, unquote, urlsplit
 
+from varsync.config import redact
 from varsync.errors import ConfigurationError
 
 __all__ = [
@@ -38,10 +39,11 @@ _NAME_MAX = 255  # bytes in one file name, on Linux file systems
 def store_name_of(url: str) -> str:
     """The store an ``shm://<store>`` URL names; ``ConfigurationError`` if none."""
     parts = urlsplit(url)
-    name = unquote(parts.netloc + parts.path).strip("/")
+    # Without any user-info: files have no use for credentials, and must not show them.
+    name = unquote(parts.netloc.rpartition("@")[2] + parts.path).strip("/")
     if not name:
         raise ConfigurationError(
-            f"shm URL {url!r} names no store; expected shm://<store>, e.g. shm://training "
+            f"shm URL {redact(url)!r} names no store; expected shm://<store>, e.g. shm://training "
             "(processes that connect to the same store share its tables)"
         )
     return name
