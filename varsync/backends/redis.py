@@ -527,14 +527,21 @@ class RedisBackend(Backend):
                 "server lost its data or went back to an older snapshot. Your version means "
                 "nothing now; pull() to resynchronise."
             )
+        return self._adopt_epoch(name, head.epoch, known)
+
+    def _adopt_epoch(self, name: str, epoch: str, known: _Known) -> _Known:
+        """Remember the table's new epoch, if it was created again with our signature."""
         head_key, _, _ = self._keys(name)
         stored = _text(self._redis.hget(head_key, "sig"))
+        self._check_same_signature(name, stored, known)
+        return self._remember(name, epoch, stored)
+
+    def _check_same_signature(self, name: str, stored: Optional[str], known: _Known) -> None:
         if stored != known.signature:
             raise TableResetError(
                 f"table {name!r} at {self.address} was created again with another "
                 "signature; connect again to use it"
             )
-        return self._remember(name, head.epoch, stored)
 
     # -- data ------------------------------------------------------------------------------------
 
@@ -621,21 +628,10 @@ class RedisBackend(Backend):
                 "its signature and a new epoch", name, self.address
             )
             again = self._create(name, known.signature)
-            if again.signature != known.signature:
-                raise TableResetError(
-                    f"table {name!r} at {self.address} was created again with another "
-                    "signature; connect again to use it"
-                )
+            self._check_same_signature(name, again.signature, known)
             return again
         if code == -2:  # created again by someone else since this backend looked
-            head_key, _, _ = self._keys(name)
-            stored = _text(self._redis.hget(head_key, "sig"))
-            if stored != known.signature:
-                raise TableResetError(
-                    f"table {name!r} at {self.address} was created again with another "
-                    "signature; connect again to use it"
-                )
-            return self._remember(name, value or "", stored)
+            return self._adopt_epoch(name, value or "", known)
         if code == -3:
             raise CorruptDataError(
                 f"table {name!r} at {self.address}: chunk {value} of this push vanished "
