@@ -206,10 +206,7 @@ class Sweep:
         name = f"bench-{case.name}-{self.tag}"
         store = varsync.connect(f"memory://{name}")
         store.create_table(TABLE, nest)
-        ops = [("memory", "push", lambda: store.push(nest, TABLE)),
-               ("memory", "pull", lambda: store.pull(TABLE))]
-        if variables is not None:
-            ops.append(("memory", "update", lambda: store.update(variables, TABLE)))
+        ops = _varsync_ops("memory", store, nest, variables)
         ops += _copies(nest, targets, variables, fresh=case.nbytes <= GB)  # above: memory to spare
 
         def close() -> None:
@@ -242,12 +239,10 @@ class Sweep:
                         "does not check")
             return None
         tfa = ReverbVariableContainer(address, table_names=(case.name,))
-        ops = [("reverb", "push", lambda: store.push(nest, case.name)),
-               ("reverb", "pull", lambda: store.pull(case.name)),
-               ("reverb", "update", lambda: store.update(variables, case.name)),
-               ("tf-agents", "push", lambda: tfa.push(variables, case.name)),
-               ("tf-agents", "pull", lambda: tfa.pull(case.name)),
-               ("tf-agents", "update", lambda: tfa.update(variables, case.name))]
+        ops = _varsync_ops("reverb", store, nest, variables, case.name)
+        ops += [("tf-agents", "push", lambda: tfa.push(variables, case.name)),
+                ("tf-agents", "pull", lambda: tfa.pull(case.name)),
+                ("tf-agents", "update", lambda: tfa.update(variables, case.name))]
         ops += _copies(nest, targets, variables)
 
         def close() -> None:
@@ -276,10 +271,7 @@ class Sweep:
             for name, key in keys.items():
                 variables[name].assign(np.frombuffer(hand.get(key), np.float32))
 
-        ops = [("redis", "push", lambda: store.push(nest, TABLE)),
-               ("redis", "pull", lambda: store.pull(TABLE))]
-        if variables is not None:
-            ops.append(("redis", "update", lambda: store.update(variables, TABLE)))
+        ops = _varsync_ops("redis", store, nest, variables)
         if max(leaf.nbytes for leaf in nest.values()) > REDIS_BULK_LIMIT:
             self.refuse(case, "redis-py", "push", _hand_refusal(self.redis_url, nest))
         else:
@@ -302,10 +294,7 @@ class Sweep:
         name = f"bench-{case.name}-{self.tag}"
         store = varsync.connect(f"shm://{name}")
         store.create_table(TABLE, nest)
-        ops = [("shm", "push", lambda: store.push(nest, TABLE)),
-               ("shm", "pull", lambda: store.pull(TABLE))]
-        if variables is not None:
-            ops.append(("shm", "update", lambda: store.update(variables, TABLE)))
+        ops = _varsync_ops("shm", store, nest, variables)
         ops += _copies(nest, targets, variables)
 
         def close() -> None:
@@ -369,6 +358,16 @@ class Sweep:
                     raise RuntimeError(f"{contender}: pull_if_newer found a newer version while nothing was pushed")
             self.out["polls"].append({"case": case.name, "layout": case.layout, "bytes": case.nbytes,
                                       "contender": contender, "samples": values})
+
+
+def _varsync_ops(contender: str, store: Any, nest: Any, variables: Any,
+                 table: str = TABLE) -> List[Tuple[str, str, Callable[[], Any]]]:
+    """A varsync container's push and pull of ``nest`` and, with ``variables``, its update."""
+    ops = [(contender, "push", lambda: store.push(nest, table)),
+           (contender, "pull", lambda: store.pull(table))]
+    if variables is not None:
+        ops.append((contender, "update", lambda: store.update(variables, table)))
+    return ops
 
 
 def _copies(nest: Dict[str, np.ndarray], targets: Dict[str, np.ndarray], variables: Any,
