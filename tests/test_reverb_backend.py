@@ -239,3 +239,84 @@ def test_server_tables_are_configured_like_tf_agents_tables():
 def test_serve_refuses_int_dict_keys_reverb_cannot_store():
     with pytest.raises(varsync.SignatureError, match="str keys"):
         serve({"variables": {1: np.zeros(2)}})
+
+
+def _sampling_threads() -> list:
+    import threading
+
+    return [t for t in threading.enumerate() if t.name.startswith("varsync-reverb-sample-")]
+
+
+def _eventually(condition, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return condition()
+
+
+def test_pulls_reuse_warm_sampling_threads_and_close_stops_them(reverb_servers):
+    import threading
+
+    server = reverb_servers({"variables": SIGNATURE})
+    assert _eventually(lambda: not _sampling_threads())  # none left by earlier tests
+    store = varsync.connect(server.url, timeout=20)
+    store.push(values(7))
+    for _ in range(10):
+        assert store.pull()["train_step"] == 7
+    assert len(_sampling_threads()) == 1  # one thread served ten pulls in a row
+
+    pulled, start = [], threading.Barrier(4)
+
+    def pull() -> None:
+        start.wait()
+        pulled.append(int(store.pull()["train_step"]))
+
+    readers = [threading.Thread(target=pull) for _ in range(4)]
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        reader.join(30)
+    assert pulled == [7, 7, 7, 7]
+    assert 1 <= len(_sampling_threads()) <= 4
+    store.close()
+    assert _eventually(lambda: not _sampling_threads())
+
+
+def test_a_sample_that_overruns_its_timeout_is_abandoned_and_never_reused(reverb_servers):
+    server = reverb_servers({"variables": SIGNATURE})
+    store = varsync.connect(server.url, timeout=20)
+    backend = store._backend
+    # Sampling an empty table blocks in Reverb: the situation of a server that restarted
+    # empty between the version check and the sample.
+    started = time.monotonic()
+    with pytest.raises(varsync.PullTimeoutError, match="abandoned"):
+        backend._sample(backend._checked_info("variables"), 0.3)
+    assert time.monotonic() - started < 5
+    assert backend._idle_workers == []  # the blocked thread is not handed out again
+    store.push(values(3))  # the abandoned sample gets this item, and its thread exits
+    assert store.pull()["train_step"] == 3
+    assert _eventually(lambda: len(_sampling_threads()) == 1)
+    store.close()
+    assert _eventually(lambda: not _sampling_threads())
+
+
+def test_a_server_restarted_on_the_same_port_with_another_signature_serves_new_containers(
+    reverb_servers,
+):
+    # Reverb's sample op checks dtypes against signatures its client cached on first use;
+    # a table changed behind the same address must not meet a stale check.
+    first = reverb_servers({"variables": SIGNATURE})
+    port = first.port
+    with varsync.connect(first.url, timeout=10) as store:
+        store.push(values(1))
+        assert int(store.pull()["train_step"]) == 1
+    first.stop()
+    changed = {"w": np.zeros((4,), np.float64), "train_step": np.int32(0)}
+    second = reverb_servers({"variables": changed}, port=port)
+    with varsync.connect(second.url, timeout=10) as store:
+        store.push({"w": np.arange(4.0), "train_step": np.int32(9)})
+        pulled = store.pull()
+        np.testing.assert_array_equal(pulled["w"], np.arange(4.0))
+        assert pulled["train_step"].dtype == np.int32 and int(pulled["train_step"]) == 9

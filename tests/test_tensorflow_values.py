@@ -298,3 +298,19 @@ def test_importing_and_using_varsync_imports_no_tensorflow_reverb_or_redis():
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+
+def test_a_variable_read_for_a_push_is_a_view_that_later_assignments_leave_intact(make_variable):
+    # Pushes read variables through views of their buffers, not copies; that is sound
+    # only because TensorFlow gives a variable a new buffer when it is assigned while
+    # another reference to the old one is alive.
+    from varsync.adapters.tensorflow import ADAPTER
+
+    original = np.arange(100_000, dtype=np.float32)
+    variable = make_variable(original)
+    view = ADAPTER.to_numpy(variable)
+    variable.assign_add(tf.ones([100_000]))
+    variable.assign(tf.zeros([100_000]))
+    np.testing.assert_array_equal(view, original)
+    np.testing.assert_array_equal(ADAPTER.to_numpy(variable), np.zeros(100_000, np.float32))

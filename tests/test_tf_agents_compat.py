@@ -238,3 +238,21 @@ def test_versions_count_tf_agents_pushes_too(address, tf_agents_container):
         original.push(nested_variables(step=3))
         assert store.wait_for(2, timeout=5) == 3
         assert int(store.pull()[0]) == 3
+
+
+def test_pulled_tensors_are_independent_of_each_other_and_of_later_pushes():
+    # Large pulled arrays become tensors without a copy: each pull's memory must be its own.
+    from varsync.reverb import serve
+
+    server = serve({"big": {"w": tf.TensorSpec([300, 400], tf.float32)}})
+    try:
+        container = compat.ReverbVariableContainer(f"localhost:{server.port}", table_names=("big",))
+        container.push({"w": tf.fill([300, 400], 1.0)}, "big")
+        first = container.pull("big")["w"]
+        container.push({"w": tf.fill([300, 400], 2.0)}, "big")
+        second = container.pull("big")["w"]
+        assert float(tf.reduce_min(first)) == float(tf.reduce_max(first)) == 1.0
+        assert float(tf.reduce_min(second)) == float(tf.reduce_max(second)) == 2.0
+        assert float(tf.reduce_sum(first + second)) == 3.0 * 300 * 400
+    finally:
+        server.stop()

@@ -32,15 +32,25 @@ class TensorFlowAdapter:
     def to_numpy(self, value: Any) -> Any:
         if isinstance(value, tf.TensorSpec):
             raise TypeError(f"{value!r} is a spec, not a value")
-        if isinstance(value, tf.Tensor):
-            return value.numpy()
-        return value.read_value().numpy()  # plain and tf.distribute variables alike
+        if not isinstance(value, tf.Tensor):
+            value = value.read_value()  # plain and tf.distribute variables alike
+        return _view(value)
 
     def is_assignable(self, target: Any) -> bool:
         return isinstance(target, tf.Variable)
 
     def assign(self, target: Any, array: Any) -> None:
         target.assign(array)
+
+
+def _view(tensor: Any) -> Any:
+    """A tensor's memory as a numpy array, for reading only: ``Tensor.numpy()`` copies,
+    ``_numpy()`` does not. A variable assigned later gets a new buffer (TensorFlow copies
+    on write while another reference to the old one exists), so the view stays intact."""
+    try:
+        return tensor._numpy()
+    except AttributeError:  # pragma: no cover - a TensorFlow without the private method
+        return tensor.numpy()
 
 
 ADAPTER = TensorFlowAdapter()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional
 
+import numpy as np
 import tensorflow as tf
 
 import varsync
@@ -71,7 +72,7 @@ class ReverbVariableContainer:
     def pull(self, table: str = DEFAULT_TABLE) -> Any:
         """Pulls ``table``'s value as a nest of tensors shaped like its signature."""
         self._check_table(table)
-        return tf.nest.map_structure(tf.convert_to_tensor, self.container.pull(table))
+        return tf.nest.map_structure(_to_tensor, self.container.pull(table))
 
     def update(self, variables: Any, table: str = DEFAULT_TABLE) -> None:
         """Pulls ``table`` and assigns the values into ``variables`` (``tf.Variable``s).
@@ -88,3 +89,29 @@ class ReverbVariableContainer:
                 f"Could not find the table {table}. Available tables: "
                 f"{list(self._signatures)}"
             )
+
+
+#: Below this size a copy costs less than the checks that avoid it.
+_ALIAS_FROM_BYTES = 1 << 16
+
+
+def _to_tensor(array: np.ndarray) -> Any:
+    """A pulled array as a tensor; without a copy when its memory allows it.
+
+    ``tf.convert_to_tensor`` always copies. A large, writable, C-contiguous array whose
+    memory is 64-byte aligned (what TensorFlow requires of a tensor's buffer; the Reverb
+    backend's pulls are views of tensors, so theirs always is) is handed over through
+    DLPack instead, and the tensor keeps the array alive. The pulled arrays belong to
+    this call alone, so nothing else sees the shared memory.
+    """
+    if (
+        array.nbytes >= _ALIAS_FROM_BYTES
+        and array.flags.writeable
+        and array.flags.c_contiguous
+        and array.ctypes.data % 64 == 0
+    ):
+        try:
+            return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+        except Exception:  # a dtype DLPack does not carry: copy it instead
+            pass
+    return tf.convert_to_tensor(array)
