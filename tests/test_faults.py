@@ -600,11 +600,12 @@ def test_a_writer_killed_mid_push_leaves_the_last_complete_version_and_no_leaks(
 
 def _table_keys(server: Any) -> set:
     """The keys table ``variables`` owns now: its set, head and stream, and the chunks of
-    the current version and of the previous versions its head retains."""
+    the current version, of the previous versions its head retains and of its spare."""
     with server.client() as admin:
         head = {k.decode(): v.decode() for k, v in admin.hgetall("varsync::variables:head").items()}
     count = int(head["layout"].split(":")[2])  # one table, one layout for every version
-    tokens = [head["data"]] + [item.split(":")[0] for item in head["retained"].split(",") if item]
+    kept = [item for item in head["retained"].split(",") + [head.get("spare", "")] if item]
+    tokens = [head["data"]] + [item.split(":")[0] for item in kept]
     owned = {"varsync::tables", "varsync::variables:head", "varsync::variables:events"}
     for token in tokens:
         owned.update(f"varsync::variables:d:{token}:{i}" for i in range(count))
@@ -616,7 +617,7 @@ def _assert_only_retained_chunks_persist(server: Any, keep: int) -> None:
     ones); any other key is a chunk of the killed writer's push, carrying the one-hour
     TTL of an unpublished push, so it expires."""
     keys, owned = _keys(server), _table_keys(server)
-    assert len([k for k in owned if k.endswith(":0")]) == keep + 1
+    assert len([k for k in owned if k.endswith(":0")]) == keep + 2  # current, kept, spare
     assert {k for k, ttl in keys.items() if ttl == -1} == owned
     orphans = {k: ttl for k, ttl in keys.items() if k not in owned}
     assert orphans, "the killed writer left no chunk behind: was it killed mid-push?"

@@ -279,8 +279,8 @@ def test_a_wrong_or_missing_password_is_an_authentication_error_at_once(
 
 # The command sets docs/redis.md gives for a learner (writes) and for actors (read only).
 WRITER_COMMANDS = (
-    "+ping +hmget +hget +smembers +get +xread +set +unlink +eval +evalsha "
-    "+hset +exists +del +sadd +persist +xadd +xrevrange"
+    "+ping +hmget +hget +smembers +get +xread +set +setrange +strlen +rename +pexpire +unlink "
+    "+eval +evalsha +hset +exists +del +sadd +persist +xadd +xrevrange"
 )
 READER_COMMANDS = "+ping +hmget +hget +smembers +get +xread"
 
@@ -296,20 +296,20 @@ def test_an_acl_user_limited_to_its_prefix_and_the_documented_commands_works(
             )
     url = server.url.replace("redis://", "redis://learner:learner-pw@")
     actor_url = server.url.replace("redis://", "redis://actor:actor-pw@")
-    values = {"w": np.arange(3 * MB // 4, dtype=np.float32), "step": np.int64(3)}
+    values = {"w": np.arange(5 * MB // 4, dtype=np.float32), "step": np.int64(3)}
     with varsync.connect(url, namespace="team", chunk_size=MB) as writer, varsync.connect(
         actor_url, namespace="team"
     ) as reader:
         writer.create_table("variables", values)
-        for step in range(3):  # past keep, so retired chunks are deleted too
+        for step in range(5):  # past keep: retired chunks are recycled, then deleted too
             writer.push(values)
-        assert reader.wait_for(0, timeout=5) == 3
+        assert reader.wait_for(0, timeout=5) == 5
         assert_bit_equal(reader.pull(), values)
-        assert reader.pull_if_newer(3) is None and reader.tables() == ["variables"]
-        assert reader.table_info().version == 3
+        assert reader.pull_if_newer(5) is None and reader.tables() == ["variables"]
+        assert reader.table_info().version == 5
         with pytest.raises(varsync.AuthenticationError):  # actors cannot publish
             reader.push(values)
-        assert writer.version() == 3
+        assert writer.version() == 5
     with varsync.connect(url, namespace="other") as outside:
         with pytest.raises(varsync.AuthenticationError, match="ACL|permission"):
             outside.create_table("variables", values)
@@ -536,3 +536,109 @@ def test_the_database_comes_from_the_url_path(server: Any) -> None:
         assert admin.exists("varsync::variables:head")
     with pytest.raises(varsync.ConfigurationError, match="database"):
         varsync.connect(server.url.replace("/0", "/3"), db=4)
+
+
+# -- recycling: large pushes overwrite the spare version's chunks in place ----------------------
+
+SIX_MIB = {"w": varsync.Spec((6 * MB,), "uint8")}
+
+
+def _setrange_calls(server: Any) -> int:
+    with server.client() as admin:
+        return int(admin.info("commandstats").get("cmdstat_setrange", {}).get("calls", 0))
+
+
+def _head_of(server: Any, table: str = "variables") -> Dict[str, str]:
+    with server.client() as admin:
+        raw = admin.hgetall(f"varsync::{table}:head")
+    return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+def test_large_pushes_overwrite_the_spare_versions_chunks_in_place(server: Any) -> None:
+    with varsync.connect(server.url, chunk_size=MB) as store:
+        store.create_table("variables", SIX_MIB)
+        for number in (1, 2, 3):
+            store.push({"w": np.full(6 * MB, number, np.uint8)})
+        details = store.table_info().details
+        chunks = details["chunks"]
+        assert chunks == 7 and details["spare_version"]  # version 1, retired past keep=1
+        spare_token = _head_of(server)["spare"].split(":")[0]
+        assert len(keys_of(server, f"varsync::variables:d:{spare_token}:*")) == chunks
+        assert _setrange_calls(server) == 0
+
+        assert store.push({"w": np.full(6 * MB, 4, np.uint8)}) == 4
+        assert _setrange_calls(server) == chunks  # every chunk written in place
+        assert keys_of(server, f"varsync::variables:d:{spare_token}:*") == []  # renamed
+        assert_bit_equal(store.pull(), {"w": np.full(6 * MB, 4, np.uint8)})
+        # current, one kept, the new spare (version 2): all persistent, nothing else
+        head = _head_of(server)
+        tokens = {head["data"], head["retained"].split(":")[0], head["spare"].split(":")[0]}
+        assert len(tokens) == 3
+        with server.client() as admin:
+            chunk_keys = keys_of(server, "varsync::variables:d:*")
+            assert len(chunk_keys) == 3 * chunks
+            assert {k.split(":")[4] for k in chunk_keys} == tokens
+            assert all(admin.pttl(k) == -1 for k in chunk_keys)
+        for number in range(5, 9):  # steady state: the same memory, over and over
+            store.push({"w": np.full(6 * MB, number, np.uint8)})
+        assert_bit_equal(store.pull(), {"w": np.full(6 * MB, 8, np.uint8)})
+        assert len(keys_of(server, "varsync::variables:d:*")) == 3 * chunks
+        assert _setrange_calls(server) == 5 * chunks
+
+
+def test_small_pushes_keep_no_spare(server: Any) -> None:
+    with varsync.connect(server.url, chunk_size=MB) as store:
+        store.create_table("variables", {"w": varsync.Spec((3 * MB,), "uint8")})
+        for number in range(1, 5):
+            store.push({"w": np.full(3 * MB, number, np.uint8)})
+        assert not store.table_info().details["spare_version"]
+        assert len(keys_of(server, "varsync::variables:d:*")) == 2 * 4  # current + kept
+    assert _setrange_calls(server) == 0
+
+
+def test_a_spare_of_another_layout_is_deleted_and_the_push_writes_afresh(server: Any) -> None:
+    with varsync.connect(server.url, chunk_size=MB) as first:
+        first.create_table("variables", SIX_MIB)
+        for number in (1, 2, 3):
+            first.push({"w": np.full(6 * MB, number, np.uint8)})
+        spare_token = _head_of(server)["spare"].split(":")[0]
+    with varsync.connect(server.url, chunk_size=2 * MB) as second:  # other chunks
+        assert second.push({"w": np.full(6 * MB, 4, np.uint8)}) == 4
+        assert_bit_equal(second.pull(), {"w": np.full(6 * MB, 4, np.uint8)})
+    assert _setrange_calls(server) == 0
+    assert keys_of(server, f"varsync::variables:d:{spare_token}:*") == []
+    with server.client() as admin:  # every chunk left belongs to a version the head names
+        head = _head_of(server)
+        named = {head["data"], *(i.split(":")[0] for i in head["retained"].split(",") if i)}
+        if head.get("spare"):
+            named.add(head["spare"].split(":")[0])
+        chunk_keys = keys_of(server, "varsync::variables:d:*")
+        assert {k.split(":")[4] for k in chunk_keys} == named
+        assert all(admin.pttl(k) == -1 for k in chunk_keys)
+
+
+@pytest.mark.parametrize("damage", ["current", "retained", "malformed"])
+def test_a_head_whose_spare_is_damaged_never_costs_a_readable_version(
+    server: Any, damage: str
+) -> None:
+    with varsync.connect(server.url, chunk_size=MB) as store:
+        store.create_table("variables", SIX_MIB)
+        for number in (1, 2):
+            store.push({"w": np.full(6 * MB, number, np.uint8)})
+        head = _head_of(server)
+        retained = head["retained"].split(",")[0]
+        spare = {
+            "current": f"{head['data']}:{head['layout']}",
+            "retained": retained,
+            "malformed": "not a token:1:2:3",
+        }[damage]
+        with server.client() as admin:
+            admin.hset("varsync::variables:head", "spare", spare)
+        before = set(keys_of(server, "varsync::variables:d:*"))
+        assert store.push({"w": np.full(6 * MB, 3, np.uint8)}) == 3
+        assert_bit_equal(store.pull(), {"w": np.full(6 * MB, 3, np.uint8)})
+        assert _setrange_calls(server) == 0  # nothing was overwritten in place
+        # version 2 (the one current before) is kept, with every chunk it had
+        kept = _head_of(server)["retained"].split(",")[0].split(":")[0]
+        assert kept == head["data"]
+        assert {k for k in before if f":{kept}:" in k} <= set(keys_of(server, "varsync::variables:d:*"))

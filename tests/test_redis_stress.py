@@ -22,26 +22,29 @@ NEST = {
     "normaliser": {"mean": varsync.Spec((64,), "float32"), "count": varsync.Spec((), "int64")},
     "train_step": varsync.Spec((), "int64"),
 }
+# 5.2 MB: large enough that every push overwrites the spare version's chunks in place
+LARGE_NEST = {"policy": [varsync.Spec((1024, 1280), "float32")], "train_step": varsync.Spec((), "int64")}
+NESTS = {"small": NEST, "large": LARGE_NEST}
 PUSHES = 300
 WRITE_SECONDS = 4.0
 READ_SECONDS = 20.0
 
 
-def filled(number: int) -> Any:
-    return varsync.nest.map_structure(lambda s: np.full(s.shape, number, s.dtype), NEST)
+def filled(number: int, nest: str = "small") -> Any:
+    return varsync.nest.map_structure(lambda s: np.full(s.shape, number, s.dtype), NESTS[nest])
 
 
 def numbers_in(values: Any) -> List[int]:
     return sorted({int(x) for leaf in varsync.flatten(values) for x in np.unique(leaf)})
 
 
-def write(url: str, go: Any, last: Any) -> None:
+def write(url: str, nest: str, go: Any, last: Any) -> None:
     with varsync.connect(url) as store:
         go.wait(30)
         deadline = time.monotonic() + WRITE_SECONDS
         version = 0
         for number in range(1, PUSHES + 1):
-            version = store.push(filled(number))
+            version = store.push(filled(number, nest))
             if time.monotonic() > deadline:
                 break
         last.value = version
@@ -81,22 +84,24 @@ def read(url: str, mode: str, go: Any, last: Any, report: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    "options",
-    [{"chunk_size": 65536, "keep": 0}, {"keep": 1}],
-    ids=["64KiB-chunks-keep0", "default-chunks-keep1"],
+    "nest, options",
+    [("small", {"chunk_size": 65536, "keep": 0}), ("small", {"keep": 1}),
+     ("large", {"chunk_size": 1 << 20, "keep": 0})],
+    ids=["64KiB-chunks-keep0", "default-chunks-keep1", "recycled-1MiB-chunks-keep0"],
 )
 def test_readers_in_other_processes_never_see_a_torn_nest(
-    redis_namespace: Any, options: Any
+    redis_namespace: Any, nest: str, options: Any
 ) -> None:
     url = redis_namespace(**options)
     with varsync.connect(url) as store:
-        store.create_table("variables", NEST)
+        store.create_table("variables", NESTS[nest])
+    overwrites_before = _setrange_calls(url)
 
     context = multiprocessing.get_context("spawn")
     go, last, report = context.Event(), context.Value("q", 0), context.Queue()
     modes = ["poll", "poll", "wait"]
     processes = [context.Process(target=read, args=(url, m, go, last, report)) for m in modes]
-    processes.append(context.Process(target=write, args=(url, go, last)))
+    processes.append(context.Process(target=write, args=(url, nest, go, last)))
     outcomes: List[Dict[str, Any]] = []
     try:
         for process in processes:
@@ -126,3 +131,12 @@ def test_readers_in_other_processes_never_see_a_torn_nest(
         assert outcome["seen"] == final, outcome
     if options.get("keep", 1) >= 1:  # with keep=0 a reader may starve until the writer stops
         assert all(o["reads"] >= 2 for o in outcomes), outcomes
+    if nest == "large":  # the pushes overwrote recycled chunks (6 per version) in place
+        assert _setrange_calls(url) - overwrites_before >= 6 * (final - 3)
+
+
+def _setrange_calls(url: str) -> int:
+    import redis
+
+    with redis.Redis.from_url(url.split("?")[0]) as client:
+        return int(client.info("commandstats").get("cmdstat_setrange", {}).get("calls", 0))

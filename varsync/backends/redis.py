@@ -3,15 +3,18 @@
 Keys, under ``P = "{prefix}:{namespace}:"`` (namespace and table names percent-encoded)::
 
     P tables                   set: the names of the tables
-    P <table>:head             hash: fmt, sig, epoch, version, data, layout, retained
+    P <table>:head             hash: fmt, sig, epoch, version, data, layout, retained, spare
     P <table>:events           stream: one entry with id "<version>-1" per publish
     P <table>:d:<token>:<i>    string: chunk i of one version (24-byte header + bytes)
 
 A push sends the arrays' bytes, back to back in flat order, as chunks of ``chunk_size``
 bytes under a fresh random token: straight from the arrays' memory, pipelined, each reply
 checked, each chunk with a TTL. Then one short Lua script checks that every chunk is
-there, removes their TTL, bumps the version, points the head at the token, appends to the
-stream and deletes the chunks of versions older than the ``keep`` previous ones. A push
+there at its exact length, removes their TTL, bumps the version, points the head at the
+token, appends to the stream and retires versions older than the ``keep`` previous ones.
+From 4 MiB on, the first version retired is kept as the table's *spare*: the next push
+renames its chunks to its own token (``_CLAIM``) and overwrites them in place, which saves
+the server faulting in fresh memory for every byte (most of a large push's time). A push
 that fails anywhere (maxmemory, a lost connection) deletes its chunks and leaves the head
 on the previous complete version; a writer that dies mid-push leaves chunks that expire.
 
@@ -93,6 +96,9 @@ _MAX_CHUNK = 256 << 20  # well below Redis's 512 MB proto-max-bulk-len
 # flight pulled 1.8x slower than one.
 _READ_AHEAD = 1
 _WRITE_AHEAD = 8  # chunk writes in flight before their replies are read
+# Pushes from this size on overwrite the spare version's chunks in place (see _CLAIM);
+# below it, the extra round trip costs more than the page faults it saves.
+_RECYCLE_FROM_BYTES = _DEFAULT_CHUNK
 _DIRECT = 64 << 10  # buffers this big go to and from the socket without a copy
 _WAIT_SLICE = 1.0  # seconds per XREAD BLOCK: a vanished table is noticed this fast
 _MAX_RESTARTS = 1000
@@ -123,8 +129,9 @@ return {0, ARGV[4], ARGV[2], ARGV[3]}
 
 _PUBLISH = """
 -- KEYS: head, events. ARGV: epoch the writer knows, token, layout, chunk count, keep,
--- chunk key prefix, last version this writer published, a fresh epoch.
-local h = redis.call('HMGET', KEYS[1], 'epoch', 'version', 'data', 'retained', 'layout')
+-- chunk key prefix, last version this writer published, a fresh epoch, stream length,
+-- chunk header size, '1' to keep the oldest retired version as the spare.
+local h = redis.call('HMGET', KEYS[1], 'epoch', 'version', 'data', 'retained', 'layout', 'spare')
 if not h[1] then return {-1, ''} end
 if h[1] ~= ARGV[1] then return {-2, h[1]} end
 -- digits only, below 2^53: Lua numbers are doubles, exact up to there
@@ -133,8 +140,12 @@ local version = tonumber(h[2])
 if version >= 9007199254740992 then return {-4, 'version'} end
 local chunks = tonumber(ARGV[4])
 local data = ARGV[6] .. ARGV[2] .. ':'
+local total, payload = string.match(ARGV[3], '^(%d+):(%d+):')
+local header = tonumber(ARGV[10])
 for i = 0, chunks - 1 do
-  if redis.call('EXISTS', data .. i) == 0 then return {-3, tostring(i)} end
+  local size = header + tonumber(payload)
+  if i == chunks - 1 then size = header + tonumber(total) - tonumber(payload) * (chunks - 1) end
+  if redis.call('STRLEN', data .. i) ~= size then return {-3, tostring(i)} end
 end
 for i = 0, chunks - 1 do redis.call('PERSIST', data .. i) end
 local epoch = h[1]
@@ -151,29 +162,71 @@ if last[1] and tonumber(string.match(last[1][1], '^(%d+)')) >= version then
 end
 redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[9], string.format('%d-1', version),
            'v', string.format('%d', version))
+-- retained items: 'token:bytes:bytes per chunk:chunks' (or 'token:chunks', from before
+-- spares), newest first
 local retained = {}
 if h[3] and h[3] ~= '' then
-  local count = string.match(h[5] or '', '^%d+:%d+:(%d+)$') or '0'
-  table.insert(retained, h[3] .. ':' .. count)
+  if string.match(h[5] or '', '^%d+:%d+:%d+$') then
+    table.insert(retained, h[3] .. ':' .. h[5])
+  else
+    table.insert(retained, h[3] .. ':' .. (string.match(h[5] or '', '^%d+:%d+:(%d+)$') or '0'))
+  end
 end
 if h[4] and h[4] ~= '' then
   for item in string.gmatch(h[4], '[^,]+') do table.insert(retained, item) end
 end
 local keep = tonumber(ARGV[5])
+local spare = h[6] or ''
 local kept = {}
 for index, item in ipairs(retained) do
   if index <= keep then
     table.insert(kept, item)
+  elseif spare == '' and ARGV[11] == '1' and string.match(item, '^%x+:%d+:%d+:%d+$') then
+    spare = item  -- its chunks stay, for the next push to overwrite in place
   else
-    local token, count = string.match(item, '^(%x+):(%d+)$')
-    if token then
+    local token = string.match(item, '^(%x+):')
+    local count = string.match(item, ':(%d+)$')
+    if token and count then
       for i = 0, tonumber(count) - 1 do redis.call('UNLINK', ARGV[6] .. token .. ':' .. i) end
     end
   end
 end
 redis.call('HSET', KEYS[1], 'epoch', epoch, 'version', string.format('%d', version),
-           'data', ARGV[2], 'layout', ARGV[3], 'retained', table.concat(kept, ','))
+           'data', ARGV[2], 'layout', ARGV[3], 'retained', table.concat(kept, ','),
+           'spare', spare)
 return {version, epoch}
+"""
+
+_CLAIM = """
+-- KEYS: head. ARGV: epoch the writer knows, the push's layout, chunk key prefix, the
+-- push's token, TTL (ms) of an unpublished push's chunks.
+-- Hands the spare version's chunks to a push (renamed to its chunk keys) when they have
+-- exactly the push's layout; returns how many. Otherwise the spare is deleted.
+local h = redis.call('HMGET', KEYS[1], 'epoch', 'spare', 'data', 'retained')
+if not h[1] or h[1] ~= ARGV[1] or not h[2] or h[2] == '' then return 0 end
+redis.call('HSET', KEYS[1], 'spare', '')
+local token, layout = string.match(h[2], '^(%x+):(%d+:%d+:%d+)$')
+if not token then return 0 end
+-- never the chunks of a version still readable (only a damaged head could say so)
+if token == h[3] or string.find(',' .. (h[4] or ''), ',' .. token .. ':', 1, true) then
+  return 0
+end
+local count = tonumber(string.match(layout, ':(%d+)$'))
+local old = ARGV[3] .. token .. ':'
+local usable = layout == ARGV[2]
+for i = 0, count - 1 do
+  if usable and redis.call('EXISTS', old .. i) == 0 then usable = false end
+end
+if not usable then
+  for i = 0, count - 1 do redis.call('UNLINK', old .. i) end
+  return 0
+end
+local new = ARGV[3] .. ARGV[4] .. ':'
+for i = 0, count - 1 do
+  redis.call('RENAME', old .. i, new .. i)
+  redis.call('PEXPIRE', new .. i, ARGV[5])
+end
+return count
 """
 
 
@@ -189,6 +242,7 @@ class _Script:
 
 _CREATE_SCRIPT = _Script.of(_CREATE)
 _PUBLISH_SCRIPT = _Script.of(_PUBLISH)
+_CLAIM_SCRIPT = _Script.of(_CLAIM)
 
 # -- errors: redis-py's, mapped here and nowhere else -----------------------------------------
 
@@ -471,8 +525,10 @@ class RedisBackend(Backend):
     def details(self, name: str) -> Dict[str, Any]:
         head_key, _, _ = self._keys(name)
         with self._errors(f"reading table {name!r}"):
-            raw = self._redis.hmget(head_key, "epoch", "version", "data", "layout", "retained")
-        epoch, _, data, layout, retained = (_text(x) for x in raw)
+            raw = self._redis.hmget(
+                head_key, "epoch", "version", "data", "layout", "retained", "spare"
+            )
+        epoch, _, data, layout, retained, spare = (_text(x) for x in raw)
         total, payload, chunks = self._layout(name, layout) if layout else (0, 0, 0)
         return {
             "server": self.address,
@@ -483,6 +539,7 @@ class RedisBackend(Backend):
             "chunk_payload": payload,
             "chunks": chunks,
             "retained_versions": len(retained.split(",")) if retained else 0,
+            "spare_version": bool(spare),
             "keep": self.keep,
             "pulls_restarted": self.pulls_restarted,
         }
@@ -588,17 +645,28 @@ class RedisBackend(Backend):
         payload = self.chunk_size - _CHUNK_SLACK
         chunks = -(-total // payload)
         layout = f"{total}:{payload}:{chunks}"
+        recycle = total >= _RECYCLE_FROM_BYTES
         with self._errors(f"pushing {total} bytes to table {name!r}"):
             known = self._known_table(name)
             written = [0]  # chunk keys this push may have created, for the cleanup
             try:
-                self._send_chunks(data + token.hex() + ":", token, arrays, payload, written)
+                recycled = recycle and chunks > 0 and chunks == int(self._script(
+                    _CLAIM_SCRIPT,
+                    [head_key],
+                    [known.epoch, layout, data, token.hex(), _PENDING_TTL_MS],
+                ))
+                if recycled:
+                    written[0] = chunks
+                self._send_chunks(
+                    data + token.hex() + ":", token, arrays, payload, written, recycled
+                )
                 for _ in range(3):
                     reply = self._script(
                         _PUBLISH_SCRIPT,
                         [head_key, events],
                         [known.epoch, token.hex(), layout, chunks, self.keep, data,
-                         known.published, secrets.token_hex(8), _STREAM_LENGTH],
+                         known.published, secrets.token_hex(8), _STREAM_LENGTH,
+                         _HEADER.size, "1" if recycle else "0"],
                     )
                     code, value = int(reply[0]), _text(reply[1])
                     if code > 0:
@@ -650,13 +718,21 @@ class RedisBackend(Backend):
         arrays: Sequence[np.ndarray],
         payload: int,
         sent: List[int],
+        recycled: bool = False,
     ) -> None:
         """Write every chunk (pipelined, straight from the arrays' memory) and check every
         reply, counting in ``sent[0]`` the chunk keys that may exist. Raises the first
-        error, after reading every reply so the connection stays usable."""
+        error, after reading every reply so the connection stays usable.
+
+        ``recycled``: the chunk keys exist already, each exactly as long as the chunk
+        written to it (the spare version's, see ``_CLAIM``), and are overwritten in place
+        (SETRANGE) rather than created (SET): Redis then reuses memory it has, where a
+        new value is fresh memory that the server faults in page by page, measured as
+        most of a large push's time."""
         conn = self._pool.get_connection()
         wire = _Wire(conn, deadline_after(None))
         ttl = str(_PENDING_TTL_MS).encode()
+        reply = b":" if recycled else b"+"  # SETRANGE answers the length, SET +OK
         pending = 0
         error: Optional[BaseException] = None
         ok = False
@@ -665,26 +741,35 @@ class RedisBackend(Backend):
                 nbytes = sum(len(p) for p in parts)
                 crc = _crc32(parts)
                 key = f"{chunk_prefix}{index}".encode()
-                sent[0] = index + 1
-                wire.put(
-                    b"*5\r\n$3\r\nSET\r\n$%d\r\n%b\r\n$%d\r\n"
-                    % (len(key), key, nbytes + _HEADER.size)
-                )
+                sent[0] = max(sent[0], index + 1)
+                if recycled:
+                    wire.put(
+                        b"*4\r\n$8\r\nSETRANGE\r\n$%d\r\n%b\r\n$1\r\n0\r\n$%d\r\n"
+                        % (len(key), key, nbytes + _HEADER.size)
+                    )
+                else:
+                    wire.put(
+                        b"*5\r\n$3\r\nSET\r\n$%d\r\n%b\r\n$%d\r\n"
+                        % (len(key), key, nbytes + _HEADER.size)
+                    )
                 wire.put(_HEADER.pack(_MAGIC, token, index, nbytes, crc))
                 for part in parts:
                     wire.put(part)
-                wire.put(b"\r\n$2\r\nPX\r\n$%d\r\n%b\r\n" % (len(ttl), ttl))
+                if recycled:
+                    wire.put(b"\r\n")
+                else:
+                    wire.put(b"\r\n$2\r\nPX\r\n$%d\r\n%b\r\n" % (len(ttl), ttl))
                 pending += 1
                 if pending >= _WRITE_AHEAD:
                     wire.flush()
-                    error = wire.status()
+                    error = wire.status(reply)
                     pending -= 1
                     if error is not None:
                         break
             wire.flush()
             while pending:  # read every reply, even after an error
-                reply = wire.status()
-                error = error or reply
+                answer = wire.status(reply)
+                error = error or answer
                 pending -= 1
             ok = True
         finally:
@@ -1023,10 +1108,11 @@ class _Wire:
             return None if length < 0 else length
         raise self._unexpected(line)
 
-    def status(self) -> Optional[BaseException]:
-        """The next simple reply: ``None`` if it is ``+OK``, else its error (not raised)."""
+    def status(self, kind: bytes = b"+") -> Optional[BaseException]:
+        """The next reply: ``None`` if it is of ``kind`` (``+`` a status such as OK, ``:``
+        an integer), else its error (not raised)."""
         line = self.line()
-        if line[:1] == b"+":
+        if line[:1] == kind:
             return None
         return self._unexpected(line)
 
