@@ -147,8 +147,8 @@ class ReverbBackend(Backend):
         # (server table, signature proto) -> (TensorFlow client handle, dtypes); see
         # _sampling_client
         self._sampling_clients: Dict[Tuple[str, bytes], Tuple[Any, List[Any]]] = {}
-        # also when never closed
-        weakref.finalize(self, _release, self._idle_workers, self._sampling_clients)
+        # also when never closed (not at interpreter exit: the process frees all anyway)
+        weakref.finalize(self, _release, self._idle_workers, self._sampling_clients).atexit = False
         self._server_info()  # fail now, with the address, if the server does not answer
 
     def _probe(self, host: str, port: int, limit: float = 5.0) -> None:
