@@ -38,8 +38,8 @@ from common import machine, machine_line, stage  # noqa: E402
 
 #: The per-backend scripts and the rounds they get here (their defaults are larger).
 SCRIPTS = {
-    "reverb": ["reverb_bench.py", "--rounds", "9", "--polls", "300"],
-    "redis": ["redis_bench.py", "--repeat", "5"],
+    "reverb": ["reverb_bench.py", "--rounds", "15", "--polls", "300"],
+    "redis": ["redis_bench.py", "--repeat", "9"],
     "shm": ["shm_bench.py", "--repeats", "7"],
 }
 QUICK_SCRIPTS = {
