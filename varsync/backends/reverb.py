@@ -205,8 +205,10 @@ class ReverbBackend(Backend):
                 shared_name=f"varsync-{id(self):x}-{next(_CLIENT_NUMBERS)}",
             )
         with self._workers_lock:
-            self._sampling_clients[key] = (handle, dtypes)
-        return handle, dtypes
+            raced = self._sampling_clients.setdefault(key, (handle, dtypes))
+        if raced[0] is not handle:  # another pull made one meanwhile: use that one
+            _destroy_quietly(handle)
+        return raced
 
     def _translated(self, doing: str) -> "_ReverbErrors":
         return _ReverbErrors(self.address, doing)
