@@ -34,7 +34,7 @@ class TensorFlowAdapter:
             raise TypeError(f"{value!r} is a spec, not a value")
         if not isinstance(value, tf.Tensor):
             value = value.read_value()  # plain and tf.distribute variables alike
-        return _view(value)
+        return numpy_view(value)
 
     def is_assignable(self, target: Any) -> bool:
         return isinstance(target, tf.Variable)
@@ -43,14 +43,16 @@ class TensorFlowAdapter:
         target.assign(array)
 
 
-def _view(tensor: Any) -> Any:
-    """A tensor's memory as a numpy array, for reading only: ``Tensor.numpy()`` copies,
-    ``_numpy()`` does not. A variable assigned later gets a new buffer (TensorFlow copies
-    on write while another reference to the old one exists), so the view stays intact."""
+def numpy_view(tensor: Any) -> np.ndarray:
+    """A CPU tensor's memory as a numpy array, without copying: ``Tensor.numpy()`` copies,
+    ``_numpy()`` does not (the array keeps the tensor alive; a scalar comes back as a numpy
+    scalar, made a 0-d array here). A variable assigned later gets a new buffer
+    (TensorFlow copies on write while another reference to the old one exists), so a view
+    of a variable's value stays intact."""
     try:
-        return tensor._numpy()
+        return np.asarray(tensor._numpy())
     except AttributeError:  # pragma: no cover - a TensorFlow without the private method
-        return tensor.numpy()
+        return np.asarray(tensor.numpy())
 
 
 ADAPTER = TensorFlowAdapter()

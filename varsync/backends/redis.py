@@ -650,7 +650,7 @@ class RedisBackend(Backend):
             known = self._known_table(name)
             written = [0]  # chunk keys this push may have created, for the cleanup
             try:
-                recycled = recycle and chunks > 0 and chunks == int(self._script(
+                recycled = recycle and chunks == int(self._script(
                     _CLAIM_SCRIPT,
                     [head_key],
                     [known.epoch, layout, data, token.hex(), _PENDING_TTL_MS],

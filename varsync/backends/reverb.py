@@ -53,6 +53,7 @@ except ImportError as exc:  # pragma: no cover - exercised where the extra is mi
     ) from exc
 
 from varsync import signature as sig
+from varsync.adapters.tensorflow import numpy_view
 from varsync.backends.base import Backend, Snapshot
 from varsync.errors import (
     BackendConnectionError,
@@ -369,7 +370,7 @@ class ReverbBackend(Backend):
 
         def sample() -> Any:
             *_, data = gen_reverb_ops.reverb_client_sample(handle, table, dtypes)
-            return [_view(tensor) for tensor in data]
+            return [numpy_view(tensor) for tensor in data]
 
         with self._workers_lock:
             if self._workers_pid != os.getpid():  # a forked child has none of the threads
@@ -404,16 +405,6 @@ class ReverbBackend(Backend):
         with self._workers_lock:
             self._closed = True
             _release(self._idle_workers, self._sampling_clients)
-
-
-def _view(tensor: Any) -> np.ndarray:
-    """A CPU tensor's memory as a numpy array, without copying: ``Tensor.numpy()``
-    copies, its ``_numpy()`` does not (the array keeps the tensor alive; a scalar comes
-    back as a numpy scalar, made a 0-d array here)."""
-    try:
-        return np.asarray(tensor._numpy())
-    except AttributeError:  # pragma: no cover - a TensorFlow without the private method
-        return np.asarray(tensor.numpy())
 
 
 def _milliseconds(timeout: Optional[float]) -> Optional[int]:
