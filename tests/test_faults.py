@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 
 import varsync
+from redis_fixtures import table_head
 
 CONTEXT = multiprocessing.get_context("spawn")
 
@@ -601,8 +602,7 @@ def test_a_writer_killed_mid_push_leaves_the_last_complete_version_and_no_leaks(
 def _table_keys(server: Any) -> set:
     """The keys table ``variables`` owns now: its set, head and stream, and the chunks of
     the current version, of the previous versions its head retains and of its spare."""
-    with server.client() as admin:
-        head = {k.decode(): v.decode() for k, v in admin.hgetall("varsync::variables:head").items()}
+    head = table_head(server)
     count = int(head["layout"].split(":")[2])  # one table, one layout for every version
     kept = [item for item in head["retained"].split(",") + [head.get("spare", "")] if item]
     tokens = [head["data"]] + [item.split(":")[0] for item in kept]

@@ -19,6 +19,7 @@ import pytest
 import varsync
 from varsync.testing import ConformanceTests
 from varsync.testing.suite import SMALL, assert_bit_equal, check_consistent, filled
+from redis_fixtures import command_calls, table_head
 
 redis = pytest.importorskip("redis")
 
@@ -49,11 +50,6 @@ def server(redis_servers: Any) -> Any:
 def keys_of(server: Any, pattern: str = "*") -> List[str]:
     with server.client() as client:
         return sorted(k.decode() for k in client.scan_iter(match=pattern, count=1000))
-
-
-def command_calls(client: Any) -> Dict[str, int]:
-    stats = client.info("commandstats")
-    return {name.split("_", 1)[1]: entry["calls"] for name, entry in stats.items()}
 
 
 # -- the signature ---------------------------------------------------------------------------
@@ -545,13 +541,7 @@ SIX_MIB = {"w": varsync.Spec((6 * MB,), "uint8")}
 
 def _setrange_calls(server: Any) -> int:
     with server.client() as admin:
-        return int(admin.info("commandstats").get("cmdstat_setrange", {}).get("calls", 0))
-
-
-def _head_of(server: Any, table: str = "variables") -> Dict[str, str]:
-    with server.client() as admin:
-        raw = admin.hgetall(f"varsync::{table}:head")
-    return {k.decode(): v.decode() for k, v in raw.items()}
+        return command_calls(admin).get("setrange", 0)
 
 
 def test_large_pushes_overwrite_the_spare_versions_chunks_in_place(server: Any) -> None:
@@ -562,7 +552,7 @@ def test_large_pushes_overwrite_the_spare_versions_chunks_in_place(server: Any) 
         details = store.table_info().details
         chunks = details["chunks"]
         assert chunks == 7 and details["spare_version"]  # version 1, retired past keep=1
-        spare_token = _head_of(server)["spare"].split(":")[0]
+        spare_token = table_head(server)["spare"].split(":")[0]
         assert len(keys_of(server, f"varsync::variables:d:{spare_token}:*")) == chunks
         assert _setrange_calls(server) == 0
 
@@ -571,7 +561,7 @@ def test_large_pushes_overwrite_the_spare_versions_chunks_in_place(server: Any) 
         assert keys_of(server, f"varsync::variables:d:{spare_token}:*") == []  # renamed
         assert_bit_equal(store.pull(), {"w": np.full(6 * MB, 4, np.uint8)})
         # current, one kept, the new spare (version 2): all persistent, nothing else
-        head = _head_of(server)
+        head = table_head(server)
         tokens = {head["data"], head["retained"].split(":")[0], head["spare"].split(":")[0]}
         assert len(tokens) == 3
         with server.client() as admin:
@@ -601,14 +591,14 @@ def test_a_spare_of_another_layout_is_deleted_and_the_push_writes_afresh(server:
         first.create_table("variables", SIX_MIB)
         for number in (1, 2, 3):
             first.push({"w": np.full(6 * MB, number, np.uint8)})
-        spare_token = _head_of(server)["spare"].split(":")[0]
+        spare_token = table_head(server)["spare"].split(":")[0]
     with varsync.connect(server.url, chunk_size=2 * MB) as second:  # other chunks
         assert second.push({"w": np.full(6 * MB, 4, np.uint8)}) == 4
         assert_bit_equal(second.pull(), {"w": np.full(6 * MB, 4, np.uint8)})
     assert _setrange_calls(server) == 0
     assert keys_of(server, f"varsync::variables:d:{spare_token}:*") == []
     with server.client() as admin:  # every chunk left belongs to a version the head names
-        head = _head_of(server)
+        head = table_head(server)
         named = {head["data"], *(i.split(":")[0] for i in head["retained"].split(",") if i)}
         if head.get("spare"):
             named.add(head["spare"].split(":")[0])
@@ -625,7 +615,7 @@ def test_a_head_whose_spare_is_damaged_never_costs_a_readable_version(
         store.create_table("variables", SIX_MIB)
         for number in (1, 2):
             store.push({"w": np.full(6 * MB, number, np.uint8)})
-        head = _head_of(server)
+        head = table_head(server)
         retained = head["retained"].split(",")[0]
         spare = {
             "current": f"{head['data']}:{head['layout']}",
@@ -639,6 +629,6 @@ def test_a_head_whose_spare_is_damaged_never_costs_a_readable_version(
         assert_bit_equal(store.pull(), {"w": np.full(6 * MB, 3, np.uint8)})
         assert _setrange_calls(server) == 0  # nothing was overwritten in place
         # version 2 (the one current before) is kept, with every chunk it had
-        kept = _head_of(server)["retained"].split(",")[0].split(":")[0]
+        kept = table_head(server)["retained"].split(",")[0].split(":")[0]
         assert kept == head["data"]
         assert {k for k in before if f":{kept}:" in k} <= set(keys_of(server, "varsync::variables:d:*"))

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import varsync
+from redis_fixtures import command_calls
 
 pytest.importorskip("redis")
 
@@ -139,4 +140,4 @@ def _setrange_calls(url: str) -> int:
     import redis
 
     with redis.Redis.from_url(url.split("?")[0]) as client:
-        return int(client.info("commandstats").get("cmdstat_setrange", {}).get("calls", 0))
+        return command_calls(client).get("setrange", 0)

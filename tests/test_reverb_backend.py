@@ -247,20 +247,19 @@ def _sampling_threads() -> list:
     return [t for t in threading.enumerate() if t.name.startswith("varsync-reverb-sample-")]
 
 
-def _eventually(condition, seconds: float = 10.0) -> bool:
+def _all_exit(threads: list, seconds: float = 10.0) -> bool:
+    """Whether every one of ``threads`` ends within ``seconds`` (joined, not polled)."""
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return not any(thread.is_alive() for thread in threads)
 
 
 def test_pulls_reuse_warm_sampling_threads_and_close_stops_them(reverb_servers):
     import threading
 
     server = reverb_servers({"variables": SIGNATURE})
-    assert _eventually(lambda: not _sampling_threads())  # none left by earlier tests
+    assert _all_exit(_sampling_threads())  # none left by earlier tests
     store = varsync.connect(server.url, timeout=20)
     store.push(values(7))
     for _ in range(10):
@@ -279,13 +278,15 @@ def test_pulls_reuse_warm_sampling_threads_and_close_stops_them(reverb_servers):
     for reader in readers:
         reader.join(30)
     assert pulled == [7, 7, 7, 7]
-    assert 1 <= len(_sampling_threads()) <= 4
+    workers = _sampling_threads()
+    assert 1 <= len(workers) <= 4
     store.close()
-    assert _eventually(lambda: not _sampling_threads())
+    assert _all_exit(workers)
 
 
 def test_a_sample_that_overruns_its_timeout_is_abandoned_and_never_reused(reverb_servers):
     server = reverb_servers({"variables": SIGNATURE})
+    assert _all_exit(_sampling_threads())  # none left by earlier tests
     store = varsync.connect(server.url, timeout=20)
     backend = store._backend
     # Sampling an empty table blocks in Reverb: the situation of a server that restarted
@@ -295,11 +296,15 @@ def test_a_sample_that_overruns_its_timeout_is_abandoned_and_never_reused(reverb
         backend._sample(backend._checked_info("variables"), 0.3)
     assert time.monotonic() - started < 5
     assert backend._idle_workers == []  # the blocked thread is not handed out again
+    abandoned = _sampling_threads()
+    assert len(abandoned) == 1
     store.push(values(3))  # the abandoned sample gets this item, and its thread exits
     assert store.pull()["train_step"] == 3
-    assert _eventually(lambda: len(_sampling_threads()) == 1)
+    assert _all_exit(abandoned)
+    workers = _sampling_threads()
+    assert len(workers) == 1 and workers[0] is not abandoned[0]  # the pull's new worker
     store.close()
-    assert _eventually(lambda: not _sampling_threads())
+    assert _all_exit(workers)
 
 
 def test_a_server_restarted_on_the_same_port_with_another_signature_serves_new_containers(
