@@ -1,10 +1,16 @@
 """``memory://<name>``: an in-process store shared by every container of the process
 that names it. Thread-safe; the embedded default is ``memory://default``.
 
-Writes copy the caller's arrays, so later changes to them do not reach the store. Stored
-arrays are read-only and reads hand out read-only views of them: pulls cost no copy, and a
-reader cannot change what other readers see. A new version replaces the whole list of
-arrays under a lock, so a reader gets one version's arrays, never a mix.
+Writes copy the caller's arrays into immutable ``bytes``, so later changes to them do not
+reach the store, and reads hand out read-only views of those bytes: pulls cost no copy,
+and no reader can make them writable (numpy refuses ``flags.writeable = True`` on memory
+it does not own). A new version replaces the table's ``(version, arrays)`` pair in one
+assignment under a lock, so a reader gets one version's arrays, never a mix.
+
+Every lock here is a plain ``threading.Lock`` used by ``with`` (whose ``__enter__`` is
+C code), never a ``threading.Condition``, whose Python-level ``__enter__`` and ``wait``
+can be interrupted (Ctrl-C) after taking the lock and leave it held for good. A waiter
+sleeps on a lock of its own that the next push releases.
 """
 
 from __future__ import annotations
@@ -26,13 +32,15 @@ __all__ = ["MemoryBackend"]
 @dataclass
 class _Table:
     signature: str
-    version: int = 0
-    arrays: List[np.ndarray] = field(default_factory=list)
+    #: ``(version, arrays)``, replaced whole: one assignment publishes a version.
+    value: Tuple[int, List[np.ndarray]] = (0, [])
+    #: One held lock per blocked waiter; a push releases them all.
+    waiters: List[Any] = field(default_factory=list)
 
 
 class _Store:
     def __init__(self) -> None:
-        self.changed = threading.Condition(threading.Lock())
+        self.lock = threading.Lock()
         self.tables: Dict[Tuple[str, str], _Table] = {}
 
 
@@ -45,6 +53,11 @@ def _store(name: str) -> _Store:
         if name not in _STORES:
             _STORES[name] = _Store()
         return _STORES[name]
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    """A read-only copy of ``array`` over immutable bytes, which no view can unlock."""
+    return np.frombuffer(array.tobytes(), dtype=array.dtype).reshape(array.shape)
 
 
 class MemoryBackend(Backend):
@@ -68,63 +81,76 @@ class MemoryBackend(Backend):
     def _key(self, name: str) -> Tuple[str, str]:
         return (self.namespace, name)
 
+    def _table(self, name: str) -> _Table:
+        with self._store.lock:
+            return self._store.tables[self._key(name)]
+
     def create_table(self, name: str, signature: str, specs: Sequence[Spec]) -> str:
-        with self._store.changed:
+        with self._store.lock:
             table = self._store.tables.setdefault(self._key(name), _Table(signature))
             return table.signature
 
     def signature(self, name: str) -> Optional[str]:
-        with self._store.changed:
+        with self._store.lock:
             table = self._store.tables.get(self._key(name))
             return None if table is None else table.signature
 
     def tables(self) -> List[str]:
-        with self._store.changed:
+        with self._store.lock:
             return sorted(n for ns, n in self._store.tables if ns == self.namespace)
 
     def details(self, name: str) -> Dict[str, Any]:
-        with self._store.changed:
-            table = self._store.tables[self._key(name)]
-            return {
-                "store": self.store_name,
-                "stored_bytes": sum(a.nbytes for a in table.arrays),
-            }
+        _, arrays = self._table(name).value
+        return {"store": self.store_name, "stored_bytes": sum(a.nbytes for a in arrays)}
 
     def version(self, name: str) -> int:
-        with self._store.changed:
-            return self._store.tables[self._key(name)].version
+        return self._table(name).value[0]
 
     def write(self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]) -> int:
-        copies = []
-        for array in arrays:
-            copy = np.array(array, copy=True, order="C")
-            copy.flags.writeable = False
-            copies.append(copy)
-        with self._store.changed:
-            table = self._store.tables[self._key(name)]
-            table.version += 1
-            table.arrays = copies
-            self._store.changed.notify_all()
-            return table.version
+        copies = [_frozen(array) for array in arrays]
+        table = self._table(name)
+        with self._store.lock:
+            version = table.value[0] + 1
+            table.value = (version, copies)
+            woken, table.waiters = table.waiters, []
+        for waiter in woken:
+            _release(waiter)
+        return version
 
     def read(self, name: str, newer_than: int, timeout: Optional[float]) -> Snapshot:
-        with self._store.changed:
-            table = self._store.tables[self._key(name)]
-            if table.version <= newer_than:
-                return table.version, None
-            version, stored = table.version, table.arrays
+        version, stored = self._table(name).value
+        if version <= newer_than:
+            return version, None
         return version, [array.view() for array in stored]
 
     def wait(self, name: str, newer_than: int, timeout: Optional[float]) -> int:
         deadline = deadline_after(timeout)
-        key = self._key(name)
-        with self._store.changed:
-            while self._store.tables[key].version == newer_than:
+        table = self._table(name)
+        while True:
+            waiter = threading.Lock()
+            waiter.acquire()
+            try:
+                with self._store.lock:
+                    current = table.value[0]
+                    if current == newer_than:
+                        table.waiters.append(waiter)
+                if current != newer_than:
+                    return current
                 left = remaining(deadline)
                 if left <= 0:
                     raise PullTimeoutError(
-                        f"table {name!r} in {self.url} stayed at version "
-                        f"{self._store.tables[key].version} for {timeout:g} s"
+                        f"table {name!r} in {self.url} stayed at version {current} for "
+                        f"{timeout:g} s"
                     )
-                self._store.changed.wait(None if left == float("inf") else left)
-            return self._store.tables[key].version
+                waiter.acquire(timeout=-1 if left == float("inf") else left)
+            finally:
+                with self._store.lock:
+                    if waiter in table.waiters:
+                        table.waiters.remove(waiter)
+
+
+def _release(waiter: Any) -> None:
+    try:
+        waiter.release()
+    except RuntimeError:  # already released: its waiter gave up and was woken anyway
+        pass
