@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import collections.abc
 import json
+import math
 import numbers
 import sys
 from dataclasses import dataclass
@@ -366,9 +367,18 @@ def _python_scalar(spec: Spec, value: Any, mismatch: Any) -> np.ndarray:
             raise mismatch(f"{value!r}, outside {spec.dtype.name}'s range [{info.min}, {info.max}]")
     try:
         with np.errstate(over="raise"):
-            return np.asarray(value, dtype=spec.dtype)
+            array = np.asarray(value, dtype=spec.dtype)
     except (OverflowError, FloatingPointError):  # e.g. 1e300 into float32, 10**400 into float64
         raise mismatch(f"{value!r}, too large for {spec.dtype.name}") from None
+    if kind in "fc" and isinstance(value, numbers.Integral):
+        held = array.real.item()
+        if not math.isfinite(held) or int(held) != value:
+            raise mismatch(
+                f"Python int {value!r}, which {spec.dtype.name} cannot hold exactly "
+                f"(it would become {held!r}); pass a float or an array of the table's dtype "
+                "if rounding is intended"
+            )
+    return array
 
 
 _PYTHON_SCALAR_KINDS = {bool: "b", int: "iufc", float: "fc", complex: "c"}
