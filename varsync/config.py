@@ -16,7 +16,10 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from varsync.errors import ConfigurationError
 
-__all__ = ["DEFAULT_URL", "DEFAULT_TIMEOUT", "ENV_URL", "Settings", "resolve", "redact", "parse_timeout"]
+__all__ = [
+    "DEFAULT_URL", "DEFAULT_TIMEOUT", "ENV_URL", "Settings", "resolve", "redact", "parse_timeout",
+    "check_text",
+]
 
 DEFAULT_URL = "memory://default"
 ENV_URL = "VARSYNC_URL"
@@ -45,6 +48,7 @@ def resolve(url: Optional[str], options: Dict[str, Any]) -> Settings:
             f"{redact(str(url))!r} is not a varsync URL; expected scheme://..., e.g. "
             "memory://default, reverb://localhost:8000 or redis://localhost:6379/0"
         )
+    check_text(url, "the URL", shown=redact(url))
     try:
         parts = urlsplit(url)
     except ValueError as exc:
@@ -73,6 +77,7 @@ def resolve(url: Optional[str], options: Dict[str, Any]) -> Settings:
     namespace = merged.pop("namespace", "")
     if not isinstance(namespace, str):
         raise ConfigurationError(f"namespace must be a str, got {namespace!r}")
+    check_text(namespace, "namespace")
     return Settings(
         # Cut by hand: urlunsplit would turn "dir:///x" into "dir:/x".
         url=url.split("?", 1)[0].split("#", 1)[0],
@@ -81,6 +86,24 @@ def resolve(url: Optional[str], options: Dict[str, Any]) -> Settings:
         namespace=namespace,
         options=merged,
     )
+
+
+def check_text(text: str, what: str, shown: Optional[str] = None) -> str:
+    """``text`` if it is valid Unicode (storable as UTF-8), else :class:`ConfigurationError`.
+
+    A ``str`` can hold lone surrogates (``"\\udc80"``, e.g. from ``os.fsdecode`` of bad
+    bytes) that no engine can store; they are refused here, before any backend sees them.
+    The message quotes ``shown`` (default: ``text``), e.g. a redacted URL.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ConfigurationError(
+            f"{what} {ascii(text if shown is None else shown)} is not valid Unicode: it holds the lone surrogate "
+            f"{ascii(text[exc.start:exc.end])} at position {exc.start}, which no backend can "
+            "store; use a name of valid characters"
+        ) from None
+    return text
 
 
 def parse_timeout(value: Any, name: str) -> Optional[float]:

@@ -12,7 +12,7 @@ import numpy as np
 from varsync import nest as nest_lib
 from varsync import signature as sig
 from varsync.backends.base import Backend, deadline_after, remaining
-from varsync.config import parse_timeout
+from varsync.config import check_text, parse_timeout
 from varsync.errors import (
     ConfigurationError,
     CorruptDataError,
@@ -143,7 +143,8 @@ class VariableContainer:
         whatever the size of the table. ``timeout`` bounds the transfer."""
         version = self._check_version(version)
         self._table(table)
-        current, arrays = self._backend_call().read(table, version, self._timeout(timeout))
+        limit = self._timeout(timeout)
+        current, arrays = self._backend_call().read(table, version, self._transfer_bound(limit))
         if arrays is None:
             self._check_not_reset(table, current, version)
             return None
@@ -160,13 +161,13 @@ class VariableContainer:
         self._check_not_reset(table, current, version)
         return current
 
-    def update(self, variables: Any, table: str = DEFAULT_TABLE) -> int:
+    def update(self, variables: Any, table: str = DEFAULT_TABLE, *, timeout: Any = None) -> int:
         """Pull the table and assign the values into ``variables`` in place (writable
         numpy arrays or, with TensorFlow, ``tf.Variable``s); return the version. The
-        variables are all checked before any is assigned."""
+        variables are all checked before any is assigned. ``timeout`` as for :meth:`pull`."""
         signature, _ = self._table(table)
         targets = sig.flatten_targets(signature, variables)
-        version, arrays = self._pull_flat(table, None)
+        version, arrays = self._pull_flat(table, timeout)
         for target, array in zip(targets, arrays):
             sig.assign(target, array)
         return version
@@ -229,14 +230,22 @@ class VariableContainer:
     def _timeout(self, timeout: Any) -> Optional[float]:
         return self.timeout if timeout is None else parse_timeout(timeout, "timeout")
 
+    def _transfer_bound(self, limit: Optional[float]) -> Optional[float]:
+        """What bounds a read given a call's ``limit``: the limit itself, except that
+        ``timeout=0`` means "do not wait for a push", not "move no bytes": the data already
+        there comes within the container's timeout."""
+        return self.timeout if limit == 0 else limit
+
     def _pull_flat(self, table: str, timeout: Any) -> Tuple[int, List[np.ndarray]]:
-        """The latest version and arrays, waiting up to ``timeout`` for a first push."""
+        """The latest version and arrays, waiting up to ``timeout`` for a first push. The
+        whole call, waits and transfers, ends within ``timeout`` (0: no wait)."""
         self._table(table)
         limit = self._timeout(timeout)
         deadline = deadline_after(limit)
         backend = self._backend_call()
+        bound = self._transfer_bound(limit)
         while True:
-            version, arrays = backend.read(table, 0, limit)
+            version, arrays = backend.read(table, 0, bound)
             if arrays is not None:
                 return self._checked(table, version, arrays)
             left = remaining(deadline)
@@ -249,6 +258,8 @@ class VariableContainer:
                     f"table {table!r} at {backend.url} is still empty after {limit:g} s; "
                     "push to it first, or pull with a longer timeout"
                 ) from None
+            if limit:  # what is left of the call bounds the transfer of the first push
+                bound = max(remaining(deadline), 0.001)
 
     def _nest(self, table: str, arrays: List[np.ndarray]) -> Any:
         return nest_lib.unflatten(self._table(table)[0], arrays)
@@ -284,6 +295,7 @@ class VariableContainer:
     def _check_name(name: Any) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"table name must be a non-empty str, got {name!r}")
+        check_text(name, "table name")
 
     @staticmethod
     def _check_version(version: Any) -> int:
