@@ -15,6 +15,7 @@ from varsync.container import DEFAULT_TABLE, TableInfo, VariableContainer
 from varsync.errors import (
     AuthenticationError,
     BackendConnectionError,
+    ConcurrentPushError,
     ConfigurationError,
     CorruptDataError,
     ItemTooLargeError,
@@ -56,6 +57,7 @@ __all__ = [
     "MissingDependencyError",
     "TableNotFoundError",
     "TableResetError",
+    "ConcurrentPushError",
     "TableExistsError",
     "TableConfigurationError",
     "MissingSignatureError",

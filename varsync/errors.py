@@ -13,6 +13,7 @@
     ├── ItemTooLargeError (ValueError)         a push over the engine's size limit
     ├── CorruptDataError (ValueError)          stored bytes or metadata that do not add up
     ├── TableResetError (RuntimeError)         the table's history restarted (data lost)
+    ├── ConcurrentPushError (RuntimeError)     published, but its version is unknown (two writers)
     ├── PullTimeoutError (TimeoutError)        a bounded wait ran out
     └── BackendConnectionError (ConnectionError)   the engine cannot be reached
         └── AuthenticationError                    the engine refused the credentials
@@ -43,6 +44,7 @@ __all__ = [
     "ItemTooLargeError",
     "CorruptDataError",
     "TableResetError",
+    "ConcurrentPushError",
     "PullTimeoutError",
     "BackendConnectionError",
     "AuthenticationError",
@@ -107,6 +109,18 @@ class TableResetError(VarsyncError, RuntimeError):
     """The table is at a lower version than one the caller holds: its history restarted
     (for example the server lost its data). Versions from before are meaningless now;
     ``pull()`` or ``pull_if_newer(0)`` resynchronises."""
+
+
+class ConcurrentPushError(VarsyncError, RuntimeError):
+    """A push was published, but another writer pushed to the table at the same moment
+    and the engine cannot tell which of the new versions is this one (Reverb). Raised
+    rather than returning a number another writer may also be given."""
+
+    def __init__(self, message: str, *, low: int, high: int) -> None:
+        super().__init__(message)
+        #: This push's version is one of ``low..high``.
+        self.low = low
+        self.high = high
 
 
 class PullTimeoutError(VarsyncError, TimeoutError):

@@ -47,6 +47,10 @@ class Backend(abc.ABC):
     persistent: ClassVar[bool] = False
     #: Largest total bytes of one push the engine accepts, or ``None`` for no limit.
     max_push_bytes: ClassVar[Optional[int]] = None
+    #: Pushes from several writers at once each get their own version. ``False``: a push
+    #: that raced another writer's may raise :class:`~varsync.ConcurrentPushError`
+    #: (published, version unknown) instead, but never returns a number twice.
+    supports_concurrent_writers: ClassVar[bool] = True
 
     def __init__(
         self, url: str, *, timeout: Optional[float], namespace: str, **options: Any
