@@ -27,9 +27,10 @@ The suite is registered as a pytest plugin (entry point ``pytest11``), so nothin
 is needed in ``conftest.py``.
 """
 
+from varsync.testing.conformance import ConformanceTests
+from varsync.testing.fault_tests import FaultTests
 from varsync.testing.suite import (
     ConcurrencyTests,
-    ConformanceTests,
     RoundTripTests,
     TableTests,
     ValidationTests,
@@ -43,4 +44,5 @@ __all__ = [
     "ValidationTests",
     "VersionTests",
     "ConcurrencyTests",
+    "FaultTests",
 ]

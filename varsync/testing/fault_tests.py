@@ -1,0 +1,430 @@
+"""The suite's fault injection: every backend gets it by subclassing ConformanceTests.
+
+- interrupts (``KeyboardInterrupt`` from a SIGINT at seeded random points) during push,
+  pull and wait, on every backend;
+- lost and delayed replies through a loopback :class:`~varsync.testing.faults.Proxy`, for
+  backends whose URL names a ``host:port`` (override ``server_address`` / ``url_via``
+  when yours is spelled otherwise);
+- a server paused with SIGSTOP under per-call timeouts, where the ``server_pid`` fixture
+  names the server process;
+- two writer processes at once, where the backend is ``shared_across_processes``.
+
+After each fault: the table holds one whole version, the previous or a newer one (never
+older, never mixed, never corrupt); no call outlives its bound; no file descriptor or
+thread is left behind (plus whatever the ``leak_counts`` fixture counts); no version
+number is returned twice.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import signal
+import statistics
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+import varsync
+from varsync.testing.faults import Interrupter, Proxy, call_within, open_fds
+from varsync.testing.suite import CONSISTENCY, TableMaker, _Base, check_consistent, filled
+
+#: How long past its own timeout a call may take before the suite calls it hung: this
+#: machine may be loaded, and a backend may round a timeout up to whole milliseconds.
+SLACK = 3.0
+#: What a check may take before the suite calls the store hung (a lock left held).
+CHECK_SECONDS = 30.0
+#: Errors a call may raise when the network or the server fails under it.
+TRANSIENT = (varsync.BackendConnectionError, varsync.PullTimeoutError)
+
+Counts = Dict[str, int]
+
+
+class _History:
+    """What one writer pushed and saw, to check every later observation against."""
+
+    def __init__(self) -> None:
+        self.returned: List[int] = []
+        self.held: Tuple[int, int] = (0, 0)  # (version, number) last seen in the table
+        self.pushed = 0  # the number of the last push tried
+
+    def pushed_as(self, version: Optional[int]) -> None:
+        if version is None:
+            return
+        assert version not in self.returned, f"version {version} was returned twice"
+        assert not self.returned or version > self.returned[-1], (
+            f"push returned version {version} after {self.returned[-1]}"
+        )
+        self.returned.append(version)
+
+    def observe(self, container: Any) -> None:
+        """The table holds one whole version, no older than the last one seen, whose
+        value is one of the pushes made since (numbers only grow)."""
+        got = call_within(CHECK_SECONDS, lambda: container.pull_if_newer(0, timeout=10))
+        assert got is not None, "the table lost every version"
+        version, values = got
+        number = check_consistent(values)
+        held_version, held_number = self.held
+        assert version >= held_version, f"version went back from {held_version} to {version}"
+        assert held_number <= number <= self.pushed, (
+            f"the table holds push {number}; expected one of pushes {held_number}..{self.pushed}"
+        )
+        if version == held_version:
+            assert number == held_number, f"version {version} changed value"
+        self.held = (version, number)
+
+
+def _interrupt_delays(interrupter: Interrupter, typical: float) -> float:
+    """A delay that lands anywhere in a call that typically takes ``typical`` seconds."""
+    return interrupter.random.uniform(0, 1.2 * typical)
+
+
+def _median_seconds(fn: Callable[[], Any], rounds: int = 5) -> float:
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def _write_and_report(url: str, options: Dict[str, Any], first: int, count: int,
+                      results: Any) -> None:
+    """Child process: push ``count`` consistent nests numbered from ``first``; report
+    the version each push returned (``None`` for a ConcurrentPushError)."""
+    versions: List[Optional[int]] = []
+    try:
+        with varsync.connect(url, **options) as container:
+            for number in range(first, first + count):
+                try:
+                    versions.append(container.push(filled(CONSISTENCY, number)))
+                except varsync.ConcurrentPushError:
+                    versions.append(None)
+        results.put((first, versions, None))
+    except BaseException as exc:  # reported to the parent, which fails the test
+        results.put((first, versions, f"{type(exc).__name__}: {exc}"))
+
+
+class FaultTests(_Base):
+    """Interrupts, lost and delayed replies, a paused server, two writer processes."""
+
+    INTERRUPTS = 150
+    LOST_REPLY_PUSHES = 120
+
+    # -- fixtures a backend author may override ------------------------------------------
+
+    @pytest.fixture
+    def server_pid(self) -> Optional[int]:
+        """The pid of the server process behind ``url`` (not this process), for the
+        SIGSTOP tests; ``None`` skips them."""
+        return None
+
+    @pytest.fixture
+    def server_address(self, url: str) -> Optional[Tuple[str, int]]:
+        """``(host, port)`` of the server behind ``url``, for the proxy tests; ``None``
+        (the default where the URL names no port) skips them."""
+        parts = urlsplit(url)
+        try:
+            port = parts.port
+        except ValueError:
+            return None
+        if port is None or parts.hostname is None:
+            return None
+        return parts.hostname, port
+
+    @pytest.fixture
+    def url_via(self) -> Callable[[str, str, int], str]:
+        """``url_via(url, host, port)``: the same store and namespace reached through
+        ``host:port`` (the proxy) instead."""
+
+        def via(url: str, host: str, port: int) -> str:
+            parts = urlsplit(url)
+            userinfo = parts.netloc.rpartition("@")[0]
+            netloc = (userinfo + "@" if userinfo else "") + f"{host}:{port}"
+            return urlunsplit(parts._replace(netloc=netloc))
+
+        return via
+
+    @pytest.fixture
+    def leak_counts(self) -> Callable[[], Counts]:
+        """Counts of backend-specific resources that must not grow with faults (files,
+        server-side connections, ...), added to the suite's own fd and thread counts."""
+        return lambda: {}
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _counts(self, leak_counts: Callable[[], Counts]) -> Counts:
+        gc.collect()
+        return {"open fds": open_fds(), "threads": threading.active_count(), **leak_counts()}
+
+    def _assert_no_leaks(self, before: Counts, leak_counts: Callable[[], Counts],
+                         faults: int) -> None:
+        """Nothing grew with the faults: a few of anything may be pooled or cached (a
+        reconnection, a worker thread), one per fault may not."""
+        after = self._counts(leak_counts)
+        allowance = 4
+        grown = {k: (before.get(k, 0), v) for k, v in after.items() if v > before.get(k, 0) + allowance}
+        assert not grown, f"after {faults} faults these grew (before, after): {grown}"
+
+    def _proxy(self, server_address: Optional[Tuple[str, int]]) -> Proxy:
+        if server_address is None:
+            pytest.skip("the URL names no host:port to put a proxy in front of")
+        return Proxy(*server_address)
+
+    # -- interrupts ------------------------------------------------------------------------
+
+    def test_interrupted_pushes_leave_one_whole_version_and_nothing_behind(
+        self, make_tables: TableMaker, connect: Any, leak_counts: Callable[[], Counts]
+    ) -> None:
+        url = make_tables({"variables": CONSISTENCY})
+        writer, checker = connect(url), connect(url)
+        history = _History()
+        for _ in range(3):  # warm up: connections, workers, caches
+            history.pushed += 1
+            history.pushed_as(writer.push(filled(CONSISTENCY, history.pushed)))
+        history.observe(checker)
+
+        def push() -> int:
+            history.pushed += 1
+            return writer.push(filled(CONSISTENCY, history.pushed))
+
+        typical = _median_seconds(lambda: history.pushed_as(push()))
+        history.observe(checker)
+        before = self._counts(leak_counts)
+        with Interrupter(seed=11) as interrupter:
+            for _ in range(self.INTERRUPTS):
+                done, version = interrupter.call(push, _interrupt_delays(interrupter, typical))
+                history.pushed_as(version if done else None)
+                history.observe(checker)
+        assert interrupter.fired > self.INTERRUPTS // 4, "too few pushes were interrupted"
+        history.pushed_as(push())
+        history.observe(checker)
+        assert history.held[1] == history.pushed
+        self._assert_no_leaks(before, leak_counts, interrupter.fired)
+
+    def test_interrupted_pulls_leave_nothing_behind(
+        self, make_tables: TableMaker, connect: Any, leak_counts: Callable[[], Counts]
+    ) -> None:
+        url = make_tables({"variables": CONSISTENCY})
+        writer, reader = connect(url), connect(url)
+        history = _History()
+        history.pushed = 1
+        writer.push(filled(CONSISTENCY, 1))
+        typical = _median_seconds(lambda: reader.pull())
+        kept = []  # pulled values held on to, as an actor holds its weights
+        before = self._counts(leak_counts)
+        with Interrupter(seed=12) as interrupter:
+            for index in range(self.INTERRUPTS):
+                calls: List[Callable[[], Any]] = [
+                    reader.pull, lambda: reader.pull_if_newer(0)
+                ]
+                done, got = interrupter.call(
+                    calls[index % 2], _interrupt_delays(interrupter, typical)
+                )
+                if done:
+                    check_consistent(got if index % 2 == 0 else got[1])
+                    kept = [got]
+                if index % 10 == 0:
+                    history.pushed += 1
+                    writer.push(filled(CONSISTENCY, history.pushed))
+                history.observe(reader)
+        assert interrupter.fired > self.INTERRUPTS // 4, "too few pulls were interrupted"
+        del kept
+        self._assert_no_leaks(before, leak_counts, interrupter.fired)
+
+    def test_interrupted_waits_leave_nothing_behind(
+        self, make_tables: TableMaker, connect: Any, leak_counts: Callable[[], Counts]
+    ) -> None:
+        url = make_tables({"variables": CONSISTENCY, "empty": CONSISTENCY})
+        writer, reader = connect(url), connect(url)
+        version = writer.push(filled(CONSISTENCY, 1))
+        reader.pull()
+        before = self._counts(leak_counts)
+        rounds = self.INTERRUPTS // 3
+        with Interrupter(seed=13) as interrupter:
+            for index in range(rounds):
+                wait: Callable[[], Any] = (
+                    (lambda: reader.wait_for(version, timeout=20)) if index % 2 == 0
+                    else (lambda: reader.pull("empty", timeout=20))
+                )
+                done, _ = interrupter.call(wait, interrupter.random.uniform(0, 0.02))
+                assert not done, "a wait returned though nothing was pushed"
+        assert interrupter.fired == rounds
+        # The store still wakes a waiter, and still times one out.
+        with pytest.raises(varsync.PullTimeoutError):
+            call_within(CHECK_SECONDS, lambda: reader.wait_for(version, timeout=0.2))
+        woke: List[int] = []
+        waiter = threading.Thread(target=lambda: woke.append(reader.wait_for(version, timeout=20)))
+        waiter.start()
+        writer.push(filled(CONSISTENCY, 2))
+        waiter.join(CHECK_SECONDS)
+        assert woke == [version + 1]
+        self._assert_no_leaks(before, leak_counts, interrupter.fired)
+
+    # -- lost and delayed replies ----------------------------------------------------------
+
+    def test_lost_push_replies_never_lose_or_mix_published_data(
+        self, make_tables: TableMaker, connect: Any, server_address: Any, url_via: Any,
+        leak_counts: Callable[[], Counts],
+    ) -> None:
+        url = make_tables({"variables": CONSISTENCY})
+        with self._proxy(server_address) as proxy:
+            writer = connect(url_via(url, proxy.host, proxy.port), timeout=5)
+            checker = connect(url)
+            history = _History()
+            history.pushed = 1
+            history.pushed_as(writer.push(filled(CONSISTENCY, 1)))
+            history.observe(checker)
+            before = self._counts(leak_counts)
+            proxy.lose_replies(probability=0.1, seed=21)
+            failed = 0
+            for _ in range(self.LOST_REPLY_PUSHES):
+                history.pushed += 1
+                try:
+                    history.pushed_as(writer.push(filled(CONSISTENCY, history.pushed)))
+                except TRANSIENT:
+                    failed += 1
+                history.observe(checker)
+            proxy.heal()
+            history.pushed += 1
+            history.pushed_as(writer.push(filled(CONSISTENCY, history.pushed)))
+            history.observe(checker)
+            assert history.held[1] == history.pushed
+            assert proxy.lost > 0 and failed > 0, "no reply was lost: the test tested nothing"
+            self._assert_no_leaks(before, leak_counts, failed)
+
+    def test_lost_pull_replies_raise_or_return_one_whole_version(
+        self, make_tables: TableMaker, connect: Any, server_address: Any, url_via: Any
+    ) -> None:
+        url = make_tables({"variables": CONSISTENCY})
+        with self._proxy(server_address) as proxy:
+            writer = connect(url)
+            reader = connect(url_via(url, proxy.host, proxy.port), timeout=5)
+            writer.push(filled(CONSISTENCY, 1))
+            proxy.lose_replies(probability=0.1, seed=22)
+            failed, last = 0, 0
+            for number in range(2, 102):
+                writer.push(filled(CONSISTENCY, number))
+                try:
+                    got = reader.pull_if_newer(last) if number % 2 else (None, reader.pull())
+                except TRANSIENT:
+                    failed += 1
+                    continue
+                if got is not None:
+                    held = check_consistent(got[1])
+                    assert held == number, f"pulled push {held} after push {number} was made"
+                    last = got[0] or last
+            proxy.heal()
+            assert check_consistent(reader.pull()) == 101
+            assert failed > 0, "no reply was lost: the test tested nothing"
+
+    def test_a_call_never_outlives_its_timeout_when_replies_stop(
+        self, make_tables: TableMaker, connect: Any, server_address: Any, url_via: Any
+    ) -> None:
+        url = make_tables({"variables": CONSISTENCY})
+        with self._proxy(server_address) as proxy:
+            writer = connect(url)
+            slow = connect(url_via(url, proxy.host, proxy.port))  # the default timeout: 30 s
+            version = writer.push(filled(CONSISTENCY, 1))
+            slow.pull()
+            proxy.delay_replies(3 * (1 + SLACK))
+            self._each_call_ends_within_its_timeout(slow, version)
+            proxy.heal()
+            proxy.drop_connections()  # the delayed replies are not waited for
+            assert check_consistent(slow.pull(timeout=20)) == 1
+
+    def test_a_paused_server_never_holds_a_call_past_its_timeout(
+        self, make_tables: TableMaker, connect: Any, server_pid: Optional[int]
+    ) -> None:
+        if server_pid is None:
+            pytest.skip("no server process to pause (the server_pid fixture gives none)")
+        assert server_pid != os.getpid(), "server_pid must name another process"
+        url = make_tables({"variables": CONSISTENCY})
+        container = connect(url)
+        version = container.push(filled(CONSISTENCY, 1))
+        container.pull()
+        os.kill(server_pid, signal.SIGSTOP)
+        try:
+            self._each_call_ends_within_its_timeout(container, version)
+        finally:
+            os.kill(server_pid, signal.SIGCONT)
+        assert check_consistent(container.pull(timeout=20)) == 1
+        assert container.push(filled(CONSISTENCY, 2)) == version + 1
+
+    def _each_call_ends_within_its_timeout(self, container: Any, version: int) -> None:
+        calls = {
+            "pull(timeout=1)": lambda: container.pull(timeout=1),
+            "pull_if_newer(0, timeout=1)": lambda: container.pull_if_newer(0, timeout=1),
+            "wait_for(version, timeout=1)": lambda: container.wait_for(version, timeout=1),
+        }
+        for name, call in calls.items():
+            started = time.monotonic()
+            with pytest.raises(TRANSIENT):
+                call_within(1 + SLACK, call)
+            took = time.monotonic() - started
+            assert took < 1 + SLACK, f"{name} took {took:.1f} s"
+
+    # -- two writers -----------------------------------------------------------------------
+
+    def test_two_writer_processes_never_get_the_same_version(
+        self, make_tables: TableMaker, connect: Any, connect_options: Dict[str, Any],
+        backend_cls: type,
+    ) -> None:
+        if not backend_cls.shared_across_processes:
+            pytest.skip("backend is not shared across processes")
+        url = make_tables({"variables": CONSISTENCY})
+        context = multiprocessing.get_context("spawn")
+        results = context.Queue()
+        count = 100
+        writers = [
+            context.Process(target=_write_and_report,
+                            args=(url, dict(connect_options), first, count, results))
+            for first in (1, 1001)
+        ]
+        reader = connect(url)
+        problems: List[str] = []
+        stop = threading.Event()
+
+        def read() -> None:
+            last = 0
+            try:
+                while not stop.is_set():
+                    got = reader.pull_if_newer(last)
+                    if got is not None:
+                        check_consistent(got[1])
+                        last = got[0]
+            except BaseException as exc:  # reported below
+                problems.append(f"{type(exc).__name__}: {exc}")
+
+        watcher = threading.Thread(target=read)
+        watcher.start()
+        try:
+            for process in writers:
+                process.start()
+            reports = [results.get(timeout=180) for _ in writers]
+        finally:
+            stop.set()
+            watcher.join(60)
+            for process in writers:
+                process.join(30)
+                if process.is_alive():
+                    process.kill()
+                    process.join()
+        assert problems == []
+        returned: List[int] = []
+        for first, versions, error in reports:
+            assert error is None, f"writer {first}: {error}"
+            given = [v for v in versions if v is not None]
+            assert given == sorted(set(given)), f"writer {first} got versions out of order"
+            if backend_cls.supports_concurrent_writers:
+                assert len(given) == count, "a push raised ConcurrentPushError on a backend " \
+                    "that declares supports_concurrent_writers"
+            returned += given
+        duplicates: Set[int] = {v for v in returned if returned.count(v) > 1}
+        assert not duplicates, f"versions returned to both writers: {sorted(duplicates)[:10]}"
+        assert reader.version() == 2 * count, "a push was lost or counted twice"
+        assert max(returned, default=0) <= 2 * count
