@@ -65,6 +65,7 @@ from varsync.errors import (
     TableResetError,
     VarsyncError,
 )
+from varsync.server_wait import parse_wait_for_server, retry_until_up
 from varsync.signature import Spec
 
 __all__ = ["ReverbBackend", "MAX_PUSH_BYTES", "check_table_info"]
@@ -76,6 +77,8 @@ MAX_PUSH_BYTES = 2**31 - 64 * 2**20
 #: state times are reported in whole milliseconds, and a restarted server started (at
 #: least) the old one's lifetime later.
 _RESTART_SLACK = 0.01
+#: The backend's own options (besides timeout and namespace); see docs/reverb.md.
+_OPTIONS = ("wait_for_server",)
 
 HOW_TO_CONFIGURE = (
     "varsync.reverb.serve({name: signature}) builds such a server; by hand: "
@@ -121,6 +124,14 @@ class ReverbBackend(Backend):
     max_push_bytes = MAX_PUSH_BYTES
 
     def __init__(self, url: str, *, timeout: Optional[float], namespace: str, **options: Any):
+        unknown = sorted(set(options) - set(_OPTIONS))
+        if unknown:
+            raise ConfigurationError(
+                f"the reverb backend takes no option(s) {unknown}; its options are "
+                f"{', '.join(_OPTIONS)}, and timeout, namespace"
+            )
+        #: Seconds to wait for a server that does not answer yet (None: no bound).
+        self.wait_for_server = parse_wait_for_server(options.pop("wait_for_server", False))
         super().__init__(url, timeout=timeout, namespace=namespace, **options)
         parts = urlsplit(url)
         try:
@@ -134,8 +145,10 @@ class ReverbBackend(Backend):
         host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
         self.address = f"{host}:{port}"
         self._endpoint = (parts.hostname, port)
-        self._probe(parts.hostname, port)
-        self._client = reverb.Client(self.address)
+        self._client = retry_until_up(  # fail now, with the address, if nothing answers
+            self._connect, address=self.address, bound=self.wait_for_server,
+            what="Reverb server",
+        )
         self._writers: Dict[str, Any] = {}
         self._writer_lock = threading.Lock()
         # (purpose, server table) -> (latest start time of the server, insert count)
@@ -150,7 +163,16 @@ class ReverbBackend(Backend):
         self._sampling_clients: Dict[Tuple[str, bytes], Tuple[Any, List[Any]]] = {}
         # also when never closed (not at interpreter exit: the process frees all anyway)
         weakref.finalize(self, _release, self._idle_workers, self._sampling_clients).atexit = False
-        self._server_info()  # fail now, with the address, if the server does not answer
+
+    def _connect(self, seconds_left: float) -> Any:
+        """A client of the server once it has answered one request within ``seconds_left``.
+        A new client each attempt: one whose channel failed retries only after gRPC's
+        backoff, which grows to minutes."""
+        self._probe(*self._endpoint, limit=min(5.0, max(seconds_left, 0.1)))
+        self._client = reverb.Client(self.address)
+        limit = min(math.inf if self.timeout is None else self.timeout, max(seconds_left, 1.0))
+        self._server_info(timeout=None if math.isinf(limit) else limit)
+        return self._client
 
     def _probe(self, host: str, port: int, limit: float = 5.0) -> None:
         """Fail fast when nothing listens: Reverb's own calls wait out their deadline."""
@@ -405,6 +427,14 @@ class ReverbBackend(Backend):
         with self._workers_lock:
             self._closed = True
             _release(self._idle_workers, self._sampling_clients)
+
+    def describe_options(self) -> Dict[str, Any]:
+        return {
+            "timeout": self.timeout,
+            "namespace": self.namespace,
+            "server": self.address,
+            "wait_for_server": self.wait_for_server,
+        }
 
 
 def _milliseconds(timeout: Optional[float]) -> Optional[int]:
