@@ -17,12 +17,12 @@ $(VENV)/.reverb-installed: pyproject.toml | $(PY)
 
 # Everything the test suite needs: Reverb (TensorFlow), redis-py, pytest, hypothesis, the
 # example shm:// plugin (a separate distribution, as a third party's would be), and
-# TF-Agents for the interop tests. tf-agents 0.19 pins typing-extensions 4.5, which the
-# TensorFlow stack's grpcio refuses, so it goes in without its pins (tests/requirements-tf-agents.txt).
+# TF-Agents with its own dependencies, as its users have it: typing-extensions 4.5.0 (its
+# pin; newer ones break its PolicySaver on TF 2.15) with grpcio < 1.75 (newer ones refuse
+# 4.5.0), gym 0.23.0, pygame 2.1.3. Why: tests/requirements-tf-agents.txt.
 $(VENV)/.all-installed: pyproject.toml tests/requirements-tf-agents.txt plugins/varsync-shm/pyproject.toml | $(PY)
 	$(PIP) install -e ".[all,test]"
 	$(PIP) install -e plugins/varsync-shm
-	$(PIP) install --no-deps "tf-agents==0.19.0"
 	$(PIP) install -r tests/requirements-tf-agents.txt
 	scripts/fetch-redis-tls $(VENV)/redis-tls
 	touch $@ $(VENV)/.reverb-installed
