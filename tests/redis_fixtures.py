@@ -13,6 +13,7 @@ Servers listen on 127.0.0.1 only, keep nothing on disk unless a test asks
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib.util
 import ipaddress
@@ -20,6 +21,7 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -35,6 +37,7 @@ __all__ = [
     "redis_url",
     "redis_namespace",
     "redis_servers",
+    "shared_redis_server",
 ]
 
 ENV_BINARY = "VARSYNC_REDIS_SERVER"
@@ -109,6 +112,11 @@ class RedisServer:
     @property
     def url(self) -> str:
         return f"{'rediss' if self.tls else 'redis'}://127.0.0.1:{self.port}/0"
+
+    @property
+    def pid(self) -> Optional[int]:
+        """The running server's process id (for SIGSTOP tests), or ``None``."""
+        return None if self.process is None else self.process.pid
 
     def arguments(self) -> List[str]:
         args = [
@@ -194,6 +202,13 @@ class RedisServer:
             process.kill()
             process.wait(STOP_TIMEOUT)
 
+    def kill(self) -> None:
+        """SIGKILL, as a crash: the server saves nothing on its way out. Reaped."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait(STOP_TIMEOUT)
+
     def restart(self) -> "RedisServer":
         """Stop and start on the same port: without persistence, every key is gone."""
         self.stop()
@@ -204,6 +219,80 @@ class RedisServer:
         if not log.exists():
             return "(no log)"
         return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
+class ReplyCutter:
+    """A loopback TCP proxy in front of a server that, once armed with a marker, lets the
+    next request containing it reach the server and then closes that connection as the
+    server's reply starts to come back, without passing the reply on: the client sees a
+    lost connection for a command the server ran. Connect to ``port`` instead."""
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self.marker: Optional[bytes] = None
+        self.cut = 0  # replies cut so far
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._sockets: List[socket.socket] = []
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
+
+    def cut_reply_to(self, marker: bytes) -> None:
+        self.marker = marker
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            upstream = socket.create_connection(("127.0.0.1", self.target), timeout=10)
+            upstream.settimeout(None)
+            self._sockets += [client, upstream]
+            doomed = threading.Event()
+            for args in ((client, upstream, doomed, True), (upstream, client, doomed, False)):
+                thread = threading.Thread(target=self._pump, args=args, daemon=True)
+                self._threads.append(thread)
+                thread.start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, doomed: threading.Event,
+              requests: bool) -> None:
+        tail = b""
+        try:
+            while True:
+                data = source.recv(1 << 16)
+                if not data:
+                    break
+                if requests and self.marker is not None and self.marker in tail + data:
+                    self.marker = None
+                    doomed.set()
+                tail = data[-64:]
+                if not requests and doomed.is_set():
+                    self.cut += 1
+                    break
+                sink.sendall(data)
+        except OSError:
+            pass
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept()
+        self._listener.close()
+        for sock in self._sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        for thread in self._threads:
+            thread.join(STOP_TIMEOUT)
+
+    def __enter__(self) -> "ReplyCutter":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
 
 
 def _make_certificates(directory: Path) -> Dict[str, str]:
@@ -280,23 +369,31 @@ def redis_binary() -> str:
 
 
 @pytest.fixture(scope="session")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The URL of a server shared by the tests that need nothing special from it:
-    ``$VARSYNC_TEST_REDIS_URL``, or one started for the session."""
+def shared_redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Optional[RedisServer]]:
+    """The server started for the session's shared tests, or ``None`` when
+    ``$VARSYNC_TEST_REDIS_URL`` names an existing one (whose process is not ours)."""
     if importlib.util.find_spec("redis") is None:
         pytest.skip('redis-py is not installed (pip install "varsync[redis]")')
-    existing = os.environ.get(ENV_URL)
-    if existing:
-        yield existing
+    if os.environ.get(ENV_URL):
+        yield None
         return
     binary = find_redis_server()
     if binary is None:
         pytest.skip(f"no redis-server (set {ENV_BINARY} or {ENV_URL})")
     server = RedisServer(binary, tmp_path_factory.mktemp("redis-shared")).start()
     try:
-        yield server.url
+        yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url(shared_redis_server: Optional[RedisServer]) -> str:
+    """The URL of a server shared by the tests that need nothing special from it:
+    ``$VARSYNC_TEST_REDIS_URL``, or one started for the session."""
+    if shared_redis_server is None:
+        return os.environ[ENV_URL]
+    return shared_redis_server.url
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 import tracemalloc
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import pytest
@@ -27,12 +27,27 @@ MB = 1 << 20
 
 
 class TestRedisConformance(ConformanceTests):
+    """The suite against the session's shared server (its URL's netloc is the server's
+    own host:port, which the suite's proxy tests put a proxy in front of)."""
+
     @pytest.fixture
     def url(self, redis_namespace: Any) -> str:
         return redis_namespace()
 
+    @pytest.fixture
+    def server_pid(self, shared_redis_server: Any) -> Optional[int]:
+        return None if shared_redis_server is None else shared_redis_server.pid
 
-class TestRedisConformanceInSmallChunks(ConformanceTests):
+    @pytest.fixture
+    def leak_counts(self, redis_url: str) -> Callable[[], Dict[str, int]]:
+        def counts() -> Dict[str, int]:  # the server's clients, this one included
+            with redis.Redis.from_url(redis_url.split("?")[0]) as admin:
+                return {"server connections": admin.info("clients")["connected_clients"]}
+
+        return counts
+
+
+class TestRedisConformanceInSmallChunks(TestRedisConformance):
     """The suite again with 4 KiB chunks, so most values span many chunks and most
     chunks hold pieces of several arrays; keep=0 retires versions as soon as possible."""
 
@@ -276,7 +291,7 @@ def test_a_wrong_or_missing_password_is_an_authentication_error_at_once(
 # The command sets docs/redis.md gives for a learner (writes) and for actors (read only).
 WRITER_COMMANDS = (
     "+ping +hmget +hget +smembers +get +xread +set +setrange +strlen +rename +pexpire +unlink "
-    "+eval +evalsha +hset +exists +del +sadd +persist +xadd +xrevrange"
+    "+eval +evalsha +hset +exists +del +sadd +persist +xadd +xrevrange +info"
 )
 READER_COMMANDS = "+ping +hmget +hget +smembers +get +xread"
 
