@@ -15,8 +15,9 @@ token, appends to the stream and retires versions older than the ``keep`` previo
 From 4 MiB on, the first version retired is kept as the table's *spare*: the next push
 renames its chunks to its own token (``_CLAIM``) and overwrites them in place, which saves
 the server faulting in fresh memory for every byte (most of a large push's time). A push
-that fails anywhere (maxmemory, a lost connection) deletes its chunks and leaves the head
-on the previous complete version; a writer that dies mid-push leaves chunks that expire.
+that fails before its publish script is sent deletes its chunks and leaves the head on the
+previous complete version; once the script is sent the push never deletes anything (the
+server may have published it), and a writer that dies mid-push leaves chunks that expire.
 
 A pull reads the head (one small request; all that ``version`` and an unchanged
 ``pull_if_newer`` cost), then that token's chunks straight into preallocated arrays, each
@@ -24,8 +25,10 @@ checked (magic, token, index, length, CRC-32). A chunk gone means newer versions
 it: the pull starts again from the head. ``wait`` blocks in ``XREAD BLOCK`` on the stream.
 
 The head's ``epoch`` changes whenever the table's history restarts: the table is created
-again after the server lost it, or a writer finds the version below one it published (a
-restore of an older snapshot). A reader that holds a version of another epoch gets
+again after the server lost it, a writer finds the version below one it published (a
+restore of an older snapshot), or the server restarted since the head's version was
+published and this writer did not publish it (the head records the server's ``run_id``),
+so no number is ever reused for another value within one epoch. A reader that holds a version of another epoch gets
 :class:`~varsync.TableResetError`; a table whose keys vanished reads as empty (version 0),
 so holders of a version get the same error and ``pull`` waits for a writer to publish
 again. A writer publishing to a vanished table creates it again with its signature.
@@ -33,15 +36,31 @@ again. A writer publishing to a vanished table creates it again with its signatu
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
+import itertools
 import logging
+import math
+import os
 import secrets
 import socket
 import struct
 import threading
+import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import (
+    Any,
+    Callable,
+    Deque,
+    Dict,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+)
 from urllib.parse import quote, unquote, urlsplit
 
 import numpy as np
@@ -101,6 +120,8 @@ _WRITE_AHEAD = 8  # chunk writes in flight before their replies are read
 _RECYCLE_FROM_BYTES = _DEFAULT_CHUNK
 _DIRECT = 64 << 10  # buffers this big go to and from the socket without a copy
 _WAIT_SLICE = 1.0  # seconds per XREAD BLOCK: a vanished table is noticed this fast
+_WAIT_GRACE = 0.1  # seconds a wait's XREAD, and the look after it, may outlast its deadline
+_DISCARD_SECONDS = 1.0  # bound on deleting a failed push's chunks (they expire anyway)
 _MAX_RESTARTS = 1000
 
 _OPTIONS = (
@@ -130,8 +151,10 @@ return {0, ARGV[4], ARGV[2], ARGV[3]}
 _PUBLISH = """
 -- KEYS: head, events. ARGV: epoch the writer knows, token, layout, chunk count, keep,
 -- chunk key prefix, last version this writer published, a fresh epoch, stream length,
--- chunk header size, '1' to keep the oldest retired version as the spare.
-local h = redis.call('HMGET', KEYS[1], 'epoch', 'version', 'data', 'retained', 'layout', 'spare')
+-- chunk header size, '1' to keep the oldest retired version as the spare, the tokens
+-- of the versions this writer published or may have published (comma-separated).
+local h = redis.call('HMGET', KEYS[1], 'epoch', 'version', 'data', 'retained', 'layout', 'spare',
+                     'run')
 if not h[1] then return {-1, ''} end
 if h[1] ~= ARGV[1] then return {-2, h[1]} end
 -- digits only, below 2^53: Lua numbers are doubles, exact up to there
@@ -150,10 +173,17 @@ end
 for i = 0, chunks - 1 do redis.call('PERSIST', data .. i) end
 local epoch = h[1]
 local published = tonumber(ARGV[7])
+local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
 if version < published then
   -- the version went back (an older snapshot came back): start a new history
   epoch = ARGV[8]
   version = published
+elseif version > 0 and h[7] ~= run and h[3] and
+       not string.find(',' .. ARGV[12] .. ',', ',' .. h[3] .. ',', 1, true) then
+  -- the server restarted since this version was published, perhaps from an older
+  -- snapshot, and this writer cannot vouch for it: its number may have named another
+  -- value before the restart, so start a new history
+  epoch = ARGV[8]
 end
 version = version + 1
 local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
@@ -193,7 +223,7 @@ for index, item in ipairs(retained) do
 end
 redis.call('HSET', KEYS[1], 'epoch', epoch, 'version', string.format('%d', version),
            'data', ARGV[2], 'layout', ARGV[3], 'retained', table.concat(kept, ','),
-           'spare', spare)
+           'spare', spare, 'run', run)
 return {version, epoch}
 """
 
@@ -312,6 +342,23 @@ def _bool_option(name: str, value: Any) -> bool:
     raise ConfigurationError(f"{name}={value!r} is not a boolean; expected true or false")
 
 
+def _check_text(options: Mapping[str, Any]) -> None:
+    """Refuse text that cannot go to the server (UTF-8, host names as IDNA), such as a
+    lone surrogate from ``os.fsdecode``, before redis-py fails on it mid-call."""
+    for name, value in options.items():
+        if not isinstance(value, str):
+            continue
+        try:
+            value.encode("idna" if name == "host" else "utf-8")
+        except UnicodeError:
+            shown = "(not shown)" if name in _SECRET_OPTIONS else repr(value)
+            expected = "a host name or address" if name == "host" else "text encodable as UTF-8"
+            raise ConfigurationError(
+                f"the redis {name} {shown} is not {expected} (a lone surrogate, or a "
+                f"label over 63 characters?); give the {name} as proper text"
+            ) from None
+
+
 def _socket_timeout(name: str, value: Any) -> Optional[float]:
     """Seconds for a socket operation; at least 0.1 (0 would make the socket
     non-blocking), ``None`` for no bound."""
@@ -330,12 +377,54 @@ class _Head:
 @dataclass
 class _Known:
     """What this backend last saw of a table: the epoch it trusts, the signature text,
-    and the last version it published itself (to notice a server going back in time)."""
+    and the last version it published itself with its token, plus the token of a push
+    whose publish script was sent but not answered (to notice a server going back in
+    time, and to vouch for the head after a server restart)."""
 
     epoch: str
     signature: str
     specs: List[Spec]
     published: int = 0
+    token: str = ""
+    in_doubt: str = ""
+
+    def vouched(self) -> str:
+        return ",".join(t for t in (self.token, self.in_doubt) if t)
+
+
+class _OutOfTime(Exception):
+    """A request outlived the deadline of the call that made it (``_errors`` makes it a
+    :class:`PullTimeoutError`)."""
+
+
+class _Pool:
+    """Idle connections of one backend, taken and given back without counting: one that
+    an interrupt drops between the two is closed when it is collected and costs nothing
+    else (redis-py's pool counts its connections, and loses slots that way). A
+    connection comes back clean (every reply read) or disconnected, never dirty."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self._make = make
+        self._idle: Deque[Any] = collections.deque()
+        self._pid = os.getpid()
+
+    def take(self) -> Any:
+        if self._pid != os.getpid():  # forked: the parent's sockets are not ours
+            self._idle, self._pid = collections.deque(), os.getpid()
+        try:
+            return self._idle.pop()
+        except IndexError:
+            return self._make()
+
+    def give_back(self, conn: Any, clean: bool) -> None:
+        if not clean:
+            conn.disconnect()
+        self._idle.append(conn)
+
+    def disconnect(self) -> None:
+        with contextlib.suppress(IndexError):
+            while True:
+                self._idle.pop().disconnect()
 
 
 class RedisBackend(Backend):
@@ -406,6 +495,10 @@ class RedisBackend(Backend):
                 f"ssl_cert_reqs={ssl['ssl_cert_reqs']!r} is not one of {', '.join(_CERT_REQS)}"
             )
 
+        _check_text(
+            {"host": host, "username": username, "password": password, "prefix": prefix,
+             "namespace": namespace, **ssl}
+        )
         shown_host = f"[{host}]" if ":" in host else host
         self.address = f"{parts.scheme.lower()}://{shown_host}:{port}/{db}"
         self.prefix = prefix
@@ -414,8 +507,9 @@ class RedisBackend(Backend):
         self._tls = tls
         self._retries = retries
         self._connect_timeout = connect_timeout
-        self._pool = redis.ConnectionPool(
-            connection_class=redis.SSLConnection if tls else redis.Connection,
+        self._backoff = ExponentialBackoff(cap=0.5, base=0.05)
+        connection = redis.SSLConnection if tls else redis.Connection
+        self._pool = _Pool(lambda: connection(
             host=host,
             port=port,
             db=db,
@@ -423,17 +517,16 @@ class RedisBackend(Backend):
             password=password,
             socket_timeout=self.socket_timeout,
             socket_connect_timeout=connect_timeout,
-            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries),
+            retry=Retry(self._backoff, retries),
             protocol=2,
             **ssl,
-        )
-        self._redis = redis.Redis(connection_pool=self._pool)
+        ))
         self._known: Dict[str, _Known] = {}
         self._lock = threading.Lock()
         self.pulls_restarted = 0  # pulls that found their version retired mid-read
         try:
             with self._errors("connecting"):
-                self._redis.ping()
+                self._call("PING")
         except BaseException:
             self._pool.disconnect()
             raise
@@ -459,6 +552,11 @@ class RedisBackend(Backend):
         with translate_errors(_DRIVER_ERRORS, f"{doing} at {self.address}"):
             try:
                 yield
+            except _OutOfTime as exc:
+                raise PullTimeoutError(
+                    f"{doing} at {self.address}: {exc}; pass a longer timeout, or check "
+                    "that the server is not hung or overloaded"
+                ) from None
             except rx.RedisError as exc:
                 better = _reclassified(exc)
                 if better is None:
@@ -474,11 +572,73 @@ class RedisBackend(Backend):
         table = self.key_base + quote(name, safe="")
         return table + ":head", table + ":events", table + ":d:"
 
-    def _script(self, script: _Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    def _script(
+        self, script: _Script, keys: Sequence[str], args: Sequence[Any],
+        deadline: float = math.inf, retry: bool = True,
+    ) -> Any:
+        command = (len(keys), *keys, *args)
         try:
-            return self._redis.evalsha(script.sha, len(keys), *keys, *args)
+            return self._call("EVALSHA", script.sha, *command, deadline=deadline, retry=retry)
         except rx.NoScriptError:
-            return self._redis.eval(script.text, len(keys), *keys, *args)
+            return self._call("EVAL", script.text, *command, deadline=deadline, retry=retry)
+
+    # -- requests: every one on a connection taken and given back safely, bounded in time ------
+
+    def _call(self, *args: Any, deadline: float = math.inf, retry: bool = True) -> Any:
+        """One small command's raw reply; tried again on a lost connection up to
+        ``retries`` times (``retry=False``: never, for a command that must run once)."""
+
+        def command(conn: Any) -> Any:
+            conn.send_command(*args, check_health=False)
+            return conn.read_response()
+
+        for failures in itertools.count(1):
+            try:
+                return self._on_connection(deadline, command)
+            except (rx.ConnectionError, rx.TimeoutError) as exc:
+                if not retry or failures > self._retries or isinstance(
+                    exc, rx.AuthenticationError
+                ):
+                    raise
+                pause = self._backoff.compute(failures)
+                if remaining(deadline) <= pause:
+                    raise
+                time.sleep(pause)  # backoff before reconnecting
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _on_connection(self, deadline: float, use: Callable[[Any], Any]) -> Any:
+        """``use(connection)`` on a pooled, connected connection whose every socket
+        operation is bounded by ``socket_timeout`` and by what is left until ``deadline``
+        (past it: :class:`_OutOfTime`). The connection goes back clean, or disconnected
+        if ``use`` did not finish: its replies may be half read."""
+        conn = None
+        clean = False
+        try:
+            conn = self._pool.take()
+            if conn._sock is not None and _closed_or_dirty(conn):
+                conn.disconnect()  # the server closed it (restarted?) while it was idle
+            left = remaining(deadline)
+            if left <= 0:
+                raise _OutOfTime("the call's timeout ran out")
+            bound = _least(self.socket_timeout, None if math.isinf(left) else left)
+            conn.socket_timeout = bound
+            conn.socket_connect_timeout = _least(self._connect_timeout, bound)
+            if conn._sock is not None:  # redis-py keeps the connected socket here
+                conn._sock.settimeout(bound)
+            conn.connect()
+            result = use(conn)
+            clean = True
+            return result
+        except rx.ResponseError:
+            clean = True  # an error reply, read whole
+            raise
+        except rx.TimeoutError:
+            if remaining(deadline) <= 0.01:  # the deadline's bound, not socket_timeout
+                raise _OutOfTime("the server did not answer within the call's timeout") from None
+            raise
+        finally:
+            if conn is not None:
+                self._pool.give_back(conn, clean)
 
     # -- tables ----------------------------------------------------------------------------------
 
@@ -504,9 +664,13 @@ class RedisBackend(Backend):
         return self._remember(name, epoch, stored)
 
     def signature(self, name: str) -> Optional[str]:
-        head, _, _ = self._keys(name)
         with self._errors(f"reading table {name!r}"):
-            fmt, stored, epoch = (_text(x) for x in self._redis.hmget(head, "fmt", "sig", "epoch"))
+            return self._signature(name)
+
+    def _signature(self, name: str, deadline: float = math.inf) -> Optional[str]:
+        head, _, _ = self._keys(name)
+        raw = self._call("HMGET", head, "fmt", "sig", "epoch", deadline=deadline)
+        fmt, stored, epoch = (_text(x) for x in raw)
         if fmt is None and stored is None and epoch is None:
             return None
         if stored is None or not _is_epoch(epoch):
@@ -519,14 +683,14 @@ class RedisBackend(Backend):
 
     def tables(self) -> List[str]:
         with self._errors("listing tables"):
-            names = self._redis.smembers(self.key_base + "tables")
+            names = self._call("SMEMBERS", self.key_base + "tables")
         return sorted(_text(n) for n in names)
 
     def details(self, name: str) -> Dict[str, Any]:
         head_key, _, _ = self._keys(name)
         with self._errors(f"reading table {name!r}"):
-            raw = self._redis.hmget(
-                head_key, "epoch", "version", "data", "layout", "retained", "spare"
+            raw = self._call(
+                "HMGET", head_key, "epoch", "version", "data", "layout", "retained", "spare"
             )
         epoch, _, data, layout, retained, spare = (_text(x) for x in raw)
         total, payload, chunks = self._layout(name, layout) if layout else (0, 0, 0)
@@ -559,22 +723,24 @@ class RedisBackend(Backend):
             self._known[name] = known
             return known
 
-    def _known_table(self, name: str) -> _Known:
+    def _known_table(self, name: str, deadline: float = math.inf) -> _Known:
         known = self._known.get(name)
         if known is None:
-            if self.signature(name) is None:
+            if self._signature(name, deadline) is None:
                 raise TableNotFoundError(f"no table {name!r} at {self.address}")
             known = self._known[name]
         return known
 
-    def _trusted(self, name: str, head: _Head, newer_than: int) -> _Known:
+    def _trusted(
+        self, name: str, head: _Head, newer_than: int, deadline: float = math.inf
+    ) -> _Known:
         """The table as this backend knows it, after checking the head's epoch.
 
         Another epoch means the table's history restarted. A caller holding a version
         (``newer_than > 0``) gets :class:`TableResetError`; one asking for anything
         (``newer_than == 0``) resynchronises to the new epoch.
         """
-        known = self._known_table(name)
+        known = self._known_table(name, deadline)
         if head.epoch == known.epoch:
             return known
         if newer_than > 0:
@@ -584,12 +750,14 @@ class RedisBackend(Backend):
                 "server lost its data or went back to an older snapshot. Your version means "
                 "nothing now; pull() to resynchronise."
             )
-        return self._adopt_epoch(name, head.epoch, known)
+        return self._adopt_epoch(name, head.epoch, known, deadline)
 
-    def _adopt_epoch(self, name: str, epoch: str, known: _Known) -> _Known:
+    def _adopt_epoch(
+        self, name: str, epoch: str, known: _Known, deadline: float = math.inf
+    ) -> _Known:
         """Remember the table's new epoch, if it was created again with our signature."""
         head_key, _, _ = self._keys(name)
-        stored = _text(self._redis.hget(head_key, "sig"))
+        stored = _text(self._call("HGET", head_key, "sig", deadline=deadline))
         self._check_same_signature(name, stored, known)
         return self._remember(name, epoch, stored)
 
@@ -597,15 +765,18 @@ class RedisBackend(Backend):
         if stored != known.signature:
             raise TableResetError(
                 f"table {name!r} at {self.address} was created again with another "
-                "signature; connect again to use it"
+                "signature than the one this container read: its data is in a layout this "
+                "container cannot decode. Connect again (varsync.connect) to use the new "
+                "signature, or create the table again with this one."
             )
 
     # -- data ------------------------------------------------------------------------------------
 
-    def _head(self, name: str, *fields: str) -> Optional[_Head]:
+    def _head(self, name: str, *fields: str, deadline: float = math.inf) -> Optional[_Head]:
         """The table's head (one small request), or ``None`` if its keys vanished."""
         head_key, _, _ = self._keys(name)
-        raw = [_text(x) for x in self._redis.hmget(head_key, "fmt", "epoch", "version", *fields)]
+        raw = self._call("HMGET", head_key, "fmt", "epoch", "version", *fields, deadline=deadline)
+        raw = [_text(x) for x in raw]
         fmt, epoch, version = raw[:3]
         extra = dict(zip(fields, raw[3:]))
         if fmt is None and epoch is None and version is None:
@@ -639,52 +810,82 @@ class RedisBackend(Backend):
         return 0 if head is None else head.version
 
     def write(self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]) -> int:
-        head_key, events, data = self._keys(name)
+        head_key, _, data = self._keys(name)
         token = secrets.token_bytes(8)
         total = sum(a.nbytes for a in arrays)
         payload = self.chunk_size - _CHUNK_SLACK
         chunks = -(-total // payload)
         layout = f"{total}:{payload}:{chunks}"
         recycle = total >= _RECYCLE_FROM_BYTES
+        chunk_prefix = data + token.hex() + ":"
         with self._errors(f"pushing {total} bytes to table {name!r}"):
             known = self._known_table(name)
-            written = [0]  # chunk keys this push may have created, for the cleanup
+            # Keys under this fresh token are this push's alone, until the publish script
+            # is sent: from then on the server may have published them, so never delete.
+            ours = True
             try:
                 recycled = recycle and chunks == int(self._script(
                     _CLAIM_SCRIPT,
                     [head_key],
                     [known.epoch, layout, data, token.hex(), _PENDING_TTL_MS],
                 ))
-                if recycled:
-                    written[0] = chunks
-                self._send_chunks(
-                    data + token.hex() + ":", token, arrays, payload, written, recycled
-                )
+                self._send_chunks(chunk_prefix, token, arrays, payload, recycled)
                 for _ in range(3):
-                    reply = self._script(
-                        _PUBLISH_SCRIPT,
-                        [head_key, events],
-                        [known.epoch, token.hex(), layout, chunks, self.keep, data,
-                         known.published, secrets.token_hex(8), _STREAM_LENGTH,
-                         _HEADER.size, "1" if recycle else "0"],
-                    )
+                    ours = False
+                    known.in_doubt = token.hex()
+                    reply = self._publish(name, known, token.hex(), layout, chunks, recycle)
                     code, value = int(reply[0]), _text(reply[1])
                     if code > 0:
-                        with self._lock:
-                            if value != known.epoch:
-                                known = _Known(value, known.signature, known.specs)
-                                self._known[name] = known
-                            known.published = code
-                        written[0] = 0  # published: the chunks belong to the table now
-                        return code
+                        return self._published(name, known, code, value, token.hex())
+                    ours = True  # refused before it touched anything: nothing published
                     known = self._republish_target(name, code, value, known)
                 raise BackendConnectionError(
                     f"table {name!r} at {self.address} kept changing under this push; "
                     "nothing was published"
                 )
+            except (rx.ConnectionError, rx.TimeoutError) as exc:
+                if ours or isinstance(exc, rx.AuthenticationError):
+                    raise
+                raise BackendConnectionError(
+                    f"pushing {total} bytes to table {name!r} at {self.address}: "
+                    f"{type(exc).__name__}: {exc}. The publish script was sent but its answer "
+                    "was lost: the server may have published this push. Pull to see; a push "
+                    "again publishes the value again under the next version."
+                ) from exc
             finally:
-                if written[0]:
-                    self._discard(data + token.hex() + ":", written[0])
+                if ours:
+                    self._discard(chunk_prefix, chunks)
+
+    def _publish(
+        self, name: str, known: _Known, token: str, layout: str, chunks: int, recycle: bool
+    ) -> Any:
+        """Run the publish script once (never retried: a second run after a lost answer
+        would publish the same token twice)."""
+        head_key, events, data = self._keys(name)
+        return self._script(
+            _PUBLISH_SCRIPT,
+            [head_key, events],
+            [known.epoch, token, layout, chunks, self.keep, data, known.published,
+             secrets.token_hex(8), _STREAM_LENGTH, _HEADER.size, "1" if recycle else "0",
+             known.vouched()],
+            retry=False,
+        )
+
+    def _published(self, name: str, known: _Known, version: int, epoch: str, token: str) -> int:
+        """Remember what this push published; return its version."""
+        with self._lock:
+            if epoch != known.epoch:
+                log.warning(
+                    "table %r at %s: version %d starts a new history (epoch %s -> %s): the "
+                    "server restarted or went back to an older state since the version "
+                    "before was published; readers holding a version get TableResetError "
+                    "and resynchronise with pull()", name, self.address, version,
+                    known.epoch, epoch,
+                )
+                known = _Known(epoch, known.signature, known.specs)
+                self._known[name] = known
+            known.published, known.token, known.in_doubt = version, token, ""
+        return version
 
     def _republish_target(
         self, name: str, code: int, value: Optional[str], known: _Known
@@ -717,31 +918,28 @@ class RedisBackend(Backend):
         token: bytes,
         arrays: Sequence[np.ndarray],
         payload: int,
-        sent: List[int],
         recycled: bool = False,
     ) -> None:
         """Write every chunk (pipelined, straight from the arrays' memory) and check every
-        reply, counting in ``sent[0]`` the chunk keys that may exist. Raises the first
-        error, after reading every reply so the connection stays usable.
+        reply. Raises the first error, after reading every reply so the connection stays
+        usable.
 
         ``recycled``: the chunk keys exist already, each exactly as long as the chunk
         written to it (the spare version's, see ``_CLAIM``), and are overwritten in place
         (SETRANGE) rather than created (SET): Redis then reuses memory it has, where a
         new value is fresh memory that the server faults in page by page, measured as
         most of a large push's time."""
-        conn = self._pool.get_connection()
-        wire = _Wire(conn, deadline_after(None))
         ttl = str(_PENDING_TTL_MS).encode()
         reply = b":" if recycled else b"+"  # SETRANGE answers the length, SET +OK
-        pending = 0
-        error: Optional[BaseException] = None
-        ok = False
-        try:
+
+        def send(conn: Any) -> Optional[BaseException]:
+            wire = _Wire(conn, math.inf)
+            pending = 0
+            error: Optional[BaseException] = None
             for index, parts in enumerate(_chunk_parts(_byte_views(arrays), payload)):
                 nbytes = sum(len(p) for p in parts)
                 crc = _crc32(parts)
                 key = f"{chunk_prefix}{index}".encode()
-                sent[0] = max(sent[0], index + 1)
                 if recycled:
                     wire.put(
                         b"*4\r\n$8\r\nSETRANGE\r\n$%d\r\n%b\r\n$1\r\n0\r\n$%d\r\n"
@@ -771,33 +969,35 @@ class RedisBackend(Backend):
                 answer = wire.status(reply)
                 error = error or answer
                 pending -= 1
-            ok = True
-        finally:
-            _give_back(self._pool, conn, wire, clean=ok)
+            return error
+
+        error = self._on_connection(math.inf, send)
         if error is not None:
             raise error
 
     def _discard(self, chunk_prefix: str, count: int) -> None:
-        """Best-effort deletion of the chunks of a push that was not published (they
-        expire anyway)."""
+        """Best-effort deletion, bounded in time, of the chunks of a push that was not
+        published (they expire anyway)."""
+        deadline = deadline_after(_DISCARD_SECONDS)
         try:
             for start in range(0, count, 512):
                 keys = [f"{chunk_prefix}{i}" for i in range(start, min(count, start + 512))]
-                self._redis.unlink(*keys)
-        except rx.RedisError as exc:
+                self._call("UNLINK", *keys, deadline=deadline, retry=False)
+        except (rx.RedisError, _OutOfTime) as exc:
             log.warning("could not delete the chunks of a failed push (%s); they expire "
                         "within %d s", exc, _PENDING_TTL_MS // 1000)
 
     def read(self, name: str, newer_than: int, timeout: Optional[float]) -> Snapshot:
-        deadline = deadline_after(timeout)
+        # 0 does not wait for a push (the core never asks read to); it bounds nothing else
+        deadline = deadline_after(self.timeout if timeout == 0 else timeout)
         _, _, data = self._keys(name)
         with self._errors(f"pulling table {name!r}"):
             gone: Optional[str] = None
             for _ in range(_MAX_RESTARTS):
-                head = self._head(name, "data", "layout")
+                head = self._head(name, "data", "layout", deadline=deadline)
                 if head is None:
                     return 0, None  # vanished: reads as empty; holders get TableResetError
-                known = self._trusted(name, head, newer_than)
+                known = self._trusted(name, head, newer_than, deadline)
                 if head.version <= newer_than:
                     return head.version, None
                 if head.data is None or head.data == gone:
@@ -852,17 +1052,16 @@ class RedisBackend(Backend):
                 "under this prefix?"
             ) from None
         arrays = [np.empty(s.shape, s.dtype) for s in known.specs]
-        conn = self._pool.get_connection()
-        wire = _Wire(conn, deadline)
-        complete = False
-        try:
+
+        def receive(conn: Any) -> Optional[List[np.ndarray]]:
+            wire = _Wire(conn, deadline)
             requested = 0
             for _ in range(min(_READ_AHEAD, chunks)):
                 wire.request_get(f"{chunk_prefix}{requested}".encode())
                 requested += 1
             wire.flush()
             for index, parts in enumerate(_chunk_parts(_byte_views(arrays), chunk)):
-                wire.arm(f"pulling table {name!r} at {self.address}")
+                wire.arm()
                 length = wire.bulk_length()
                 if length is None:
                     return None
@@ -889,25 +1088,26 @@ class RedisBackend(Backend):
                     raise CorruptDataError(
                         f"{where} fails its checksum: the stored bytes were changed"
                     )
-            complete = True
             return arrays
-        finally:
-            _give_back(self._pool, conn, wire, clean=complete)
+
+        return self._on_connection(deadline, receive)  # type: ignore[no-any-return]
 
     def wait(self, name: str, newer_than: int, timeout: Optional[float]) -> int:
         deadline = deadline_after(timeout)
+        # timeout=0: one look, bounded by the container's timeout, and no XREAD at all
+        looks = deadline_after(self.timeout) if timeout == 0 else deadline + _WAIT_GRACE
         _, events, _ = self._keys(name)
         block = _WAIT_SLICE
         if self.socket_timeout is not None:  # an XREAD must end before its socket times out
             block = min(block, self.socket_timeout / 2)
         with self._errors(f"waiting on table {name!r}"):
             while True:
-                head = self._head(name)
+                head = self._head(name, deadline=looks)
                 if head is None:
                     if newer_than > 0:
                         return 0  # vanished: the core reports the reset
                 else:
-                    self._trusted(name, head, newer_than)
+                    self._trusted(name, head, newer_than, looks)
                     if head.version != newer_than:
                         return head.version
                 left = remaining(deadline)
@@ -918,7 +1118,10 @@ class RedisBackend(Backend):
                         f"{newer_than}) for {timeout} s"
                     )
                 milliseconds = max(1, int(min(left, block) * 1000))
-                self._redis.xread({events: f"{newer_than}-1"}, count=1, block=milliseconds)
+                self._call(
+                    "XREAD", "COUNT", 1, "BLOCK", milliseconds, "STREAMS", events,
+                    f"{newer_than}-1", deadline=deadline + _WAIT_GRACE,
+                )
 
     def close(self) -> None:
         self._pool.disconnect()
@@ -985,13 +1188,19 @@ def _chunk_parts(views: Sequence[memoryview], chunk: int) -> Iterator[List[memor
         yield parts
 
 
-def _give_back(pool: redis.ConnectionPool, conn: Any, wire: "_Wire", *, clean: bool) -> None:
-    """Return a connection used for raw transfers; one left mid-reply is closed first."""
-    if clean:
-        wire.sock.settimeout(wire.base_timeout)
-    else:
-        conn.disconnect()
-    pool.release(conn)
+def _closed_or_dirty(conn: Any) -> bool:
+    """Whether an idle connection has something to read: the server closed it, or sent
+    what nobody asked for. Either way it cannot carry a request."""
+    try:
+        return bool(conn.can_read(timeout=0))
+    except (rx.ConnectionError, rx.TimeoutError, OSError):
+        return True
+
+
+def _least(*seconds: Optional[float]) -> Optional[float]:
+    """The smallest of these bounds, ``None`` (no bound) being the largest."""
+    bounds = [s for s in seconds if s is not None]
+    return min(bounds) if bounds else None
 
 
 class _Wire:
@@ -1036,13 +1245,13 @@ class _Wire:
 
     # -- receiving
 
-    def arm(self, doing: str) -> None:
+    def arm(self) -> None:
         """Bound the next reply by the transfer's deadline."""
         if self.deadline == float("inf"):
             return
         left = remaining(self.deadline)
         if left <= 0:
-            raise PullTimeoutError(f"{doing}: the transfer took longer than its timeout")
+            raise _OutOfTime("the transfer took longer than its timeout")
         self.sock.settimeout(left if self.base_timeout is None else min(left, self.base_timeout))
 
     def _recv_into(self, target: memoryview) -> int:
@@ -1050,7 +1259,7 @@ class _Wire:
             got = self.sock.recv_into(target)
         except socket.timeout:
             if self.deadline != float("inf") and remaining(self.deadline) <= 0.01:
-                raise PullTimeoutError("the transfer took longer than its timeout") from None
+                raise _OutOfTime("the transfer took longer than its timeout") from None
             raise rx.TimeoutError("timed out reading from the server") from None
         if got == 0:
             raise rx.ConnectionError("the server closed the connection")
