@@ -168,10 +168,12 @@ def test_pull_raises_key_error_on_unknown_table(address):
         compat.ReverbVariableContainer(address).pull("unknown_table")
 
 
-def test_pull_of_an_empty_table_raises_timeout_instead_of_hanging(address):
-    container = compat.ReverbVariableContainer(address, timeout=0.5)
-    with pytest.raises(TimeoutError):
+def test_pull_and_update_of_an_empty_table_raise_timeout_after_wait_for_push(address):
+    container = compat.ReverbVariableContainer(address, wait_for_push=0.5)
+    with pytest.raises(TimeoutError, match="wait_for_push"):
         container.pull()
+    with pytest.raises(TimeoutError, match="still empty"):
+        container.update(zero_variables())
 
 
 STRATEGIES = {
@@ -256,3 +258,131 @@ def test_pulled_tensors_are_independent_of_each_other_and_of_later_pushes():
         assert float(tf.reduce_sum(first + second)) == 3.0 * 300 * 400
     finally:
         server.stop()
+
+
+# -- waits that distributed programs started in any order rely on ---------------------
+
+VARIABLES = {"train_step": tf.TensorSpec((), tf.int64)}
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _wait_until(condition, timeout=60.0, what="condition"):
+    """Poll ``condition`` until true; fail after ``timeout`` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def _logged(caplog, text):
+    return lambda: any(text in record.getMessage() for record in caplog.records)
+
+
+class _Call:
+    """``fn()`` on a thread: its result or error once joined."""
+
+    def __init__(self, fn):
+        import threading
+
+        self.result = self.error = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn):
+        try:
+            self.result = fn()
+        except BaseException as exc:  # handed to the test
+            self.error = exc
+
+    def join(self, timeout=60.0):
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the call did not return"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def test_constructor_waits_for_a_server_that_starts_later_logging_its_address(
+    caplog, reverb_servers
+):
+    caplog.set_level("WARNING")
+    port = _free_port()
+    call = _Call(lambda: compat.ReverbVariableContainer(f"localhost:{port}"))
+    _wait_until(_logged(caplog, f"waiting for the Reverb server at localhost:{port}"),
+                what="the waiting log line")
+    reverb_servers({"variables": VARIABLES}, port=port)
+    container = call.join()
+    container.push({"train_step": tf.constant(3, tf.int64)})
+    assert int(container.pull()["train_step"]) == 3
+
+
+def test_constructor_with_a_wait_bound_raises_connection_error_naming_the_address():
+    port = _free_port()
+    with pytest.raises(ConnectionError, match=rf"localhost:{port}.*wait_for_server=0\.3"):
+        compat.ReverbVariableContainer(f"localhost:{port}", wait_for_server=0.3)
+    with pytest.raises(ConnectionError, match="wait_for_server=<seconds>"):
+        compat.ReverbVariableContainer(f"localhost:{port}", wait_for_server=0)
+
+
+def test_pull_and_update_of_an_empty_table_wait_for_the_first_push(caplog, address):
+    caplog.set_level("WARNING")
+    reader = compat.ReverbVariableContainer(address)
+    pulled = _Call(lambda: reader.pull())
+    _wait_until(_logged(caplog, "waiting for a push to the empty table 'variables'"),
+                what="the waiting log line")
+    variables = zero_variables()
+    updated = _Call(lambda: compat.ReverbVariableContainer(address).update(variables))
+    compat.ReverbVariableContainer(address).push(nested_variables())
+    assert int(pulled.join()[0]) == 0
+    updated.join()
+    assert_updated(variables)
+
+
+def test_a_reader_whose_server_restarts_waits_for_it_and_then_for_a_push(
+    caplog, reverb_child_server
+):
+    caplog.set_level("WARNING")
+    server = reverb_child_server({"variables": VARIABLES})
+    address = f"localhost:{server.port}"
+    reader = compat.ReverbVariableContainer(address, timeout=2)
+    compat.ReverbVariableContainer(address).push({"train_step": tf.constant(1, tf.int64)})
+    assert int(reader.pull()["train_step"]) == 1
+    server.stop()
+    pulled = _Call(lambda: reader.pull())
+    _wait_until(_logged(caplog, f"waiting for the Reverb server at {address}"),
+                what="the reader waiting for its server")
+    reverb_child_server({"variables": VARIABLES}, port=server.port)
+    _wait_until(_logged(caplog, "waiting for a push to the empty table"),
+                what="the reader waiting for a push")
+    compat.ReverbVariableContainer(address).push({"train_step": tf.constant(7, tf.int64)})
+    assert int(pulled.join()["train_step"]) == 7
+
+
+def test_push_raises_connection_error_while_the_server_is_down_and_works_after_restart(
+    reverb_child_server,
+):
+    server = reverb_child_server({"variables": VARIABLES})
+    # A request to a stopped server fails after the timeout (TF-Agents': at once).
+    writer = compat.ReverbVariableContainer(f"localhost:{server.port}", timeout=2)
+    writer.push({"train_step": tf.constant(1, tf.int64)})
+    server.stop()
+    with pytest.raises(ConnectionError):
+        writer.push({"train_step": tf.constant(2, tf.int64)})
+    reverb_child_server({"variables": VARIABLES}, port=server.port)
+    writer.push({"train_step": tf.constant(3, tf.int64)})
+    assert int(writer.pull()["train_step"]) == 3
+
+
+@pytest.mark.parametrize("value", ["soon", -1, "nan"])
+def test_a_wait_that_is_not_seconds_or_a_boolean_is_a_configuration_error(address, value):
+    with pytest.raises(varsync.ConfigurationError, match="wait_for_push"):
+        compat.ReverbVariableContainer(address, wait_for_push=value)

@@ -50,13 +50,15 @@ def parse_wait_for_server(value: Any, name: str = "wait_for_server") -> Optional
     except ConfigurationError:
         raise ConfigurationError(
             f"{name}={value!r} is not a wait: expected seconds (e.g. {name}=60), true or "
-            f"forever to wait as long as it takes, or false (the default) to fail at once"
+            f"forever to wait as long as it takes, or false to fail at once"
         ) from None
 
 
 def describe_wait(bound: Optional[float]) -> str:
     """``bound`` in words, for messages."""
-    return "no bound" if bound is None else f"up to {bound:g} s"
+    if bound is None:
+        return "no bound"
+    return f"up to {bound:g} s" if bound else "no wait"
 
 
 def retry_until_up(attempt: Callable[[float], T], *, address: str, bound: Optional[float],

@@ -5,24 +5,39 @@
     from varsync.compat.tf_agents import ReverbVariableContainer, TRAIN_STEP_KEY, POLICY_KEY
 
 Same constructor, methods, return types and exceptions as TF-Agents 0.19's class, over
-varsync's Reverb backend (so pushes are faster, and tables stay interchangeable). Two
-differences, both deliberate: a pull of an empty table, or a call to a server that does
-not answer, raises after ``timeout`` seconds (default 30; ``None`` waits forever, as
-TF-Agents did) instead of hanging; and a server address that nothing listens on fails at
-construction. ``container`` gives the full varsync API (versions, ``pull_if_newer``,
-``wait_for``) on the same connection.
+varsync's Reverb backend (tables stay interchangeable), and the same waits that
+distributed programs started in any order rely on: the constructor waits for the server
+to come up, and ``pull``/``update`` of an empty table wait for a push, both without bound
+by default (``wait_for_server=``, ``wait_for_push=``: seconds, then ``ConnectionError`` /
+``TimeoutError``), logging every few seconds what they wait for. A reader whose server
+goes away waits for it to come back as TF-Agents' does. Every single request to the
+server is bounded by ``timeout`` (default 30 s), where TF-Agents' can hang on a server
+that accepts but never answers. ``container`` gives the full varsync API (versions,
+``pull_if_newer``, ``wait_for``). docs/migrating-from-tf-agents.md lists every difference.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+import contextlib
+import logging
+import math
+import threading
+import time
+from typing import Any, Callable, Iterable, Optional, TypeVar
 
 import numpy as np
 import tensorflow as tf
 
 import varsync
+from varsync.backends.base import deadline_after, remaining
 from varsync.config import DEFAULT_TIMEOUT
-from varsync.errors import SignatureMismatchError
+from varsync.errors import (
+    BackendConnectionError,
+    ConcurrentPushError,
+    PullTimeoutError,
+    SignatureMismatchError,
+)
+from varsync.server_wait import LOG_EVERY, describe_wait, parse_wait_for_server
 
 __all__ = ["ReverbVariableContainer", "DEFAULT_TABLE", "TRAIN_STEP_KEY", "POLICY_KEY"]
 
@@ -30,13 +45,25 @@ DEFAULT_TABLE = "variables"
 TRAIN_STEP_KEY = "train_step"
 POLICY_KEY = "policy_variables"
 
+log = logging.getLogger(__name__)
+
+#: Connection failures in a row, each after the server answered again, before a pull or
+#: update gives up (a server that answers but fails every request is not "restarting").
+_RECONNECTS = 3
+
+T = TypeVar("T")
+
 
 class ReverbVariableContainer:
     """Pushes and pulls nests of variables through tables of a Reverb server.
 
     Raises at construction, as TF-Agents does: ``KeyError`` if a listed table does not
     exist, ``TypeError`` if it has no signature, ``ValueError`` if its ``max_size`` is
-    not 1 (varsync's errors subclass these).
+    not 1 (varsync's errors subclass these). ``wait_for_server``: seconds to wait for a
+    server that does not answer (at construction, and for a reader whose server went
+    away); ``None`` (default) waits as long as it takes, ``0`` fails at once.
+    ``wait_for_push``: seconds ``pull``/``update`` wait on an empty table; ``None``
+    (default) as long as it takes. ``timeout`` bounds each request to the server.
     """
 
     def __init__(
@@ -45,9 +72,17 @@ class ReverbVariableContainer:
         table_names: Iterable[str] = (DEFAULT_TABLE,),
         *,
         timeout: Optional[float] = DEFAULT_TIMEOUT,
+        wait_for_server: Any = None,
+        wait_for_push: Any = None,
     ) -> None:
-        url = server_address if "://" in server_address else f"reverb://{server_address}"
-        self.container = varsync.connect(url, timeout=timeout)
+        self._url = server_address if "://" in server_address else f"reverb://{server_address}"
+        self._address = self._url.split("://", 1)[1]
+        self._timeout = timeout
+        self._wait_for_server = parse_wait_for_server(wait_for_server)
+        self._wait_for_push = parse_wait_for_server(wait_for_push, "wait_for_push")
+        self._reconnect_lock = threading.Lock()
+        #: The full varsync API on this connection (a new one after a reconnect).
+        self.container = self._connect(self._wait_for_server)
         self._signatures = {}
         try:
             for table in table_names:
@@ -61,27 +96,43 @@ class ReverbVariableContainer:
 
         ``KeyError`` for a table not given at construction;
         ``tf.errors.InvalidArgumentError`` when the nest's structure (sequence types
-        aside) or dtypes differ from the table's signature.
+        aside) or dtypes differ from the table's signature; ``ConnectionError`` while the
+        server is down (a push after it restarted goes through, as with TF-Agents').
         """
         self._check_table(table)
         try:
-            self.container.push(values, table)
+            try:
+                self.container.push(values, table)
+            except BackendConnectionError as exc:
+                # Maybe restarted: one retry on a new connection if it answers now (a
+                # push that landed twice only repeats the latest value); if it does not,
+                # this error, as TF-Agents' push raises at once while the server is down.
+                try:
+                    self._reconnect(bound=0)
+                except BackendConnectionError:
+                    raise exc from None
+                self.container.push(values, table)
         except SignatureMismatchError as exc:
             raise tf.errors.InvalidArgumentError(None, None, str(exc)) from exc
+        except ConcurrentPushError:
+            pass  # published; only its version is unknown, and push returns none
 
     def pull(self, table: str = DEFAULT_TABLE) -> Any:
-        """Pulls ``table``'s value as a nest of tensors shaped like its signature."""
+        """Pulls ``table``'s value as a nest of tensors shaped like its signature,
+        waiting for a push while the table is empty (see ``wait_for_push``)."""
         self._check_table(table)
-        return tf.nest.map_structure(_to_tensor, self.container.pull(table))
+        values = self._when_filled(table, lambda: self.container.pull(table, timeout=0))
+        return tf.nest.map_structure(_to_tensor, values)
 
     def update(self, variables: Any, table: str = DEFAULT_TABLE) -> None:
-        """Pulls ``table`` and assigns the values into ``variables`` (``tf.Variable``s).
+        """Pulls ``table`` and assigns the values into ``variables`` (``tf.Variable``s),
+        waiting for a push while the table is empty (see ``wait_for_push``).
 
         ``KeyError`` for an unknown table; ``ValueError`` when the variables' structure
         or dtypes do not match.
         """
         self._check_table(table)
-        self.container.update(variables, table)
+        self._when_filled(table, lambda: self.container.update(variables, table, timeout=0))
 
     def _check_table(self, table: str) -> None:
         if table not in self._signatures:
@@ -89,6 +140,60 @@ class ReverbVariableContainer:
                 f"Could not find the table {table}. Available tables: "
                 f"{list(self._signatures)}"
             )
+
+    # -- waits ---------------------------------------------------------------------
+
+    def _connect(self, bound: Optional[float]) -> varsync.VariableContainer:
+        return varsync.connect(self._url, timeout=self._timeout, wait_for_server=bound)
+
+    def _reconnect(self, bound: Optional[float]) -> None:
+        """Replace the connection by a new one, waiting up to ``bound`` for the server:
+        a client whose server went away would retry only after gRPC's backoff."""
+        with self._reconnect_lock:
+            old = self.container
+            log.warning("lost the Reverb server at %s; connecting again (%s)",
+                        self._address, describe_wait(bound))
+            self.container = self._connect(bound)
+        old.close()
+
+    def _when_filled(self, table: str, read: Callable[[], T]) -> T:
+        """``read()`` (a pull that does not wait for pushes) once the table holds a value:
+        waits up to ``wait_for_push`` while it is empty, and for the server (up to
+        ``wait_for_server``) while it does not answer, as TF-Agents' pull blocks."""
+        deadline = deadline_after(self._wait_for_push)
+        started = time.monotonic()
+        logged_at = -math.inf
+        reconnects = 0
+        while True:
+            try:
+                try:
+                    return read()
+                except PullTimeoutError:
+                    if self.container.version(table) != 0:
+                        raise  # the table holds a value: a slow transfer, not a wait
+                left = remaining(deadline)
+                if left <= 0:
+                    raise PullTimeoutError(
+                        f"Reverb table {table!r} at {self._address} is still empty after "
+                        f"{self._wait_for_push:g} s (wait_for_push={self._wait_for_push:g}); "
+                        "is the learner pushing? Wait longer with a larger wait_for_push, "
+                        "or None for no bound."
+                    ) from None
+                now = time.monotonic()
+                if now - logged_at >= LOG_EVERY:
+                    log.warning(
+                        "waiting for a push to the empty table %r at %s (%.0f s so far, %s)",
+                        table, self._address, now - started, describe_wait(self._wait_for_push),
+                    )
+                    logged_at = now
+                with contextlib.suppress(PullTimeoutError):
+                    self.container.wait_for(0, table, timeout=min(left, LOG_EVERY))
+                reconnects = 0
+            except BackendConnectionError:
+                reconnects += 1
+                if reconnects > _RECONNECTS:
+                    raise
+                self._reconnect(self._wait_for_server)
 
 
 #: Below this size a copy costs less than the checks that avoid it.
