@@ -26,6 +26,8 @@ def values(number: int) -> dict:
 class TestReverbConformance(ConformanceTests):
     """Reverb tables are fixed at server start: each test gets a server with its tables."""
 
+    LOST_REPLY_CALLS = 25  # gRPC backs off a second or more after each lost connection
+
     @pytest.fixture
     def connect_options(self):
         return {"timeout": 20}

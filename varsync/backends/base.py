@@ -125,7 +125,8 @@ class Backend(abc.ABC):
         deadline = deadline_after(timeout)
         interval = 0.001
         while True:
-            current = self.version(name)
+            left = remaining(deadline)
+            current = self.version_within(name, None if math.isinf(left) else max(left, 0.001))
             if current != newer_than:
                 return current
             left = remaining(deadline)
@@ -136,6 +137,13 @@ class Backend(abc.ABC):
                 )
             time.sleep(min(interval, left))
             interval = min(interval * 2, 0.05)
+
+    def version_within(self, name: str, timeout: Optional[float]) -> int:
+        """:meth:`version`, its request bounded by ``timeout`` seconds (``None``: the
+        backend's own ``timeout``); the default :meth:`wait` polls through it, so that a
+        hung server cannot hold a wait past its bound. Optional: this default calls
+        :meth:`version`, bounded by the backend's timeout only."""
+        return self.version(name)
 
     def close(self) -> None:
         """Release connections. The container calls it once."""

@@ -54,9 +54,10 @@ except ImportError as exc:  # pragma: no cover - exercised where the extra is mi
 
 from varsync import signature as sig
 from varsync.adapters.tensorflow import numpy_view
-from varsync.backends.base import Backend, Snapshot
+from varsync.backends.base import Backend, Snapshot, deadline_after, remaining
 from varsync.errors import (
     BackendConnectionError,
+    ConcurrentPushError,
     ConfigurationError,
     MissingSignatureError,
     PullTimeoutError,
@@ -79,6 +80,8 @@ MAX_PUSH_BYTES = 2**31 - 64 * 2**20
 _RESTART_SLACK = 0.01
 #: The backend's own options (besides timeout and namespace); see docs/reverb.md.
 _OPTIONS = ("wait_for_server",)
+#: Samples a pull takes at most while pushes keep landing between count and sample.
+_SAMPLE_ATTEMPTS = 3
 
 HOW_TO_CONFIGURE = (
     "varsync.reverb.serve({name: signature}) builds such a server; by hand: "
@@ -121,6 +124,7 @@ class ReverbBackend(Backend):
 
     supports_create_table = False
     shared_across_processes = True
+    supports_concurrent_writers = False  # see _own_version
     max_push_bytes = MAX_PUSH_BYTES
 
     def __init__(self, url: str, *, timeout: Optional[float], namespace: str, **options: Any):
@@ -198,8 +202,21 @@ class ReverbBackend(Backend):
         """
         limit = self.timeout if timeout is None else timeout
         seconds = 0 if limit is None else max(1, math.ceil(limit))
-        with self._translated("asking for the server's tables"):
-            blobs = self._client._client.ServerInfo(seconds)
+        started = time.monotonic()
+        try:
+            with self._translated("asking for the server's tables"):
+                blobs = self._client._client.ServerInfo(seconds)
+        except BackendConnectionError:
+            # A connection cut since the last call fails the next one at once ("Socket
+            # closed") before gRPC reconnects: this request is idempotent, so ask again
+            # once, within what is left of its bound.
+            left = None if limit is None else limit - (time.monotonic() - started)
+            if left is not None and left <= 0:
+                raise
+            with self._translated("asking for the server's tables"):
+                blobs = self._client._client.ServerInfo(
+                    0 if left is None else max(1, math.ceil(left))
+                )
         infos = (schema_pb2.TableInfo.FromString(blob) for blob in blobs)
         return {info.name: info for info in infos}
 
@@ -239,11 +256,11 @@ class ReverbBackend(Backend):
     def _table_name(self, name: str) -> str:
         return f"{self.namespace}/{name}" if self.namespace else name
 
-    def _info(self, name: str) -> Optional[Any]:
-        return self._server_info().get(self._table_name(name))
+    def _info(self, name: str, timeout: Optional[float] = None) -> Optional[Any]:
+        return self._server_info(timeout).get(self._table_name(name))
 
-    def _checked_info(self, name: str) -> Any:
-        info = self._info(name)
+    def _checked_info(self, name: str, timeout: Optional[float] = None) -> Any:
+        info = self._info(name, timeout)
         if info is None:
             raise TableNotFoundError(
                 f"Reverb table {self._table_name(name)!r} is gone from {self.address} "
@@ -295,11 +312,15 @@ class ReverbBackend(Backend):
     def version(self, name: str) -> int:
         return _version_of(self._checked_info(name))
 
+    def version_within(self, name: str, timeout: Optional[float]) -> int:
+        return _version_of(self._checked_info(name, timeout))
+
     def write(self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]) -> int:
         table = self._table_name(name)
         with self._writer_lock:
             asked_at = time.monotonic()
-            if self._restarted(("write", table), self._checked_info(name), asked_at):
+            before = self._checked_info(name)
+            if self._restarted(("write", table), before, asked_at):
                 # A writer's stream to a server that restarted does not recover.
                 _close_quietly(self._writers.pop(table, None))
             writer = self._writers.get(table)
@@ -315,15 +336,16 @@ class ReverbBackend(Backend):
                     # A one-step trajectory (not a squeezed column), exactly what TF-Agents writes.
                     writer.create_item(table, 1.0, [column[-1:] for column in writer.history])
                     writer.flush(timeout_ms=_milliseconds(self.timeout))
-            except VarsyncError:
-                # The writer's stream may be broken: start the next push on a new one.
+            except BaseException:
+                # The writer's stream may be broken, or (interrupted) still hold this item:
+                # start the next push on a new one, so nothing of this one lands later.
                 self._writers.pop(table, None)
                 _close_quietly(writer)
                 raise
             asked_at = time.monotonic()
             info = self._checked_info(name)
-            self._restarted(("write", table), info, asked_at)  # remember this incarnation
-        return _version_of(info)
+            restarted = self._restarted(("write", table), info, asked_at)  # remember it
+        return _own_version(table, before, info, restarted)
 
     def _restarted(self, key: Tuple[str, str], info: Any, asked_at: float,
                    remember: bool = True) -> bool:
@@ -354,23 +376,44 @@ class ReverbBackend(Backend):
             )
 
     def read(self, name: str, newer_than: int, timeout: Optional[float]) -> Snapshot:
+        deadline = deadline_after(timeout)
+
+        def left() -> Optional[float]:  # every request within what is left of the call
+            seconds = remaining(deadline)
+            return None if math.isinf(seconds) else max(seconds, 0.001)
+
         asked_at = time.monotonic()
-        info = self._checked_info(name)
+        info = self._checked_info(name, left())
         self._check_same_server(name, info, asked_at, newer_than)
         version = _version_of(info)
         if version <= newer_than:
             return version, None
-        arrays = self._sample(info, timeout)
-        return version, arrays
+        for _ in range(_SAMPLE_ATTEMPTS):
+            arrays = self._sample(info, left())
+            # Only a count unchanged across the sample says which insert was sampled: one
+            # that moved means the item may be newer than ``version``.
+            again = self._checked_info(name, left())
+            if _insert_count(again) == _insert_count(info):
+                return version, arrays
+            sampled_as, info, version = version, again, _version_of(again)
+        # A writer out-pushing the sampler: the value is at least as new as the count read
+        # before its sample, never older (docs/guarantees.md, Reverb).
+        return sampled_as, arrays
 
     def wait(self, name: str, newer_than: int, timeout: Optional[float]) -> int:
-        if newer_than:  # before: a restart seen already; after: one during the wait
+        deadline = deadline_after(timeout)
+
+        def check_same_server() -> None:
+            seconds = remaining(deadline)
+            bound = None if math.isinf(seconds) else max(seconds, 0.001)
             asked_at = time.monotonic()
-            self._check_same_server(name, self._checked_info(name), asked_at, newer_than)
+            self._check_same_server(name, self._checked_info(name, bound), asked_at, newer_than)
+
+        if newer_than:  # before: a restart seen already; after: one during the wait
+            check_same_server()
         current = super().wait(name, newer_than, timeout)
         if newer_than and current > newer_than:  # a lower version is reported by the core
-            asked_at = time.monotonic()
-            self._check_same_server(name, self._checked_info(name), asked_at, newer_than)
+            check_same_server()
         return current
 
     def _sample(self, info: Any, timeout: Optional[float]) -> List[np.ndarray]:
@@ -394,15 +437,22 @@ class ReverbBackend(Backend):
             *_, data = gen_reverb_ops.reverb_client_sample(handle, table, dtypes)
             return [numpy_view(tensor) for tensor in data]
 
-        with self._workers_lock:
-            if self._workers_pid != os.getpid():  # a forked child has none of the threads
-                self._idle_workers.clear()
-                self._workers_pid = os.getpid()
-            worker = self._idle_workers.pop() if self._idle_workers else None
-        if worker is None:
-            worker = _Worker(f"varsync-reverb-sample-{self.address}")
-        call = worker.submit(sample)
-        if not call.done.wait(limit):
+        worker: Optional[_Worker] = None
+        try:
+            with self._workers_lock:
+                if self._workers_pid != os.getpid():  # a forked child has none of the threads
+                    self._idle_workers.clear()
+                    self._workers_pid = os.getpid()
+                worker = self._idle_workers.pop() if self._idle_workers else None
+            if worker is None:
+                worker = _Worker(f"varsync-reverb-sample-{self.address}")
+            call = worker.submit(sample)
+            finished = call.done.acquire(timeout=-1 if limit is None else limit)
+        except BaseException:  # interrupted: the sample may still run, so never reuse it
+            if worker is not None:
+                worker.retire()
+            raise
+        if not finished:
             worker.retire()  # exits once the abandoned sample returns, if ever
             self._probe(*self._endpoint, limit=0.5)  # a server that is gone is no timeout
             raise PullTimeoutError(
@@ -446,6 +496,26 @@ def _milliseconds(timeout: Optional[float]) -> Optional[int]:
 
 def _insert_count(info: Any) -> int:
     return int(info.rate_limiter_info.insert_stats.completed)
+
+
+def _own_version(table: str, before: Any, after: Any, restarted: bool) -> int:
+    """The version of the push made between the table infos ``before`` and ``after``.
+
+    Reverb does not say which insert was ours, only how many there were: the count rose
+    by exactly one, or (the server restarted in between) is 1, or another writer pushed
+    too and any of the new numbers may be ours. Then :class:`ConcurrentPushError`,
+    rather than a number another writer may be given as well.
+    """
+    low, high = _insert_count(before) + 1, _insert_count(after)
+    if high == low or (restarted and high == 1):
+        return high
+    raise ConcurrentPushError(
+        f"the push to Reverb table {table!r} was published, but another writer pushed to "
+        f"it at the same time, so its version is one of {low}..{high}. Reverb cannot tell "
+        "whose insert was whose: give each writer its own table (or use a backend with "
+        "supports_concurrent_writers, such as redis://) if you need exact versions.",
+        low=low, high=high,
+    )
 
 
 def _version_of(info: Any) -> int:
@@ -497,7 +567,10 @@ class _Call:
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         self.fn = fn
-        self.done = threading.Event()
+        # Held until the call is done. A plain lock, not an Event: Event.wait runs Python
+        # code around its lock that a Ctrl-C can break (RuntimeError, a lock left held).
+        self.done = threading.Lock()
+        self.done.acquire()
         self.result: Any = None
         self.error: Optional[BaseException] = None
 
@@ -527,7 +600,7 @@ class _Worker:
                 call.result = call.fn()
             except BaseException as exc:  # handed to the caller, who re-raises it
                 call.error = exc
-            call.done.set()
+            call.done.release()
             call = None  # hold nothing of it while idle
 
 
