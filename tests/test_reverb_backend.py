@@ -14,7 +14,7 @@ tf = pytest.importorskip("tensorflow")
 import varsync  # noqa: E402
 from varsync.backends.reverb import MAX_PUSH_BYTES  # noqa: E402
 from varsync.reverb import serve, variables_table  # noqa: E402
-from varsync.testing import ConformanceTests  # noqa: E402
+from varsync.testing import ConformanceTests, FaultTests  # noqa: E402
 
 SIGNATURE = {"w": np.zeros((3, 2), np.float32), "train_step": np.int64(0)}
 
@@ -26,7 +26,10 @@ def values(number: int) -> dict:
 class TestReverbConformance(ConformanceTests):
     """Reverb tables are fixed at server start: each test gets a server with its tables."""
 
-    LOST_REPLY_CALLS = 25  # gRPC backs off a second or more after each lost connection
+    # gRPC backs off a second or more after each lost connection: fewer calls, more lost.
+    # The class below runs the fault tests at length, against a server in another process.
+    LOST_REPLY_CALLS = 10
+    LOST_REPLY_PROBABILITY = 0.2
 
     @pytest.fixture
     def connect_options(self):
@@ -39,6 +42,38 @@ class TestReverbConformance(ConformanceTests):
     @pytest.fixture
     def make_tables(self, reverb_servers):
         return lambda tables: reverb_servers(dict(tables)).url
+
+
+class TestReverbFaultsOnAServerInAChildProcess(FaultTests):
+    """The suite's fault tests again, with each server in a child process, so that the
+    SIGSTOP test can pause it (the conformance class's servers run in this process)."""
+
+    LOST_REPLY_CALLS = 25
+
+    @pytest.fixture
+    def connect_options(self):
+        return {"timeout": 20}
+
+    @pytest.fixture
+    def url(self, reverb_child_server):
+        return reverb_child_server({"unused": SIGNATURE}).url
+
+    @pytest.fixture
+    def children(self):
+        return {}
+
+    @pytest.fixture
+    def make_tables(self, reverb_child_server, children):
+        def make(tables):
+            server = reverb_child_server(dict(tables))
+            children[server.url] = server.process.pid
+            return server.url
+
+        return make
+
+    @pytest.fixture
+    def server_pid(self, children):
+        return children.__getitem__
 
 
 def _raw_server(**table_options):

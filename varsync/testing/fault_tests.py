@@ -119,13 +119,15 @@ class FaultTests(_Base):
     #: gRPC backs off for a second or more after each connection it loses).
     INTERRUPTS = 150
     LOST_REPLY_CALLS = 60
+    LOST_REPLY_PROBABILITY = 0.05
 
     # -- fixtures a backend author may override ------------------------------------------
 
     @pytest.fixture
-    def server_pid(self) -> Optional[int]:
-        """The pid of the server process behind ``url`` (not this process), for the
-        SIGSTOP tests; ``None`` skips them."""
+    def server_pid(self) -> Any:
+        """The pid of the server process (not this process) behind the URLs
+        ``make_tables`` returns, for the SIGSTOP test; or a function ``pid(url)`` where
+        each URL has a server of its own. ``None`` skips the test."""
         return None
 
     @pytest.fixture
@@ -291,7 +293,7 @@ class FaultTests(_Base):
             history.pushed_as(writer.push(filled(CONSISTENCY, 1)))
             history.observe(checker)
             before = self._counts(leak_counts)
-            proxy.lose_replies(probability=0.05, seed=21)
+            proxy.lose_replies(probability=self.LOST_REPLY_PROBABILITY, seed=21)
             failed = 0
             for _ in range(self.LOST_REPLY_CALLS):
                 history.pushed += 1
@@ -316,7 +318,7 @@ class FaultTests(_Base):
             writer = connect(url)
             reader = connect(url_via(url, proxy.host, proxy.port), timeout=5)
             writer.push(filled(CONSISTENCY, 1))
-            proxy.lose_replies(probability=0.05, seed=22)
+            proxy.lose_replies(probability=self.LOST_REPLY_PROBABILITY, seed=22)
             failed, last = 0, 0
             for number in range(2, self.LOST_REPLY_CALLS + 2):
                 writer.push(filled(CONSISTENCY, number))
@@ -349,12 +351,14 @@ class FaultTests(_Base):
             assert check_consistent(slow.pull(timeout=20)) == 1
 
     def test_a_paused_server_never_holds_a_call_past_its_timeout(
-        self, make_tables: TableMaker, connect: Any, server_pid: Optional[int]
+        self, make_tables: TableMaker, connect: Any, server_pid: Any
     ) -> None:
         if server_pid is None:
             pytest.skip("no server process to pause (the server_pid fixture gives none)")
-        assert server_pid != os.getpid(), "server_pid must name another process"
         url = make_tables({"variables": CONSISTENCY})
+        if callable(server_pid):
+            server_pid = server_pid(url)
+        assert server_pid != os.getpid(), "server_pid must name another process"
         container = connect(url)
         version = container.push(filled(CONSISTENCY, 1))
         container.pull()
