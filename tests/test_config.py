@@ -237,3 +237,21 @@ def test_errors_about_a_url_never_show_the_password():
 
     for caught in (repeated, missing):
         assert "secret" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "url, options, what",
+    [("memory://store\udc80", {}, "the URL"), ("memory://a", {"namespace": "team\ud800"}, "namespace"),
+     ("redis://user:s3cret@localhost:6379/0?namespace=\udcff", {}, "the URL")],
+)
+def test_lone_surrogates_in_urls_and_namespaces_are_configuration_errors(url, options, what):
+    with pytest.raises(varsync.ConfigurationError, match=f"{what} .*lone surrogate") as caught:
+        varsync.connect(url, **options)
+    assert "s3cret" not in str(caught.value)
+
+
+def test_a_table_name_with_a_lone_surrogate_is_a_configuration_error():
+    with varsync.connect("memory://surrogates") as store:
+        for call in (lambda: store.create_table("t\udc80", {"x": 1}), lambda: store.pull("\ud800")):
+            with pytest.raises(varsync.ConfigurationError, match="table name .*lone surrogate"):
+                call()

@@ -558,3 +558,16 @@ def test_push_rejects_wrong_dtype_and_keeps_previous_value(store):
         store.push({"w": np.array([3.0, 4.0], np.float64)}, table="t")
     assert store.version("t") == 1
     np.testing.assert_array_equal(store.pull("t")["w"], [1.0, 2.0])
+
+
+@pytest.mark.parametrize(
+    "dtype, value, becomes",
+    [("float32", 16777217, 16777216.0), ("float16", 2049, 2048.0), ("float64", 2**53 + 1, 2.0**53),
+     ("complex64", 16777217, 16777216.0)],
+)
+def test_a_python_int_a_float_leaf_cannot_hold_exactly_is_refused_not_rounded(dtype, value, becomes):
+    signature = {"x": Spec((), dtype)}
+    with pytest.raises(SignatureMismatchError, match=rf"{value}.*cannot hold exactly.*{becomes!r}"):
+        sig.flatten_values(signature, {"x": value})
+    (held,) = sig.flatten_values(signature, {"x": value - 1})  # exactly representable: accepted
+    assert int(held.real) == value - 1

@@ -399,6 +399,25 @@ class VersionTests(_Base):
         assert isinstance(caught.value, TimeoutError)
         assert time.monotonic() - started < 10  # bounded: it did not hang
 
+    def test_timeout_zero_means_do_not_wait_for_a_push(self, store: Any) -> None:
+        for call in (lambda: store.pull(timeout=0), lambda: store.wait_for(0, timeout=0)):
+            started = time.monotonic()
+            with pytest.raises(varsync.PullTimeoutError):
+                call()
+            assert time.monotonic() - started < 5
+        store.push(filled(SMALL, 2))
+        assert_bit_equal(store.pull(timeout=0), filled(SMALL, 2))
+        version, values = store.pull_if_newer(0, timeout=0)
+        assert version == 1
+        assert_bit_equal(values, filled(SMALL, 2))
+        assert store.pull_if_newer(1, timeout=0) is None
+        assert store.wait_for(0, timeout=0) == 1
+        with pytest.raises(varsync.PullTimeoutError):
+            store.wait_for(1, timeout=0)
+        targets = filled(SMALL, 0)
+        assert store.update(targets, timeout=0) == 1
+        assert_bit_equal(targets, filled(SMALL, 2))
+
     def test_wait_for_times_out_when_nothing_is_pushed(self, store: Any) -> None:
         store.push(filled(SMALL, 1))
         with pytest.raises(varsync.PullTimeoutError):
