@@ -255,3 +255,9 @@ def test_a_table_name_with_a_lone_surrogate_is_a_configuration_error():
         for call in (lambda: store.create_table("t\udc80", {"x": 1}), lambda: store.pull("\ud800")):
             with pytest.raises(varsync.ConfigurationError, match="table name .*lone surrogate"):
                 call()
+
+
+@pytest.mark.parametrize("url", ["x:///a/b", "x:///a/b?password=secret&k=2", "file:///tmp/store"])
+def test_redact_keeps_the_slashes_of_a_url_without_host(url):
+    shown = varsync.config.redact(url)
+    assert shown.startswith(url.split("://")[0] + ":///") and "secret" not in shown

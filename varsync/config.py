@@ -149,6 +149,9 @@ def redact(url: str) -> str:
             for k, v in parse_qsl(parts.query, keep_blank_values=True)
         ]
         parts = parts._replace(query="&".join(f"{k}={v}" for k, v in query))
+    if parts.scheme and not parts.netloc and url.startswith(f"{parts.scheme}://"):
+        # urlunsplit writes "x:///a/b" as "x:/a/b", a URL connect would refuse
+        return f"{parts.scheme}://" + urlunsplit(parts._replace(scheme=""))
     return urlunsplit(parts)
 
 
