@@ -22,6 +22,9 @@ __all__ = [
     "DEFAULT_ROOT",
     "STORE_PREFIX",
     "store_name_of",
+    "store_entry",
+    "namespace_entry",
+    "table_entry",
     "store_path",
     "namespace_path",
     "table_path",
@@ -40,17 +43,33 @@ def store_name_of(url: str) -> str:
     """The store an ``shm://<store>`` URL names; ``ConfigurationError`` if none."""
     parts = urlsplit(url)
     # Without any user-info: files have no use for credentials, and must not show them.
-    name = unquote(parts.netloc.rpartition("@")[2] + parts.path).strip("/")
+    raw = parts.netloc.rpartition("@")[2] + parts.path
+    try:
+        name = unquote(raw, errors="strict").strip("/")
+    except UnicodeError as exc:  # a lone surrogate, or %-escapes that are not UTF-8
+        raise ConfigurationError(
+            f"shm URL {redact(url)!r}: the store name {raw!r} is not valid text ({exc.reason} "
+            f"at position {exc.start}); name the store with valid Unicode characters, "
+            "percent-encoded as UTF-8 if need be"
+        ) from None
     if not name:
         raise ConfigurationError(
             f"shm URL {redact(url)!r} names no store; expected shm://<store>, e.g. shm://training "
             "(processes that connect to the same store share its tables)"
         )
+    store_entry(name)  # a name that cannot be a file name is refused now, not later
     return name
 
 
 def _encode(prefix: str, name: str, what: str) -> str:
-    encoded = prefix + quote(name, safe="")
+    try:
+        encoded = prefix + quote(name, safe="")
+    except UnicodeEncodeError as exc:  # a lone surrogate: no file name can hold it
+        raise ConfigurationError(
+            f"{what} name {name!r} is not valid text: {exc.object[exc.start:exc.end]!r} at "
+            f"position {exc.start} is a lone surrogate, which cannot be encoded as UTF-8 "
+            f"for a file name; use a name of valid Unicode characters"
+        ) from None
     if len(encoded) > _NAME_MAX:
         raise ConfigurationError(
             f"{what} name {name[:40]!r}... is too long for a file name under /dev/shm "
@@ -59,17 +78,32 @@ def _encode(prefix: str, name: str, what: str) -> str:
     return encoded
 
 
+def store_entry(store: str) -> str:
+    """The file name of store ``store``'s directory, in the root."""
+    return _encode(STORE_PREFIX, store, "store")
+
+
+def namespace_entry(namespace: str) -> str:
+    """The file name of a namespace's directory, in its store's directory."""
+    return _encode(_NAMESPACE_PREFIX, namespace, "namespace")
+
+
+def table_entry(table: str) -> str:
+    """The file name of a table's directory, in its namespace's directory."""
+    return _encode(_TABLE_PREFIX, table, "table")
+
+
 def store_path(store: str, root: str = DEFAULT_ROOT) -> str:
     """The directory holding store ``store`` (whether or not it exists yet)."""
-    return os.path.join(root, _encode(STORE_PREFIX, store, "store"))
+    return os.path.join(root, store_entry(store))
 
 
 def namespace_path(store: str, namespace: str, root: str = DEFAULT_ROOT) -> str:
-    return os.path.join(store_path(store, root), _encode(_NAMESPACE_PREFIX, namespace, "namespace"))
+    return os.path.join(store_path(store, root), namespace_entry(namespace))
 
 
 def table_path(namespace_dir: str, table: str) -> str:
-    return os.path.join(namespace_dir, _encode(_TABLE_PREFIX, table, "table"))
+    return os.path.join(namespace_dir, table_entry(table))
 
 
 def table_name_of(entry: str) -> Optional[str]:
