@@ -19,6 +19,8 @@ import sys
 import threading
 from typing import Any, Optional
 
+from varsync_shm._fds import Descriptors
+
 __all__ = ["Watch"]
 
 IN_MOVED_TO = 0x00000080
@@ -50,27 +52,32 @@ def _library() -> Any:
 
 
 class Watch:
-    """An inotify instance watching one directory for renames into it."""
+    """An inotify instance watching one directory for renames into it. Its descriptor
+    belongs to the :class:`Descriptors` given to :meth:`open`, which closes it."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, fds: Descriptors) -> None:
         self._fd = fd
+        self._fds = fds
         self._poller = select.poll()
         self._poller.register(fd, select.POLLIN)
 
     @classmethod
-    def open(cls, directory: str) -> Optional["Watch"]:
-        """A watch on ``directory``, or ``None`` if inotify cannot be used here."""
+    def open(cls, directory: str, fds: Optional[Descriptors] = None) -> Optional["Watch"]:
+        """A watch on ``directory``, or ``None`` if inotify cannot be used here. Its
+        descriptor is owned by ``fds`` (by default, by the watch: then call close())."""
         lib = _library()
         if lib is None:
             return None
-        fd = lib.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        owner = Descriptors() if fds is None else fds
+        fd = owner.take(lib.inotify_init1, os.O_NONBLOCK | os.O_CLOEXEC)
         if fd < 0:
             return None
         mask = IN_MOVED_TO | IN_DELETE_SELF | IN_MOVE_SELF
         if lib.inotify_add_watch(fd, os.fsencode(directory), mask) < 0:
-            os.close(fd)
+            if fds is None:
+                owner.close()
             return None
-        return cls(fd)
+        return cls(fd, owner)
 
     def wait(self, timeout: float) -> bool:
         """Sleep until an event arrives or ``timeout`` seconds pass (``inf``: no bound);
@@ -89,9 +96,8 @@ class Watch:
         return bool(ready)
 
     def close(self) -> None:
-        fd, self._fd = self._fd, -1
-        if fd >= 0:
-            os.close(fd)
+        """Close the descriptor (and any other its owner holds)."""
+        self._fds.close()
 
     def __enter__(self) -> "Watch":
         return self

@@ -17,28 +17,22 @@ Guarantees, and how:
   checks that the segment's header names the version the link named. Writers refill a
   segment only under an *exclusive* flock and zero its version first, so a reader that
   holds the shared lock and sees the right version has exactly that version's bytes.
-- **Writers never wait for readers.** Writers only ever *try* to lock a retired segment
-  (``LOCK_NB``); one a reader holds is left alone and a new file is used instead. Writers
-  wait for each other only for the few system calls of claiming and publishing.
-- **A crashed reader leaves nothing locked.** Readers hold no lock but their flocks, which
-  the kernel drops with the process.
-- **A crashed writer leaves the last complete version readable.** ``current`` only ever
-  points at complete segments. The next writer deletes the dead writer's ``.fill-*`` file
-  (its flock is gone) and stale temporary names; the writers' lock dies with its holder.
-- **Old versions are reclaimed.** After each push a retired segment no reader holds is
-  kept as the one spare (its pages are reused: a push then costs a memory copy, not an
-  allocation) or deleted. Deleted files a reader still maps are freed by the kernel when
-  the reader drops them.
+- **Writers never wait for readers**; a crashed reader or writer leaves nothing locked;
+  a crashed writer leaves the last complete version readable; old versions are
+  reclaimed (see :mod:`varsync_shm.writing`).
+- **Only this user's directories are used** (:mod:`varsync_shm._dirs`): the store's
+  directory is opened once, checked, and every table is addressed relative to it.
+- **A table created again with another signature is refused**: each backend remembers
+  the signature it handed out per table (and which ``signature.json`` held it); a later
+  call that finds another signature raises :class:`~varsync.TableResetError`.
+- **No interrupt leaks a descriptor or closes one twice**: every descriptor a call opens
+  belongs to a :class:`~varsync_shm._fds.Descriptors` made before the ``try`` that
+  closes it; those that outlive a call belong to ``mmap``/``FileIO`` objects.
 
-Pulls of more than :data:`MAP_ABOVE` bytes return read-only arrays mapped straight from
-the segment (no copy); the reader's shared flock lasts until the last of those arrays
-(or any view of them) is garbage, so their bytes cannot change under them. Smaller pulls
-copy the segment in one ``pread``. Each process keeps its mappings of a table's last two
-segments (:mod:`varsync_shm.mappings`), so pushes into a spare and reads of a pulled
-segment run at memory-copy speed instead of page-faulting. A new segment is written
-with ``pwrite``. ``wait`` sleeps on an inotify watch of the table's directory (see
-:mod:`varsync_shm._inotify`); where inotify is unavailable it polls with a growing
-interval (1 ms doubling to 50 ms).
+Pulls of more than :data:`MAP_ABOVE` bytes return read-only arrays viewing the segment
+(no copy), which keep its shared lock while any of them lives (:mod:`varsync_shm.mappings`);
+smaller pulls copy the segment in one ``pread``. ``wait`` sleeps on an inotify watch of the
+table's directory (:mod:`varsync_shm._inotify`), or polls (1 ms doubling to 50 ms).
 """
 
 from __future__ import annotations
@@ -48,7 +42,7 @@ import errno
 import fcntl
 import os
 import stat
-import weakref
+import threading
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -59,57 +53,29 @@ from varsync.errors import (
     BackendConnectionError,
     ConfigurationError,
     CorruptDataError,
-    ItemTooLargeError,
     PullTimeoutError,
     TableNotFoundError,
+    TableResetError,
     translate_errors,
 )
 from varsync.signature import Spec
 
-from varsync_shm import layout, segment
+from varsync_shm import _dirs, layout, segment, writing
+from varsync_shm._fds import Descriptors
 from varsync_shm._inotify import Watch
 from varsync_shm.mappings import Mappings
+from varsync_shm.writing import CURRENT, LOCK, SIGNATURE, open_regular, token, try_lock
 
 __all__ = ["ShmBackend", "MAP_ABOVE", "SPARES"]
 
 MAP_ABOVE = 1 << 20
 """Segments larger than this many bytes are mapped by pulls instead of copied."""
-SPARES = 1
-"""Retired segments kept per table for reuse (besides the current one)."""
+SPARES = writing.SPARES
 
-SIGNATURE = "signature.json"
-LOCK = "lock"
-CURRENT = "current"
-_SEGMENT = "seg-"
-_SPARE = "spare-"
-_FILL = ".fill-"
-_TEMPORARY = (".link-", ".sig-")  # made and renamed only under the writers' lock
+_SEGMENT = writing.SEGMENT
 _READ_ATTEMPTS = 1000
+_SIGNATURE_MAX = 64 << 20  # bytes: a signature.json larger than this is not one
 _ERRORS = {PermissionError: AuthenticationError, OSError: BackendConnectionError}
-
-
-def _token() -> str:
-    return os.urandom(8).hex()
-
-
-def _open_regular(path: str, flags: int) -> int:
-    """``os.open`` for a file varsync-shm made: anything else in its place (a directory,
-    a FIFO, which would block the open) is ``CorruptDataError``."""
-    fd = os.open(path, flags | os.O_CLOEXEC | os.O_NONBLOCK)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise CorruptDataError(
-            f"{path} is not a regular file; is something else writing in this store?"
-        )
-    return fd
-
-
-def _try_lock(fd: int, kind: int) -> bool:
-    try:
-        fcntl.flock(fd, kind | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
 
 
 class ShmBackend(Backend):
@@ -131,61 +97,107 @@ class ShmBackend(Backend):
     ) -> None:
         super().__init__(url, timeout=timeout, namespace=namespace, **options)
         self.store = layout.store_name_of(url)
-        if not isinstance(root, str) or not os.path.isdir(root):
-            raise ConfigurationError(
-                f"shm root {root!r} is not a directory; shm:// keeps its files in /dev/shm, "
-                "or in the directory given as ?root=<dir> (use a RAM-backed tmpfs)"
-            )
+        if not isinstance(root, str):
+            raise ConfigurationError(f"shm root must be a directory name, got {root!r}")
+        _dirs.check_root(root)
         self.root = root
         self.path = layout.namespace_path(self.store, namespace, root)
+        self._store_entry = layout.store_entry(self.store)
+        self._store_path = layout.store_path(self.store, root)  # for messages
+        self._namespace_entry = layout.namespace_entry(namespace)
         self._mappings = Mappings()
+        self._held = Descriptors()  # the store directories this backend opened
+        self._store_fd = -1
+        self._store_lock = threading.Lock()
+        self._known: Dict[str, Tuple[str, Tuple[int, int]]] = {}  # signature, its file
+        self._paths: Dict[str, Tuple[str, str]] = {}
 
     # -- tables ----------------------------------------------------------------------
 
     def create_table(self, name: str, signature: str, specs: Sequence[Spec]) -> str:
         table = self._table_path(name)
-        with self._errors(table):
-            os.makedirs(table, mode=0o700, exist_ok=True)
-            with self._writers_lock(table):
-                stored = self._read_signature(table)
-                if stored is not None:
-                    return stored
-                temporary = os.path.join(table, f".sig-{_token()}")
-                with open(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w", encoding="utf-8") as f:
-                    f.write(signature)
-                os.rename(temporary, os.path.join(table, SIGNATURE))
-                return signature
+        fds = Descriptors()
+        made: List[str] = []  # names this call created, removed if not renamed
+        store = -1
+        try:
+            with self._errors(table):
+                store = self._store(create=True)
+                rel = self._private_table(store, name, fds, create=True)
+                lock = fds.open(f"{rel}/{LOCK}", os.O_RDWR | os.O_CREAT, 0o600, dir_fd=store)
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                stored = self._read_signature(store, rel, fds)
+                if stored is None:
+                    temporary = f"{rel}/.sig-{token()}"
+                    made.append(temporary)
+                    out = fds.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=store)
+                    data = memoryview(signature.encode("utf-8"))
+                    while data:  # bounded: each pass writes at least one byte or raises
+                        data = data[os.write(out, data):]
+                    os.rename(temporary, f"{rel}/{SIGNATURE}", src_dir_fd=store, dst_dir_fd=store)
+                    stored = signature
+                # What the container will hold now, if it accepts the stored signature.
+                self._remember(name, stored, store, rel, replace=stored == signature)
+                return stored
+        finally:
+            fds.close()  # first: it releases the writers' lock
+            writing.unlink_all(store, made)
 
     def signature(self, name: str) -> Optional[str]:
         table = self._table_path(name)
-        with self._errors(table):
-            return self._read_signature(table)
+        fds = Descriptors()
+        try:
+            with self._errors(table):
+                store = self._store(create=False)
+                if store < 0 or self._private_table(store, name, fds, create=False) is None:
+                    return None
+                rel = self._rel(name)
+                text = self._read_signature(store, rel, fds)
+                if text is not None and name not in self._known:
+                    self._remember(name, text, store, rel)
+                return text
+        finally:
+            fds.close()
 
     def tables(self) -> List[str]:
-        with self._errors(self.path):
-            try:
-                entries = os.listdir(self.path)
-            except FileNotFoundError:
-                return []
-            names = (layout.table_name_of(entry) for entry in entries)
-            return sorted(
-                name
-                for name in names
-                if name is not None
-                and os.path.exists(os.path.join(self._table_path(name), SIGNATURE))
-            )
+        fds = Descriptors()
+        try:
+            with self._errors(self.path):
+                store = self._store(create=False)
+                if store < 0:
+                    return []
+                namespace = _dirs.enter(store, self._namespace_entry, self.path, fds, create=False)
+                if namespace < 0:
+                    return []
+                names = []
+                for entry in os.listdir(namespace):
+                    name = layout.table_name_of(entry)
+                    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                        if name is not None and os.stat(f"{entry}/{SIGNATURE}", dir_fd=namespace):
+                            names.append(name)
+                return sorted(names)
+        finally:
+            fds.close()
 
     def details(self, name: str) -> Dict[str, Any]:
         table = self._table_path(name)
-        with self._errors(table):
-            files = os.listdir(table)
-            used = sum(os.stat(os.path.join(table, f), follow_symlinks=False).st_blocks for f in files)
-            return {
-                "path": table,
-                "current": self._pointer(table),
-                "segments": sorted(f for f in files if f.startswith((_SEGMENT, _SPARE, _FILL))),
-                "bytes_in_shm": used * 512,
-            }
+        fds = Descriptors()
+        try:
+            with self._errors(table):
+                store, rel = self._table(name)
+                directory = fds.open(rel, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=store)
+                files = os.listdir(directory)
+                used = 0
+                for f in files:
+                    with contextlib.suppress(FileNotFoundError):
+                        used += os.stat(f, dir_fd=directory, follow_symlinks=False).st_blocks
+                return {
+                    "path": table,
+                    "current": self._pointer(store, rel),
+                    "segments": sorted(f for f in files if f.startswith(writing.SEGMENTS)),
+                    "bytes_in_shm": used * 512,
+                }
+        finally:
+            fds.close()
 
     def describe_options(self) -> Dict[str, Any]:
         return {**super().describe_options(), "root": self.root}
@@ -193,58 +205,39 @@ class ShmBackend(Backend):
     # -- data ------------------------------------------------------------------------
 
     def version(self, name: str) -> int:
-        table = self._table_path(name)
-        with self._errors(table):
-            return self._version_of(table, self._pointer(table))
+        with self._errors(self._table_path(name)):
+            store, rel = self._table(name)
+            return 0 if store < 0 else self._version_of(rel, self._pointer(store, rel))
 
     def write(self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]) -> int:
         table = self._table_path(name)
-        plan = segment.plan(specs)
         with self._errors(table):
-            with self._writers_lock(table):
-                self._reclaim(table, self._pointer(table))
-                fd, filling, fresh = self._claim(table, plan.size)
-            published = False
-            try:
-                if fresh:  # pages to allocate anyway: pwrite beats faulting them in
-                    self._allocate(fd, plan.size, table)
-                    segment.write(fd, plan, arrays)
-                else:  # a spare: through a mapping kept from earlier, at memcpy speed
-                    mapping = self._mappings.get(table, filling, fd, plan.size, writable=True)
-                    if mapping is None:
-                        raise BackendConnectionError(f"{filling} was removed while being written")
-                    segment.fill(mapping, plan, arrays)
-                with self._writers_lock(table):
-                    version = self._version_of(table, self._pointer(table)) + 1
-                    # Readers may take their shared lock as soon as the link is renamed;
-                    # only writers, all excluded by the writers' lock, wanted LOCK_EX.
-                    fcntl.flock(fd, fcntl.LOCK_SH)
-                    segment.set_version(fd, version)
-                    name_of_segment = f"{_SEGMENT}{version}"
-                    os.rename(filling, os.path.join(table, name_of_segment))
-                    link = os.path.join(table, f".link-{_token()}")
-                    os.symlink(name_of_segment, link)
-                    os.rename(link, os.path.join(table, CURRENT))
-                    published = True
-                    self._reclaim(table, name_of_segment)
-                return version
-            finally:
-                if not published:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(filling)
-                os.close(fd)
+            store, rel = self._table(name)
+            if store < 0 or not _exists(store, rel):
+                raise BackendConnectionError(
+                    f"table {name!r} of {self.url} is gone ({table} was deleted); "
+                    "create_table() it again, then push"
+                )
+            return writing.write(self, name, store, rel, arrays, specs)
 
     def read(self, name: str, newer_than: int, timeout: Optional[float]) -> Snapshot:
         table = self._table_path(name)
         deadline = deadline_after(timeout)
         with self._errors(table):
             for _ in range(_READ_ATTEMPTS):
-                pointer = self._pointer(table)
-                version = self._version_of(table, pointer)
+                store, rel = self._table(name)
+                if store < 0:
+                    return 0, None  # vanished: reads as empty; holders get TableResetError
+                pointer = self._pointer(store, rel)
+                version = self._version_of(rel, pointer)
                 if version <= newer_than:
                     return version, None
                 assert pointer is not None
-                arrays = self._open_version(table, pointer, version)
+                fds = Descriptors()
+                try:
+                    arrays = self._open_version(store, rel, pointer, version, fds)
+                finally:
+                    fds.close()
                 if arrays is not None:
                     return version, arrays
                 if remaining(deadline) <= 0:
@@ -258,12 +251,15 @@ class ShmBackend(Backend):
             )
 
     def wait(self, name: str, newer_than: int, timeout: Optional[float]) -> int:
+        """Check the version once, then sleep on an inotify watch until a rename in the
+        table's directory or the deadline (``timeout=0``: check once, no sleep)."""
         table = self._table_path(name)
-        watch = Watch.open(table)
-        if watch is None:  # no inotify here: poll (see the module docstring)
-            return super().wait(name, newer_than, timeout)
         deadline = deadline_after(timeout)
-        with watch:
+        fds = Descriptors()
+        try:
+            watch = Watch.open(table, fds)
+            if watch is None:  # no inotify here: poll (see the module docstring)
+                return super().wait(name, newer_than, timeout)
             while True:  # each pass sleeps until a rename in the table or the deadline
                 current = self.version(name)
                 if current != newer_than:
@@ -275,192 +271,213 @@ class ShmBackend(Backend):
                         f"for a version above {newer_than}) for {timeout} s"
                     )
                 watch.wait(left)
-                if not os.path.isdir(table):
-                    raise TableNotFoundError(
-                        f"table {name!r} in {self.url} was deleted ({table}) while waiting"
-                    )
+                with self._errors(table):
+                    store, rel = self._table(name)
+                    if store < 0 or not _exists(store, rel):
+                        raise TableNotFoundError(
+                            f"table {name!r} in {self.url} was deleted ({table}) while waiting"
+                        )
+        finally:
+            fds.close()
 
     def close(self) -> None:
         self._mappings.clear()
+        self._held.close()
 
-    # -- internals -------------------------------------------------------------------
+    # -- the store's directory and the table's signature ----------------------------------
+
+    def _names(self, name: str) -> Tuple[str, str]:
+        """The table's directory: its path, and its path relative to the store's."""
+        names = self._paths.get(name)
+        if names is None:
+            entry = layout.table_entry(name)
+            names = (os.path.join(self.path, entry), f"{self._namespace_entry}/{entry}")
+            if len(self._paths) < 4096:  # encoding a name costs more than a system call
+                self._paths[name] = names
+        return names
 
     def _table_path(self, name: str) -> str:
-        return layout.table_path(self.path, name)
+        return self._names(name)[0]
+
+    def _rel(self, name: str) -> str:
+        return self._names(name)[1]
+
+    def _store(self, *, create: bool) -> int:
+        """The descriptor of the store's checked directory, or -1 if there is none. Kept
+        while the directory exists; reopened (and checked again) once it was deleted."""
+        fd = self._store_fd
+        if fd >= 0 and os.fstat(fd).st_nlink > 0:
+            return fd
+        path = layout.store_path(self.store, self.root)
+        fds = Descriptors()
+        try:
+            root = fds.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+            fd = _dirs.enter(root, self._store_entry, path, fds, create=create)
+            if fd < 0:
+                return -1
+            with self._store_lock:  # replaced ones stay open until close(): threads may use them
+                fds.give(fd, self._held)
+                self._store_fd = fd
+            return fd
+        finally:
+            fds.close()
+
+    def _private_table(self, store: int, name: str, fds: Descriptors, *, create: bool) -> Optional[str]:
+        """Check (and make, if ``create``) the namespace's and table's directories."""
+        namespace = _dirs.enter(store, self._namespace_entry, self.path, fds, create=create)
+        if namespace < 0:
+            return None
+        entry = self._rel(name).rpartition("/")[2]
+        if _dirs.enter(namespace, entry, self._table_path(name), fds, create=create) < 0:
+            return None
+        return self._rel(name)
+
+    def _table(self, name: str) -> Tuple[int, str]:
+        """``(store descriptor, table directory relative to it)``, after checking that the
+        table still has the signature this backend handed out; store -1: no store."""
+        rel = self._rel(name)
+        store = self._store_fd  # as a rule, one stat: the signature file's
+        for _ in range(2):  # a second pass only if the store's directory was replaced
+            if store < 0:
+                store = self._store(create=False)
+                if store < 0:
+                    return -1, rel
+            try:
+                status = os.stat(f"{rel}/{SIGNATURE}", dir_fd=store, follow_symlinks=False)
+            except (FileNotFoundError, NotADirectoryError):
+                if os.fstat(store).st_nlink > 0:
+                    return store, rel  # no table (yet): it reads as empty
+                store = -1  # the store's directory was deleted: look for a new one
+                continue
+            known = self._known.get(name)
+            if known is None or known[1] != (status.st_dev, status.st_ino):
+                self._adopt(name, store, rel)
+            return store, rel
+        return -1, rel
+
+    def _adopt(self, name: str, store: int, rel: str) -> None:
+        """The table's ``signature.json`` is not the one this backend knows: check it."""
+        fds = Descriptors()
+        try:
+            if self._private_table(store, name, fds, create=False) is None:
+                return
+            text = self._read_signature(store, rel, fds)
+            if text is None:
+                return
+            known = self._known.get(name)
+            if known is not None and known[0] != text:
+                raise TableResetError(
+                    f"table {name!r} in {self.url} was created again with another signature "
+                    f"since this container read it ({self._table_path(name)} holds another "
+                    "signature.json); connect again to use it"
+                )
+            self._remember(name, text, store, rel)
+        finally:
+            fds.close()
+
+    def _remember(self, name: str, text: str, store: int, rel: str, replace: bool = False) -> None:
+        known = self._known.get(name)
+        if known is not None and known[0] != text and not replace:
+            return  # never adopt another signature: the container still holds the old one
+        status = os.stat(f"{rel}/{SIGNATURE}", dir_fd=store, follow_symlinks=False)
+        self._known[name] = (text, (status.st_dev, status.st_ino))
+
+    def check_signature(self, name: str, store: int, rel: str) -> None:
+        """Raise :class:`TableResetError` if the table's signature is no longer the one
+        this backend handed out (writers call it under the writers' lock)."""
+        try:
+            status = os.stat(f"{rel}/{SIGNATURE}", dir_fd=store, follow_symlinks=False)
+        except FileNotFoundError:
+            raise BackendConnectionError(
+                f"table {name!r} of {self.url} is gone ({self._table_path(name)} was "
+                "deleted); create_table() it again, then push"
+            ) from None
+        known = self._known.get(name)
+        if known is None or known[1] != (status.st_dev, status.st_ino):
+            self._adopt(name, store, rel)
+
+    # -- internals -------------------------------------------------------------------
 
     @contextlib.contextmanager
     def _errors(self, where: str) -> Iterator[None]:
         with translate_errors(_ERRORS, f"shm store {where}"):
             yield
 
-    @contextlib.contextmanager
-    def _writers_lock(self, table: str) -> Iterator[None]:
-        # A new open file description per use: flock excludes other threads too.
-        fd = os.open(os.path.join(table, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    def _read_signature(self, store: int, rel: str, fds: Descriptors) -> Optional[str]:
+        path = f"{self._store_path}/{rel}/{SIGNATURE}"  # for messages
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
-
-    @staticmethod
-    def _read_signature(table: str) -> Optional[str]:
-        path = os.path.join(table, SIGNATURE)
-        try:
-            fd = _open_regular(path, os.O_RDONLY)
+            fd = open_regular(f"{rel}/{SIGNATURE}", os.O_RDONLY, fds, dir_fd=store, where=path)
         except (FileNotFoundError, NotADirectoryError):
             return None
-        with open(fd, "rb") as f:
-            data = f.read()
+        size = os.fstat(fd).st_size
+        if size > _SIGNATURE_MAX:
+            raise CorruptDataError(f"{path} is {size} bytes, too large to be a signature")
+        data = os.pread(fd, size + 1, 0)
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError:
             raise CorruptDataError(f"{path} is not text, so not a signature") from None
 
-    @staticmethod
-    def _pointer(table: str) -> Optional[str]:
+    def _pointer(self, store: int, rel: str) -> Optional[str]:
         """The segment ``current`` names, or ``None`` before the first push."""
         try:
-            return os.readlink(os.path.join(table, CURRENT))
-        except FileNotFoundError:
+            return os.readlink(f"{rel}/{CURRENT}", dir_fd=store)
+        except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:
             if exc.errno == errno.EINVAL:  # not a link
-                raise CorruptDataError(f"{table}/{CURRENT} is not a varsync-shm link") from None
+                raise CorruptDataError(
+                    f"{self._store_path}/{rel}/{CURRENT} is not a varsync-shm link"
+                ) from None
             raise
 
-    @staticmethod
-    def _version_of(table: str, pointer: Optional[str]) -> int:
+    def _version_of(self, rel: str, pointer: Optional[str]) -> int:
         if pointer is None:
             return 0
         digits = pointer[len(_SEGMENT):]
         if not pointer.startswith(_SEGMENT) or not digits.isdigit():
-            raise CorruptDataError(f"{table}/{CURRENT} points to {pointer!r}, not a segment")
+            raise CorruptDataError(
+                f"{self._store_path}/{rel}/{CURRENT} points to {pointer!r}, not a segment"
+            )
         return int(digits)
 
-    def _open_version(self, table: str, pointer: str, version: int) -> Optional[List[np.ndarray]]:
+    def _open_version(
+        self, store: int, rel: str, pointer: str, version: int, fds: Descriptors
+    ) -> Optional[List[np.ndarray]]:
         """The arrays of segment ``pointer`` if it still holds ``version``, else ``None``
         (it was retired and reused meanwhile: the caller reads the link again)."""
-        path = os.path.join(table, pointer)
+        path = f"{self._store_path}/{rel}/{pointer}"  # for messages
         try:
-            fd = _open_regular(path, os.O_RDONLY)
+            fd = open_regular(f"{rel}/{pointer}", os.O_RDONLY, fds, dir_fd=store, where=path)
         except FileNotFoundError:
-            if self._pointer(table) == pointer:
-                raise CorruptDataError(f"{table}/{CURRENT} points to {pointer}, which is missing")
-            return None
-        keep_open = False
-        try:
-            if not _try_lock(fd, fcntl.LOCK_SH):
-                return None  # a writer is refilling it: it is no longer current
-            if segment.read_version(fd) != version:
-                return None
-            size = os.fstat(fd).st_size
-            buffer: Any
-            if size > MAP_ABOVE:
-                buffer = self._mappings.get(table, path, fd, size, writable=False)
-                if buffer is None:
-                    return None
-            else:
-                buffer = os.pread(fd, size, 0)
-            parsed = segment.parse(buffer, size, path)
-            # One uint8 array per pull, which every pulled array is a view of: when the
-            # last of them is garbage, it is too, and the shared lock goes with it.
-            memory = np.frombuffer(buffer, np.uint8, size)
-            arrays = segment.arrays_of(memory, parsed.leaves)
-            if size > MAP_ABOVE:
-                weakref.finalize(memory, os.close, fd)
-                keep_open = True
-            return arrays
-        finally:
-            if not keep_open:
-                os.close(fd)
-
-    def _claim(self, table: str, size: int) -> Tuple[int, str, bool]:
-        """A file to fill, locked LOCK_EX and named ``.fill-*``: a spare if one is free,
-        else a new one. Returns ``(fd, path, fresh)``. Call under the writers' lock."""
-        for entry in sorted(os.listdir(table)):
-            if not entry.startswith(_SPARE):
-                continue
-            filling = os.path.join(table, f"{_FILL}{_token()}")
-            try:
-                os.rename(os.path.join(table, entry), filling)
-            except FileNotFoundError:
-                continue
-            fd = os.open(filling, os.O_RDWR | os.O_CLOEXEC)
-            if _try_lock(fd, fcntl.LOCK_EX) and os.fstat(fd).st_size == size:
-                segment.set_version(fd, 0)  # before any byte of the new version
-                return fd, filling, False
-            os.close(fd)  # a late reader still holds it: let the kernel free it later
-            os.unlink(filling)
-        filling = os.path.join(table, f"{_FILL}{_token()}")
-        fd = os.open(filling, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        return fd, filling, True
-
-    def _allocate(self, fd: int, size: int, table: str) -> None:
-        """Reserve the file's pages now, so a full /dev/shm is an error here and never a
-        SIGBUS in a reader later."""
-        try:
-            if hasattr(os, "posix_fallocate"):
-                os.posix_fallocate(fd, 0, size)
-            else:  # pragma: no cover - not Linux
-                os.ftruncate(fd, size)
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EFBIG):
-                free = os.statvfs(table)
-                raise ItemTooLargeError(
-                    f"{self.root} has no room for a {size}-byte segment of {table} "
-                    f"({free.f_bavail * free.f_frsize} bytes free); nothing was published. "
-                    "Free space there (old stores: varsync_shm.remove_store), or enlarge "
-                    "the tmpfs."
+            if self._pointer(store, rel) == pointer:
+                raise CorruptDataError(
+                    f"{self._store_path}/{rel}/{CURRENT} points to {pointer}, which is missing"
                 ) from None
-            raise
+            return None
+        if not try_lock(fd, fcntl.LOCK_SH):
+            return None  # a writer is refilling it: it is no longer current
+        if segment.read_version(fd) != version:
+            return None
+        size = os.fstat(fd).st_size
+        buffer: Any
+        if size > MAP_ABOVE:  # a view that keeps fd's shared lock (a pin) while it lives
+            buffer = self._mappings.pinned(rel, fd, size, version)
+            memory = buffer
+        else:
+            buffer = os.pread(fd, size, 0)
+            memory = np.frombuffer(buffer, np.uint8, size)
+        parsed = segment.parse(buffer, size, path)
+        # Every pulled array is a view of `memory`: while one lives, so does its pin.
+        return segment.arrays_of(memory, parsed.leaves)
 
-    def _reclaim(self, table: str, current: Optional[str]) -> None:
-        """Keep at most :data:`SPARES` free retired segments, delete the rest and what
-        dead writers left behind. Call under the writers' lock."""
-        spares = 0
-        retired = []
-        for entry in sorted(os.listdir(table)):
-            path = os.path.join(table, entry)
-            if entry.startswith(_FILL):
-                if self._unused(path):  # its writer died: nobody holds its lock
-                    self._unlink(path)
-            elif entry.startswith(_TEMPORARY):
-                self._unlink(path)
-            elif entry.startswith(_SPARE):
-                spares += 1
-            elif entry.startswith(_SEGMENT) and entry != current:
-                retired.append(entry)
-        for entry in retired:
-            path = os.path.join(table, entry)
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO must not block
-            except FileNotFoundError:
-                continue
-            try:
-                if not _try_lock(fd, fcntl.LOCK_EX):
-                    continue  # a reader holds it; a later push reclaims it
-                if spares < SPARES:
-                    os.rename(path, os.path.join(table, f"{_SPARE}{_token()}"))
-                    spares += 1
-                else:
-                    os.unlink(path)
-            finally:
-                os.close(fd)
+    def writable_mapping(self, rel: str, fd: int, size: int) -> Any:
+        """A writable mapping of the file open as ``fd`` (kept for the next pushes)."""
+        return self._mappings.get(rel, fd, size, writable=True)
 
-    @staticmethod
-    def _unused(path: str) -> bool:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO must not block
-        except FileNotFoundError:
-            return False
-        try:
-            return _try_lock(fd, fcntl.LOCK_EX)
-        finally:
-            os.close(fd)
 
-    @staticmethod
-    def _unlink(path: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+def _exists(store: int, rel: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.stat(rel, dir_fd=store, follow_symlinks=False).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
