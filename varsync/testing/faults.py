@@ -25,7 +25,7 @@ import signal
 import socket
 import threading
 import time
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Tuple
 
 __all__ = ["Interrupter", "Proxy", "open_fds", "call_within"]
 
