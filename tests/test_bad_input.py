@@ -411,7 +411,7 @@ BAD_URLS = [
     # shm://
     ("shm://", {}, "shm://<store>"),
     ("shm://x?root=/no/such/dir", {}, "not a directory"),
-    ("shm://x", {"root": 5}, "not a directory"),
+    ("shm://x", {"root": 5}, "must be a directory name"),
     ("shm://x?colour=red", {}, "colour"),
     ("shm://" + "x" * 300, {}, "too long"),
     # reverb://
