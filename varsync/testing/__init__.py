@@ -27,7 +27,9 @@ The suite is registered as a pytest plugin (entry point ``pytest11``), so nothin
 is needed in ``conftest.py``.
 """
 
+from varsync.testing.capability_tests import CapabilityTests
 from varsync.testing.conformance import ConformanceTests
+from varsync.testing.contract_tests import ContractTests
 from varsync.testing.fault_tests import FaultTests
 from varsync.testing.suite import (
     ConcurrencyTests,
@@ -44,5 +46,7 @@ __all__ = [
     "ValidationTests",
     "VersionTests",
     "ConcurrencyTests",
+    "ContractTests",
+    "CapabilityTests",
     "FaultTests",
 ]

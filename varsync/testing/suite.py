@@ -15,6 +15,7 @@ import varsync
 from varsync import nest as nest_lib
 from varsync.config import resolve
 from varsync.registry import backend_class
+from varsync.testing.blocking import BlockingCall, code_of
 
 Point = collections.namedtuple("Point", ["x", "y"])
 
@@ -38,6 +39,10 @@ DTYPE_VALUES: Dict[str, List[Any]] = {
 
 TableMaker = Callable[[Mapping[str, Any]], str]
 
+#: How long a waiter must stay blocked, with nothing pushed, before a test pushes: a wait
+#: that returns without a push (at once, or after a poll) shows itself meanwhile.
+BLOCKED_SECONDS = 0.2
+
 
 def assert_bit_equal(got: Any, expected: Any) -> None:
     """Same structure, and every leaf of the same dtype, shape and bytes."""
@@ -56,6 +61,15 @@ def assert_bit_equal(got: Any, expected: Any) -> None:
 def filled(signature: Any, value: int) -> Any:
     """A nest of ``signature``'s structure whose every element equals ``value``."""
     return nest_lib.map_structure(lambda s: np.full(s.shape, value, s.dtype), signature)
+
+
+def _wait_codes(container: Any) -> List[Any]:
+    """The code of the container's backend's ``wait``: a thread running it is waiting.
+    (A ``wait`` without Python code: the container's calls that make it, instead.)"""
+    code = code_of(type(container.backend).wait)
+    if code is not None:
+        return [code]
+    return [code_of(varsync.VariableContainer.wait_for), code_of(varsync.VariableContainer._pull_flat)]
 
 
 class _Base:
@@ -430,42 +444,22 @@ class VersionTests(_Base):
         url = make_tables({"variables": SMALL})
         reader, writer = connect(url), connect(url)
         writer.push(filled(SMALL, 1))
-        result: Dict[str, Any] = {}
-        waiting = threading.Event()
-
-        def wait() -> None:
-            waiting.set()
-            try:
-                result["version"] = reader.wait_for(1, timeout=20)
-            except Exception as exc:  # reported below
-                result["error"] = exc
-
-        thread = threading.Thread(target=wait)
-        thread.start()
-        waiting.wait(5)
-        writer.push(filled(SMALL, 2))
-        thread.join(30)
-        assert not thread.is_alive()
-        assert result == {"version": 2}
+        waiter = BlockingCall(lambda: reader.wait_for(1, timeout=20), "wait_for(1)")
+        # Push only once the waiter is known to be waiting: inside the backend's wait,
+        # and still there a while later (a wait that does not block returns meanwhile).
+        waiter.wait_until_inside(_wait_codes(reader))
+        waiter.assert_still_blocked(BLOCKED_SECONDS)
+        assert writer.push(filled(SMALL, 2)) == 2
+        assert waiter.result() == 2
 
     def test_pull_waits_for_the_first_push(self, make_tables: TableMaker, connect: Any) -> None:
         url = make_tables({"variables": SMALL})
         reader, writer = connect(url), connect(url)
-        result: Dict[str, Any] = {}
-
-        def pull() -> None:
-            try:
-                result["value"] = reader.pull(timeout=20)
-            except Exception as exc:
-                result["error"] = exc
-
-        thread = threading.Thread(target=pull)
-        thread.start()
+        waiter = BlockingCall(lambda: reader.pull(timeout=20), "pull() of an empty table")
+        waiter.wait_until_inside(_wait_codes(reader))
+        waiter.assert_still_blocked(BLOCKED_SECONDS)
         writer.push(filled(SMALL, 3))
-        thread.join(30)
-        assert not thread.is_alive()
-        assert "error" not in result, result.get("error")
-        assert_bit_equal(result["value"], filled(SMALL, 3))
+        assert_bit_equal(waiter.result(), filled(SMALL, 3))
 
     def test_two_containers_see_each_others_pushes(
         self, make_tables: TableMaker, connect: Any
@@ -507,7 +501,9 @@ class ConcurrencyTests(_Base):
     PUSHES = 150
     READERS = 3
 
-    def _read_until(self, container: Any, stop: threading.Event, problems: List[str]) -> None:
+    def _read_until(self, container: Any, stop: threading.Event, problems: List[str]) -> int:
+        """Pull every new version until ``stop`` is set and nothing newer is left; return
+        the last version seen (0 if none was)."""
         last_version, reads = 0, 0
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and reads < 10_000:
@@ -521,13 +517,19 @@ class ConcurrencyTests(_Base):
                 check_consistent(values)
                 last_version = version
             elif finished:
-                return
+                break
+        if reads == 0:
+            problems.append("a reader saw no version at all while the writer pushed")
+        return last_version
 
     def _run_readers(self, url: str, connect: Any, writer: Callable[[], None]) -> List[str]:
+        """Run :attr:`READERS` reader threads while ``writer()`` pushes; the problems they
+        saw, including a reader whose last version is not the table's final one."""
         problems: List[str] = []
+        last_seen: List[int] = []
         stop = threading.Event()
         readers = [
-            threading.Thread(target=self._guard, args=(connect(url), stop, problems))
+            threading.Thread(target=self._guard, args=(connect(url), stop, problems, last_seen))
             for _ in range(self.READERS)
         ]
         for thread in readers:
@@ -539,11 +541,18 @@ class ConcurrencyTests(_Base):
             for thread in readers:
                 thread.join(90)
         assert not any(t.is_alive() for t in readers), "a reader did not finish"
+        final = connect(url).version()
+        problems += [
+            f"a reader's last version was {seen}, not the table's final {final}"
+            for seen in last_seen if seen != final
+        ]
         return problems
 
-    def _guard(self, container: Any, stop: threading.Event, problems: List[str]) -> None:
+    def _guard(
+        self, container: Any, stop: threading.Event, problems: List[str], last_seen: List[int]
+    ) -> None:
         try:
-            self._read_until(container, stop, problems)
+            last_seen.append(self._read_until(container, stop, problems))
         except AssertionError as exc:
             problems.append(str(exc))
         except Exception as exc:

@@ -1,0 +1,170 @@
+"""Mutation tests of the conformance suite: a correct third-party backend passes it whole,
+and every deliberately broken variant of that backend fails it.
+
+The backends are in ``tests/mutants/``: ``reference`` (``vsqlite://``, one SQLite file,
+shared across processes and persistent) and ``broken`` (one defect per class). They reach
+varsync as a real plugin does: a ``*.dist-info`` with a ``varsync`` entry point, on the
+``PYTHONPATH`` of a pytest subprocess, whose hook calls ``registry.add`` (so the suite's
+spawned child processes find the schemes too). Each run is a generated test module that
+subclasses ``ConformanceTests`` with a ``url`` fixture, as docs/conformance.md shows; its
+outcome is read from ``--junitxml``.
+
+The reference runs the whole suite and must pass it. The broken variants run in one
+subprocess, a test class each, with ``-k`` selecting for each class the tests that must
+catch its defect (``CAUGHT_BY``): every one of them must fail, so this module also says
+which tests catch which defect. No ``-x``: every selected test must run to fail.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Dict, Iterable, List, Tuple
+
+import pytest
+
+from mutants.broken import VARIANTS
+from mutants.plugin import REFERENCE_SCHEME
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+#: Seconds any one suite test may run in a subprocess before pytest-timeout fails it (a
+#: variant whose wait ignores its timeout would otherwise hang the run).
+PER_TEST_TIMEOUT = 60
+
+#: For each broken variant, the suite's tests that must fail against it. (Run against the
+#: whole suite, each variant fails these and at times a few more; these are the tests
+#: written to catch its defect.)
+CAUGHT_BY: Dict[str, List[str]] = {
+    "vsqlite-ignores-namespace": ["test_namespaces_isolate_tables_versions_and_data"],
+    "vsqlite-slow-nothing-newer": ["test_nothing_newer_is_answered_without_waiting_for_a_push"],
+    "vsqlite-shared-connection": ["test_one_container_shared_by_eight_threads_pushing_and_pulling"],
+    "vsqlite-torn-writes": [
+        "test_readers_never_see_a_mix_of_two_versions",
+        "test_one_container_shared_by_eight_threads_pushing_and_pulling",
+    ],
+    "vsqlite-skips-versions": ["test_one_container_shared_by_eight_threads_pushing_and_pulling"],
+    "vsqlite-gives-up-early": ["test_a_wait_never_gives_up_before_its_timeout"],
+    "vsqlite-ignores-timeout": ["test_a_wait_never_gives_up_before_its_timeout"],
+    "vsqlite-returns-early": [
+        "test_wait_for_wakes_when_another_container_pushes",
+        "test_wait_for_times_out_when_nothing_is_pushed",
+    ],
+    "vsqlite-polls-but-claims-blocking": ["test_a_blocking_wait_makes_no_requests_while_it_waits"],
+    "vsqlite-leaks-connections": ["test_a_closed_container_holds_no_connection_or_thread"],
+    "vsqlite-overstates-push-limit": ["test_a_push_of_exactly_max_push_bytes_goes_through"],
+    "vsqlite-process-local": [
+        "test_another_process_sees_a_push_exactly_when_the_store_is_shared",
+        "test_persistent_tables_outlive_the_process_that_wrote_them",
+    ],
+}
+
+SUITE_CLASS = '''
+
+class {name}(ConformanceTests):
+    """The conformance suite against {scheme}://."""
+
+    @pytest.fixture
+    def url(self, tmp_path):
+        return "{scheme}://" + str(tmp_path / "store.db")
+'''
+
+Outcomes = Dict[Tuple[str, str], str]
+
+
+def _class_name(scheme: str) -> str:
+    return "Test_" + scheme.replace("-", "_")
+
+
+def _install_plugin(site: Path) -> None:
+    """A fake installed distribution whose ``varsync`` entry point is ``mutants.plugin``."""
+    info = site / "varsync_mutants-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: varsync-mutants\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[varsync]\nmutants = mutants.plugin\n")
+
+
+def run_suite(directory: Path, schemes: Iterable[str], select: str = "") -> Tuple[Outcomes, str]:
+    """Run the conformance suite against each ``scheme``:// (one test class each) in one
+    pytest subprocess, ``-k select`` if given; return ``{(class, test): "passed" |
+    "failed" | "skipped"}`` and pytest's output."""
+    site = directory / "site"
+    _install_plugin(site)
+    module = directory / "test_generated_suite.py"
+    module.write_text(
+        f'"""The conformance suite against broken backends (made by {Path(__file__).name})."""\n\n'
+        "import pytest\n\nfrom varsync.testing import ConformanceTests\n"
+        + "".join(SUITE_CLASS.format(name=_class_name(s), scheme=s) for s in schemes)
+    )
+    report = directory / "report.xml"
+    command = [
+        sys.executable, "-m", "pytest", str(module), "-q", "-p", "no:cacheprovider",
+        "-W", "error::varsync.PluginWarning", f"--timeout={PER_TEST_TIMEOUT}",
+        f"--junitxml={report}", f"--basetemp={directory / 'basetemp'}", "-rfE",
+    ]
+    if select:
+        command += ["-k", select]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(site), str(TESTS_DIR), *filter(None, [env.get("PYTHONPATH")])]
+    )
+    done = subprocess.run(
+        command, cwd=directory, env=env, capture_output=True, text=True, timeout=900
+    )
+    output = f"exit code {done.returncode}\n{done.stdout[-8000:]}\n{done.stderr[-2000:]}"
+    outcomes = _outcomes(report) if report.exists() else {}
+    assert outcomes, f"the suite did not run:\n{output}"
+    return outcomes, output
+
+
+def _outcomes(report: Path) -> Outcomes:
+    found: Outcomes = {}
+    for case in ET.parse(report).iter("testcase"):
+        kinds = {child.tag for child in case}
+        outcome = (
+            "failed" if kinds & {"failure", "error"} else "skipped" if "skipped" in kinds
+            else "passed"
+        )
+        found[(case.get("classname", "?").rpartition(".")[2], case.get("name", "?"))] = outcome
+    return found
+
+
+def test_the_reference_backend_passes_the_whole_suite(tmp_path: Path) -> None:
+    outcomes, output = run_suite(tmp_path, [REFERENCE_SCHEME])
+    failed = sorted(test for (_, test), got in outcomes.items() if got == "failed")
+    assert failed == [], output
+    assert output.startswith("exit code 0"), output
+    skipped = sorted(test for (_, test), got in outcomes.items() if got == "skipped")
+    assert skipped == [  # no host:port (proxy), no server process, no blocking wait
+        "test_a_blocking_wait_makes_no_requests_while_it_waits",
+        "test_a_call_never_outlives_its_timeout_when_replies_stop",
+        "test_a_paused_server_never_holds_a_call_past_its_timeout",
+        "test_lost_pull_replies_raise_or_return_one_whole_version",
+        "test_lost_push_replies_never_lose_or_mix_published_data",
+    ]
+
+
+@pytest.fixture(scope="module")
+def broken_runs(tmp_path_factory: pytest.TempPathFactory) -> Tuple[Outcomes, str]:
+    """Every broken variant against the tests that must catch it, in one subprocess."""
+    select = " or ".join(
+        f"({_class_name(scheme)} and ({' or '.join(tests)}))"
+        for scheme, tests in CAUGHT_BY.items()
+    )
+    return run_suite(tmp_path_factory.mktemp("broken"), CAUGHT_BY, select)
+
+
+def test_every_broken_variant_has_tests_that_catch_it() -> None:
+    assert sorted(CAUGHT_BY) == sorted(VARIANTS)
+
+
+@pytest.mark.parametrize("scheme", sorted(CAUGHT_BY))
+def test_the_suite_fails_a_broken_backend(scheme: str, broken_runs: Tuple[Outcomes, str]) -> None:
+    outcomes, output = broken_runs
+    got = {test: outcomes.get((_class_name(scheme), test), "not run") for test in CAUGHT_BY[scheme]}
+    assert got == {test: "failed" for test in CAUGHT_BY[scheme]}, (
+        f"{VARIANTS[scheme].__name__}: {VARIANTS[scheme].__doc__}\n{output}"
+    )

@@ -1,0 +1,232 @@
+"""Every capability a backend declares is checked: what the flag promises, it does.
+
+- ``max_push_bytes``: a push over it raises :class:`~varsync.ItemTooLargeError` and
+  changes nothing (with an over-size array that costs no memory: a sparse file mapped
+  read-only); where the limit is at most 64 MiB, a push of exactly the limit goes through.
+- ``persistent``: tables and values outlive the process that wrote them.
+- ``supports_blocking_wait``: a blocked wait makes no requests through the protocol
+  while it waits (it is woken, not polling), and the push wakes it.
+- ``shared_across_processes``: another process sees a push made here, or, where the flag
+  is ``False``, does not.
+
+And for every backend: tables and values outlive the container that made them.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Tuple
+
+import numpy as np
+import pytest
+
+import varsync
+from varsync.testing.blocking import BlockingCall
+from varsync.testing.suite import (
+    BLOCKED_SECONDS,
+    SMALL,
+    TableMaker,
+    _Base,
+    _wait_codes,
+    assert_bit_equal,
+    check_consistent,
+    filled,
+)
+
+__all__ = ["CapabilityTests"]
+
+#: The largest limit whose push of exactly that size the suite makes (it allocates it).
+LARGEST_PUSH_MADE = 64 * 2**20
+#: Protocol calls a blocked wait may make while it waits (a look before, one after).
+POLLS_ALLOWED = 2
+#: The protocol's methods a polling wait would call.
+POLLED_METHODS = ("version", "version_within", "read", "signature", "tables", "details")
+
+Sighting = Tuple[str, Any, Any]
+
+
+def _look_from_another_process(url: str, options: Dict[str, Any], results: Any) -> None:
+    """Child process: report what a container here sees of table ``variables``:
+    ``("no table", tables, None)``, ``("table", version, number)`` or ``("error", ...)``."""
+    try:
+        with varsync.connect(url, **options) as container:
+            tables = container.tables()
+            if "variables" not in tables:
+                results.put(("no table", tables, None))
+                return
+            got = container.pull_if_newer(0, timeout=20)
+            results.put(("table", container.version(), None if got is None else check_consistent(got[1])))
+    except BaseException as exc:  # reported to the parent, which fails the test
+        results.put(("error", f"{type(exc).__name__}: {exc}", None))
+
+
+def _create_and_push(
+    url: str, options: Dict[str, Any], create: bool, number: int, results: Any
+) -> None:
+    """Child process: (create table ``variables`` and) push ``number``, then exit;
+    report ``("pushed", version, None)`` or ``("error", ...)``."""
+    try:
+        with varsync.connect(url, **options) as container:
+            if create:
+                container.create_table("variables", SMALL)
+            results.put(("pushed", container.push(filled(SMALL, number)), None))
+    except BaseException as exc:  # reported to the parent, which fails the test
+        results.put(("error", f"{type(exc).__name__}: {exc}", None))
+
+
+def _in_a_child(target: Callable[..., None], *args: Any) -> Sighting:
+    """Run ``target(*args, results)`` in a spawned process; the report it put in
+    ``results``, once the process has exited."""
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    child = context.Process(target=target, args=(*args, results))
+    child.start()
+    try:
+        report: Sighting = results.get(timeout=120)
+    finally:
+        child.join(120)
+        if child.is_alive():
+            child.kill()
+            child.join()
+    assert child.exitcode == 0, f"the child process exited with {child.exitcode}"
+    return report
+
+
+class CapabilityTests(_Base):
+    """What each declared capability flag promises."""
+
+    # -- max_push_bytes --------------------------------------------------------------------
+
+    def test_a_push_over_max_push_bytes_is_refused_and_changes_nothing(
+        self, make_tables: TableMaker, connect: Any, backend_cls: type, tmp_path: Path
+    ) -> None:
+        limit = backend_cls.max_push_bytes
+        if limit is None:
+            pytest.skip("backend declares no max_push_bytes")
+        size = limit + 1
+        container = connect(make_tables({"variables": {"big": varsync.Spec((size,), "uint8")}}))
+        # Over the limit at no cost: a sparse file, mapped read-only, is a C-contiguous
+        # array the core takes as it is (never touched, so never in memory or on disk).
+        sparse = tmp_path / "over-the-limit.bin"
+        with open(sparse, "wb") as f:
+            f.truncate(size)
+        big = np.memmap(sparse, dtype=np.uint8, mode="r", shape=(size,))
+        try:
+            with pytest.raises(varsync.ItemTooLargeError) as caught:
+                container.push({"big": big})
+        finally:
+            del big
+        assert isinstance(caught.value, ValueError)
+        assert container.version() == 0 and container.pull_if_newer(0) is None
+
+    def test_a_push_of_exactly_max_push_bytes_goes_through(
+        self, make_tables: TableMaker, connect: Any, backend_cls: type
+    ) -> None:
+        limit = backend_cls.max_push_bytes
+        if limit is None:
+            pytest.skip("backend declares no max_push_bytes")
+        if limit > LARGEST_PUSH_MADE:
+            pytest.skip(f"max_push_bytes={limit} is over {LARGEST_PUSH_MADE} bytes, too big a "
+                        "push to make in a test")
+        values = {"big": (np.arange(limit) % 251).astype(np.uint8)}
+        container = connect(make_tables({"variables": {"big": varsync.Spec((limit,), "uint8")}}))
+        assert container.push(values) == 1
+        assert_bit_equal(container.pull(), values)
+
+    # -- persistence -----------------------------------------------------------------------
+
+    def test_tables_and_values_outlive_the_container_that_made_them(
+        self, url: str, make_tables: TableMaker, connect: Any, connect_options: Dict[str, Any],
+        backend_cls: type,
+    ) -> None:
+        if backend_cls.supports_create_table:
+            with varsync.connect(url, **connect_options) as first:
+                first.create_table("variables", SMALL)
+                first.push(filled(SMALL, 4))
+        else:
+            url = make_tables({"variables": SMALL})
+            with varsync.connect(url, **connect_options) as first:
+                first.push(filled(SMALL, 4))
+        later = connect(url)
+        assert "variables" in later.tables()
+        assert later.version() == 1
+        assert_bit_equal(later.pull(), filled(SMALL, 4))
+
+    def test_persistent_tables_outlive_the_process_that_wrote_them(
+        self, url: str, make_tables: TableMaker, connect: Any, connect_options: Dict[str, Any],
+        backend_cls: type,
+    ) -> None:
+        if not backend_cls.persistent:
+            pytest.skip("backend is not persistent")
+        if not backend_cls.shared_across_processes:
+            pytest.skip("backend is not shared across processes: no other process to write")
+        create = backend_cls.supports_create_table
+        url = url if create else make_tables({"variables": SMALL})
+        report = _in_a_child(_create_and_push, url, dict(connect_options), create, 6)
+        assert report == ("pushed", 1, None), f"the writer process reported {report}"
+        later = connect(url)
+        assert "variables" in later.tables(), "the table went with the process that made it"
+        assert later.version() == 1
+        assert_bit_equal(later.pull(), filled(SMALL, 6))
+
+    # -- supports_blocking_wait ------------------------------------------------------------
+
+    def test_a_blocking_wait_makes_no_requests_while_it_waits(
+        self, make_tables: TableMaker, connect: Any, backend_cls: type
+    ) -> None:
+        if not backend_cls.supports_blocking_wait:
+            pytest.skip("backend does not declare supports_blocking_wait")
+        url = make_tables({"variables": SMALL})
+        reader, writer = connect(url), connect(url)
+        writer.push(filled(SMALL, 1))
+        calls: List[str] = []
+        backend = reader.backend
+        for name in POLLED_METHODS:  # count the protocol calls of the reader's backend
+            method = getattr(backend, name)
+            setattr(backend, name, _counted(method, name, calls))
+        try:
+            waiter = BlockingCall(lambda: reader.wait_for(1, timeout=20), "wait_for(1)")
+            waiter.wait_until_inside(_wait_codes(reader))
+            polls = len(calls)
+            # A polling wait (the default: every 1 ms, up to every 50 ms) asks again and
+            # again meanwhile; one the engine wakes asks nothing until it is woken.
+            waiter.assert_still_blocked(max(BLOCKED_SECONDS, 0.3))
+            polled = calls[polls:]
+            assert len(polled) <= POLLS_ALLOWED, (
+                f"a wait of a backend declaring supports_blocking_wait made {len(polled)} "
+                f"protocol calls while it waited ({sorted(set(polled))}): it polls"
+            )
+            assert writer.push(filled(SMALL, 2)) == 2
+            assert waiter.result() == 2
+        finally:
+            for name in POLLED_METHODS:
+                vars(backend).pop(name, None)
+
+    # -- shared_across_processes -----------------------------------------------------------
+
+    def test_another_process_sees_a_push_exactly_when_the_store_is_shared(
+        self, make_tables: TableMaker, connect: Any, connect_options: Dict[str, Any],
+        backend_cls: type,
+    ) -> None:
+        url = make_tables({"variables": SMALL})
+        connect(url).push(filled(SMALL, 7))
+        sighting = _in_a_child(_look_from_another_process, url, dict(connect_options))
+        assert sighting[0] != "error", f"the other process: {sighting[1]}"
+        if backend_cls.shared_across_processes:
+            assert sighting == ("table", 1, 7), (
+                f"a backend declaring shared_across_processes: another process saw {sighting}"
+            )
+        else:
+            assert sighting[0] != "table" or sighting[2] != 7, (
+                "a backend declaring shared_across_processes=False: another process saw this "
+                f"process's push ({sighting}); declare it shared"
+            )
+
+
+def _counted(method: Callable[..., Any], name: str, calls: List[str]) -> Callable[..., Any]:
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(name)
+        return method(*args, **kwargs)
+
+    return counted
