@@ -235,15 +235,20 @@ class ContractTests(_Base):
         total = pushers * self.PUSHES_PER_THREAD
         assert container.version() == total, f"{total} pushes made version {container.version()}"
         assert set(returned) <= set(range(1, total + 1)), f"versions beyond {total}: {returned}"
-        number_of = {
-            version: pusher * 1000 + index + 1
+        version_of = {
+            pusher * 1000 + index + 1: version
             for pusher, versions in pushed.items()
             for index, version in enumerate(versions) if version is not None
         }
-        wrong = [(v, n, number_of[v]) for v, n in seen if v in number_of and n != number_of[v]]
-        assert not wrong, f"pulls labelled with another push's version (version, got, pushed): {wrong[:5]}"
-        if total in number_of:
-            assert check_consistent(container.pull()) == number_of[total]
+        # A pull labelled v holds push v's value or (Reverb, docs/guarantees.md) a later
+        # push's: never an older value presented as newer.
+        older = [(v, n, version_of[n]) for v, n in seen if n in version_of and version_of[n] < v]
+        assert not older, (
+            f"pulls labelled with a version above their value's (label, value, its version): {older[:5]}"
+        )
+        final = check_consistent(container.pull())
+        last = [number for number, version in version_of.items() if version == total]
+        assert final == (last[0] if last else final), f"version {total} holds push {final}, not {last}"
 
     # -- waits last their timeout ------------------------------------------------------------
 

@@ -514,7 +514,9 @@ class ConcurrencyTests(_Base):
                 reads += 1
                 if version <= last_version:
                     problems.append(f"version went from {last_version} to {version}")
-                check_consistent(values)
+                number = check_consistent(values)
+                if number < version:  # push n made version n: never an older value as newer
+                    problems.append(f"version {version} came with the value of push {number}")
                 last_version = version
             elif finished:
                 break
