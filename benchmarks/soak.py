@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -78,6 +78,25 @@ def rss_kib(pid: Optional[int] = None) -> int:
 
 
 # -- the loops ------------------------------------------------------------------------------------
+
+
+def check_pull(outcome: Dict[str, Any], version: int, values: Any, held: int,
+               held_number: int) -> Tuple[int, int]:
+    """Checks one pulled value against the one held before; the (version, number) now held."""
+    number = number_in(values)
+    outcome["pulls"] += 1
+    if number is None:
+        outcome["wrong"].append(f"version {version}: a torn value")
+    elif version <= held:
+        outcome["wrong"].append(f"version went from {held} to {version}")
+    elif number < held_number:
+        outcome["wrong"].append(f"took {number} for newer than {held_number}")
+    elif number < version:
+        outcome["wrong"].append(f"version {version} held the older {number}")
+    elif number > version:  # Reverb: a push landed between the count and the sample
+        outcome["ahead_of_label"] = outcome.get("ahead_of_label", 0) + 1
+    return version, number if number is not None else held_number
+
 
 
 def writer(url: str, options: Dict[str, Any], signature: Any, ready: Any, go: Any,
@@ -143,21 +162,8 @@ def reader(url: str, options: Dict[str, Any], mode: str, index: int, ready: Any,
                     outcome["polls"] += 1
                     time.sleep(0.0005)  # a poller's cadence, not synchronisation
                     continue
-                version, values = got
-                number = number_in(values)
-                outcome["pulls"] += 1
-                if number is None:
-                    outcome["wrong"].append(f"version {version}: a torn value")
-                elif version <= held:
-                    outcome["wrong"].append(f"version went from {held} to {version}")
-                elif number < held_number:
-                    outcome["wrong"].append(f"took {number} for newer than {held_number}")
-                elif number < version:
-                    outcome["wrong"].append(f"version {version} held the older {number}")
-                elif number > version:  # Reverb: a push landed between the count and the sample
-                    outcome["ahead_of_label"] = outcome.get("ahead_of_label", 0) + 1
-                held, held_number = version, number if number is not None else held_number
-                del values, got
+                held, held_number = check_pull(outcome, got[0], got[1], held, held_number)
+                del got
                 if "rss_start" not in outcome and time.monotonic() - start >= WARM_UP:
                     outcome["rss_start"] = rss_kib()
             outcome["rss_end"] = rss_kib()
@@ -187,6 +193,8 @@ class Server:
         self.stoppers: List[Callable[[], None]] = []
         self.memory: Callable[[], int] = lambda: 0
         self.memory_name = "-"
+        self.address: Optional[Tuple[str, int]] = None  # (host, port) of a server, for proxies
+        self.store_path = ""  # shm: the store's directory
         if backend == "memory":
             self.url = f"memory://soak-{uuid.uuid4().hex}"
         elif backend == "shm":
@@ -194,7 +202,7 @@ class Server:
 
             name = f"soak-{uuid.uuid4().hex}"
             self.url = f"shm://{name}"
-            path = varsync_shm.store_path(name)
+            path = self.store_path = varsync_shm.store_path(name)
             self.memory = lambda: _tree_kib(path)
             self.memory_name = "/dev/shm"
             self.stoppers.append(lambda: varsync_shm.remove_store(name))
@@ -205,6 +213,7 @@ class Server:
             server = context.__enter__()
             self.stoppers.append(lambda: context.__exit__(None, None, None))
             self.url = server.url
+            self.address = ("127.0.0.1", server.port)
             self.memory = lambda: rss_kib(server.process.pid)
             self.memory_name = "redis-server"
         else:
@@ -213,6 +222,7 @@ class Server:
             process.start()
             port = ready.get(timeout=300)
             self.url = f"reverb://localhost:{port}"
+            self.address = ("127.0.0.1", port)
             self.memory = lambda: rss_kib(process.pid)
             self.memory_name = "reverb server"
 
@@ -331,45 +341,70 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help=f"comma-separated, from {', '.join(BACKENDS)}")
     parser.add_argument("--readers", type=int, default=3, help="reader processes (default 3)")
     parser.add_argument("--megabytes", type=float, default=4.0, help="size of the nest (default 4)")
+    parser.add_argument("--faults", choices=("none", "on", "both"), default="both",
+                        help="none: the clean soak; on: with interrupts and lost replies "
+                        "(see benchmarks/_soak_faults.py); both (default): clean, then faulty")
+    parser.add_argument("--seed", type=int, default=0, help="of the faults (default 0)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     chosen = [b.strip() for b in args.backends.split(",") if b.strip()]
     unknown = sorted(set(chosen) - set(BACKENDS))
     if unknown or args.seconds <= 0 or args.readers < 1:
         parser.error(f"unknown backends {unknown}" if unknown else "--seconds > 0, --readers >= 1")
+    faulty: Any = None
+    if args.faults != "none":
+        import _soak_faults as faulty  # imports this file as ``soak``: here, not at the top
 
     print(f"soak: {args.seconds:g} s per backend, 1 writer and {args.readers} readers, "
           f"{args.megabytes:g} MB nest; {os.cpu_count()} CPUs", flush=True)
     rows = []
     for backend in chosen:
-        print(f"  {backend} ...", flush=True)
-        rows.append(summary(soak(backend, args.seconds, args.readers, args.megabytes)))
+        if args.faults != "on":
+            print(f"  {backend} ...", flush=True)
+            rows.append(summary(soak(backend, args.seconds, args.readers, args.megabytes)))
+        if faulty:
+            print(f"  {backend} with faults ...", flush=True)
+            result = faulty.soak_with_faults(backend, args.seconds, args.readers,
+                                             args.megabytes, args.seed)
+            rows.append(summary(result))
+            faulty.summarise(result, rows[-1])
     print()
     print("| backend | pushes | pushes/s | values pulled and checked | unchanged polls | "
-          "inconsistent | errors | writer RSS (growth) | max reader RSS growth | server memory (growth) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---|---:|---|")
+          "inconsistent | errors | writer RSS (growth) | max reader RSS growth | server memory (growth) |"
+          + (faulty.HEADER if faulty else ""))
+    print("|---|---:|---:|---:|---:|---:|---:|---|---:|---|"
+          + ("---:|---:|---:|---|---|---|" if faulty else ""))
     for r in rows:
         in_process = r["backend"] == "memory"  # writer and readers are threads of this process
         print(
-            f"| {r['backend']} | {r['pushes']} | {r['pushes_per_s']:.0f} | {r['pulls']} | "
+            f"| {r['backend']}{' + faults' if r.get('faults') else ''} | {r['pushes']} | "
+            f"{r['pushes_per_s']:.0f} | {r['pulls']} | "
             f"{r['polls']} | {r['inconsistent']} | {r['errors']} | "
             f"{r['writer_rss_mib'][0]:.0f} MiB ({r['writer_rss_mib'][1]:+.1f}) | "
             + ("(same process) | – |" if in_process else
                f"{r['reader_rss_growth_mib']:+.1f} MiB | "
                f"{r['server']}: {r['server_mib'][0]:.0f} MiB ({r['server_mib'][1]:+.1f}) |")
+            + (faulty.columns(r) if faulty else "")
         )
+    if faulty:
+        print(f"faults: {faulty.NOTE}")
     for r in rows:
+        name = r["backend"] + (" (faults)" if r.get("faults") else "")
         if not r["caught_up"]:
-            print(f"{r['backend']}: a reader did not reach the last version")
+            print(f"{name}: a reader did not reach the last version")
         if r["ahead_of_label"]:
-            print(f"{r['backend']}: {r['ahead_of_label']} pulls got a value newer than their "
+            print(f"{name}: {r['ahead_of_label']} pulls got a value newer than their "
                   "version number (a push landed between reading the count and sampling)")
+        if r.get("faults"):
+            for line in faulty.notes(r):
+                print(line)
         for problem in r["problems"]:
-            print(f"{r['backend']}: {problem}")
+            print(f"{name}: {problem}")
     if args.json:
         with open(args.json, "w") as out:
             json.dump(rows, out, indent=2)
-    failed = any(r["inconsistent"] or r["errors"] or not r["caught_up"] for r in rows)
+    failed = any(r["inconsistent"] or r["errors"] or not r["caught_up"] or r.get("leaks")
+                 for r in rows)
     return 1 if failed else 0
 
 
