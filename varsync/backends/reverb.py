@@ -25,6 +25,7 @@ signature. Either container reads what the other wrote.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
@@ -155,8 +156,9 @@ class ReverbBackend(Backend):
         )
         self._writers: Dict[str, Any] = {}
         self._writer_lock = threading.Lock()
-        # (purpose, server table) -> (latest start time of the server, insert count)
-        self._incarnations: Dict[Tuple[str, str], Tuple[float, int]] = {}
+        # (purpose, server table) -> (latest start time of the server, insert count, when
+        # that was answered)
+        self._incarnations: Dict[Tuple[str, str], Tuple[float, int, float]] = {}
         self._incarnations_lock = threading.Lock()
         self._idle_workers: List[_Worker] = []  # warm sampling threads, see _sample
         self._workers_lock = threading.Lock()
@@ -354,12 +356,17 @@ class ReverbBackend(Backend):
         started later. ``info`` was asked for at ``asked_at``, so the worker started
         between ``asked_at - age`` and now ``- age``, however slow the answer."""
         age = _age_seconds(info)
-        earliest, latest = asked_at - age, time.monotonic() - age
+        answered_at = time.monotonic()
+        earliest, latest = asked_at - age, answered_at - age
         count = _insert_count(info)
         with self._incarnations_lock:
             seen = self._incarnations.get(key)
+            if seen is not None and asked_at < seen[2]:
+                # Asked before the remembered answer arrived (another thread's): it may be
+                # the older of the two, so a lower count or later start proves nothing.
+                return False
             if remember or seen is None:
-                self._incarnations[key] = (latest, count)
+                self._incarnations[key] = (latest, count, answered_at)
         return seen is not None and (count < seen[1] or earliest - seen[0] > _RESTART_SLACK)
 
     def _check_same_server(self, name: str, info: Any, asked_at: float, newer_than: int) -> None:
@@ -388,11 +395,18 @@ class ReverbBackend(Backend):
         version = _version_of(info)
         if version <= newer_than:
             return version, None
-        for _ in range(_SAMPLE_ATTEMPTS):
-            arrays = self._sample(info, left())
-            # Only a count unchanged across the sample says which insert was sampled: one
-            # that moved means the item may be newer than ``version``.
-            again = self._checked_info(name, left())
+        for attempt in range(_SAMPLE_ATTEMPTS):
+            last = attempt == _SAMPLE_ATTEMPTS - 1
+            # The last attempt holds this container's writer lock: its own pushes (other
+            # threads) cannot land in between; only another process's still can.
+            with self._writer_lock if last else contextlib.nullcontext():
+                if last:
+                    info = self._checked_info(name, left())
+                    version = _version_of(info)
+                arrays = self._sample(info, left())
+                # Only a count unchanged across the sample says which insert was sampled:
+                # one that moved means the item may be newer than ``version``.
+                again = self._checked_info(name, left())
             if _insert_count(again) == _insert_count(info):
                 return version, arrays
             sampled_as, info, version = version, again, _version_of(again)
