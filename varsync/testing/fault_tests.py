@@ -30,7 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 import varsync
-from varsync.testing.faults import Interrupter, Proxy, call_within, open_fds
+from varsync.testing.faults import Interrupter, Proxy, call_within, fd_targets, open_fds
 from varsync.testing.suite import CONSISTENCY, TableMaker, _Base, check_consistent, filled
 
 #: How long past its own timeout a call may take before the suite calls it hung: this
@@ -174,13 +174,28 @@ class FaultTests(_Base):
         return {"open fds": open_fds(), "threads": threading.active_count(), **leak_counts()}
 
     def _assert_no_leaks(self, before: Counts, leak_counts: Callable[[], Counts],
-                         faults: int) -> None:
+                         faults: int, fds_before: Dict[int, str]) -> None:
         """Nothing grew with the faults: a few of anything may be pooled or cached (a
-        reconnection, a worker thread), one per fault may not."""
-        after = self._counts(leak_counts)
+        reconnection, a worker thread), one per fault may not. What other threads of a
+        long test session open and close meanwhile is given a moment to settle."""
         allowance = 4
-        grown = {k: (before.get(k, 0), v) for k, v in after.items() if v > before.get(k, 0) + allowance}
-        assert not grown, f"after {faults} faults these grew (before, after): {grown}"
+        deadline = time.monotonic() + 2.0
+        while True:
+            after = self._counts(leak_counts)
+            grown = {k: (before.get(k, 0), v) for k, v in after.items()
+                     if v > before.get(k, 0) + allowance}
+            if not grown or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)  # re-measure: other threads' descriptors come and go
+        new = {fd: target for fd, target in fd_targets().items()
+               if fds_before.get(fd) != target}
+        assert not grown, (
+            f"after {faults} faults these grew (before, after): {grown}; "
+            f"descriptors new since: {sorted(new.values())[:20]}"
+        )
+
+    def _baseline(self, leak_counts: Callable[[], Counts]) -> Tuple[Counts, Dict[int, str]]:
+        return self._counts(leak_counts), fd_targets()
 
     def _proxy(self, server_address: Callable[[str], Any], url: str) -> Proxy:
         address = server_address(url)
@@ -207,7 +222,7 @@ class FaultTests(_Base):
 
         typical = _median_seconds(lambda: history.pushed_as(push()))
         history.observe(checker)
-        before = self._counts(leak_counts)
+        before, fds_before = self._baseline(leak_counts)
         with Interrupter(seed=11) as interrupter:
             for _ in range(self.INTERRUPTS):
                 done, version = interrupter.call(push, _interrupt_delays(interrupter, typical))
@@ -217,7 +232,7 @@ class FaultTests(_Base):
         history.pushed_as(push())
         history.observe(checker)
         assert history.held[1] == history.pushed
-        self._assert_no_leaks(before, leak_counts, interrupter.fired)
+        self._assert_no_leaks(before, leak_counts, interrupter.fired, fds_before)
 
     def test_interrupted_pulls_leave_nothing_behind(
         self, make_tables: TableMaker, connect: Any, leak_counts: Callable[[], Counts]
@@ -229,7 +244,7 @@ class FaultTests(_Base):
         writer.push(filled(CONSISTENCY, 1))
         typical = _median_seconds(lambda: reader.pull())
         kept = []  # pulled values held on to, as an actor holds its weights
-        before = self._counts(leak_counts)
+        before, fds_before = self._baseline(leak_counts)
         with Interrupter(seed=12) as interrupter:
             for index in range(self.INTERRUPTS):
                 calls: List[Callable[[], Any]] = [
@@ -247,7 +262,7 @@ class FaultTests(_Base):
                 history.observe(reader)
         assert interrupter.fired > self.INTERRUPTS // 4, "too few pulls were interrupted"
         del kept
-        self._assert_no_leaks(before, leak_counts, interrupter.fired)
+        self._assert_no_leaks(before, leak_counts, interrupter.fired, fds_before)
 
     def test_interrupted_waits_leave_nothing_behind(
         self, make_tables: TableMaker, connect: Any, leak_counts: Callable[[], Counts]
@@ -256,7 +271,7 @@ class FaultTests(_Base):
         writer, reader = connect(url), connect(url)
         version = writer.push(filled(CONSISTENCY, 1))
         reader.pull()
-        before = self._counts(leak_counts)
+        before, fds_before = self._baseline(leak_counts)
         rounds = self.INTERRUPTS // 3
         with Interrupter(seed=13) as interrupter:
             for index in range(rounds):
@@ -276,7 +291,7 @@ class FaultTests(_Base):
         writer.push(filled(CONSISTENCY, 2))
         waiter.join(CHECK_SECONDS)
         assert woke == [version + 1]
-        self._assert_no_leaks(before, leak_counts, interrupter.fired)
+        self._assert_no_leaks(before, leak_counts, interrupter.fired, fds_before)
 
     # -- lost and delayed replies ----------------------------------------------------------
 
@@ -292,10 +307,13 @@ class FaultTests(_Base):
             history.pushed = 1
             history.pushed_as(writer.push(filled(CONSISTENCY, 1)))
             history.observe(checker)
-            before = self._counts(leak_counts)
+            before, fds_before = self._baseline(leak_counts)
             proxy.lose_replies(probability=self.LOST_REPLY_PROBABILITY, seed=21)
-            failed = 0
-            for _ in range(self.LOST_REPLY_CALLS):
+            failed = calls = 0
+            # LOST_REPLY_CALLS calls, and more (boundedly) until one failed: how many replies
+            # a call takes, and so how many may be lost, varies with the engine's protocol.
+            while calls < self.LOST_REPLY_CALLS or (not failed and calls < 4 * self.LOST_REPLY_CALLS):
+                calls += 1
                 history.pushed += 1
                 try:
                     history.pushed_as(writer.push(filled(CONSISTENCY, history.pushed)))
@@ -308,7 +326,7 @@ class FaultTests(_Base):
             history.observe(checker)
             assert history.held[1] == history.pushed
             assert proxy.lost > 0 and failed > 0, "no reply was lost: the test tested nothing"
-            self._assert_no_leaks(before, leak_counts, failed)
+            self._assert_no_leaks(before, leak_counts, failed, fds_before)
 
     def test_lost_pull_replies_raise_or_return_one_whole_version(
         self, make_tables: TableMaker, connect: Any, server_address: Any, url_via: Any
@@ -319,8 +337,9 @@ class FaultTests(_Base):
             reader = connect(url_via(url, proxy.host, proxy.port), timeout=5)
             writer.push(filled(CONSISTENCY, 1))
             proxy.lose_replies(probability=self.LOST_REPLY_PROBABILITY, seed=22)
-            failed, last = 0, 0
-            for number in range(2, self.LOST_REPLY_CALLS + 2):
+            failed, last, number = 0, 0, 1
+            while number <= self.LOST_REPLY_CALLS or (not failed and number <= 4 * self.LOST_REPLY_CALLS):
+                number += 1
                 writer.push(filled(CONSISTENCY, number))
                 try:
                     got = reader.pull_if_newer(last) if number % 2 else (None, reader.pull())
@@ -332,7 +351,7 @@ class FaultTests(_Base):
                     assert held == number, f"pulled push {held} after push {number} was made"
                     last = got[0] or last
             proxy.heal()
-            assert check_consistent(reader.pull()) == self.LOST_REPLY_CALLS + 1
+            assert check_consistent(reader.pull()) == number
             assert failed > 0, "no reply was lost: the test tested nothing"
 
     def test_a_call_never_outlives_its_timeout_when_replies_stop(

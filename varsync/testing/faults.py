@@ -19,20 +19,46 @@ Both are public so that a backend author can aim them at engine-specific cases t
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import signal
 import socket
 import threading
 import time
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
-__all__ = ["Interrupter", "Proxy", "open_fds", "call_within"]
+__all__ = ["Interrupter", "Proxy", "open_fds", "settled_fds", "fd_targets", "call_within"]
 
 
 def open_fds() -> int:
     """How many file descriptors this process has open (Linux: ``/proc/self/fd``)."""
     return len(os.listdir("/proc/self/fd"))
+
+
+def settled_fds(at_most: int, seconds: float = 2.0) -> int:
+    """The open-fd count once it is ``at_most`` or less, re-measured (after a garbage
+    collection) for up to ``seconds``; else the last count. Descriptors other threads of a
+    long test session hold for a moment (a client reconnecting in the background, a
+    connection being dropped) come and go; a leak stays."""
+    deadline = time.monotonic() + seconds
+    while True:
+        gc.collect()
+        count = open_fds()
+        if count <= at_most or time.monotonic() > deadline:
+            return count
+        time.sleep(0.05)  # re-measure: not a stand-in for synchronisation
+
+
+def fd_targets() -> "Dict[int, str]":
+    """What each open file descriptor points at (``socket:[…]``, a path, …)."""
+    targets = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            targets[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # closed meanwhile
+            pass
+    return targets
 
 
 def call_within(seconds: float, fn: Callable[[], Any]) -> Any:
