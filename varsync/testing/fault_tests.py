@@ -200,7 +200,7 @@ class FaultTests(_Base):
     def _proxy(self, server_address: Callable[[str], Any], url: str) -> Proxy:
         address = server_address(url)
         if address is None:
-            pytest.skip("the URL names no host:port to put a proxy in front of")
+            pytest.skip("no server address to put a proxy in front of (server_address gives none)")
         return Proxy(*address)
 
     # -- interrupts ------------------------------------------------------------------------

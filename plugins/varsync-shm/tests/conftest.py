@@ -11,6 +11,7 @@ import uuid
 import pytest
 
 import varsync_shm
+from shm_helpers import CONTEXT
 
 SESSION = uuid.uuid4().hex[:8]
 
@@ -21,6 +22,24 @@ def store_name():
     name = f"test-{SESSION}-{uuid.uuid4().hex}"
     yield name
     varsync_shm.remove_store(name)
+
+
+@pytest.fixture
+def children():
+    """Start child processes; any still alive at teardown is killed."""
+    started = []
+
+    def start(target, *args):
+        child = CONTEXT.Process(target=target, args=args, daemon=True)
+        child.start()
+        started.append(child)
+        return child
+
+    yield start
+    for child in started:
+        if child.is_alive():
+            child.kill()
+        child.join(30)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -34,23 +34,6 @@ def store(url):
         yield container
 
 
-@pytest.fixture
-def children():
-    """Start child processes; any still alive at teardown is killed."""
-    started = []
-
-    def start(target, *args):
-        child = CONTEXT.Process(target=target, args=args, daemon=True)
-        child.start()
-        started.append(child)
-        return child
-
-    yield start
-    for child in started:
-        if child.is_alive():
-            child.kill()
-        child.join(30)
-
 
 def files_of(store, table="variables"):
     return sorted(os.listdir(store.table_info(table).details["path"]))

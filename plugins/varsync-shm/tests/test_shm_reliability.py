@@ -35,23 +35,6 @@ def url(store_name):
     return f"shm://{store_name}"
 
 
-@pytest.fixture
-def children():
-    """Start child processes; any still alive at teardown is killed."""
-    started = []
-
-    def start(target, *args):
-        child = CONTEXT.Process(target=target, args=args, daemon=True)
-        child.start()
-        started.append(child)
-        return child
-
-    yield start
-    for child in started:
-        if child.is_alive():
-            child.kill()
-        child.join(30)
-
 
 class Interrupts:
     """Interrupt repeated calls at seeded random moments, and watch for descriptors
