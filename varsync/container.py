@@ -140,7 +140,8 @@ class VariableContainer:
     ) -> Optional[Tuple[int, Any]]:
         """``(new_version, nest)`` if the table holds a version greater than ``version``,
         else ``None`` at once. Learning that nothing changed costs one small request,
-        whatever the size of the table. ``timeout`` bounds the transfer."""
+        whatever the size of the table. ``timeout`` bounds the whole call, every request
+        included (0: the container's timeout bounds the transfer of a newer value)."""
         version = self._check_version(version)
         self._table(table)
         limit = self._timeout(timeout)
