@@ -93,10 +93,14 @@ class Spec:
 
     @property
     def size(self) -> int:
+        """How many elements an array of this spec holds (1 for a scalar, 0 if a
+        dimension is 0)."""
         return int(np.prod(self.shape, dtype=np.int64))
 
     @property
     def nbytes(self) -> int:
+        """How many bytes an array of this spec holds: ``size`` times the dtype's
+        itemsize, with no header or padding (what a push of this leaf moves)."""
         return self.size * self.dtype.itemsize
 
     def __repr__(self) -> str:
