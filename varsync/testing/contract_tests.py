@@ -9,7 +9,6 @@ The checks are about behaviour: what a call returned and what had happened by th
 
 from __future__ import annotations
 
-import gc
 import threading
 import time
 import uuid
@@ -22,7 +21,7 @@ import varsync
 from varsync.config import resolve
 from varsync.testing.blocking import PATIENCE, BlockingCall
 from varsync.testing.fault_tests import SLACK, Counts
-from varsync.testing.faults import call_within, open_fds
+from varsync.testing.faults import call_within, grown, resource_counts, settle
 from varsync.testing.suite import (
     SMALL,
     TableMaker,
@@ -308,7 +307,7 @@ class ContractTests(_Base):
         url = make_tables({"variables": SMALL})
         with varsync.connect(url, **connect_options) as warm:  # process-wide imports, caches
             warm.version()
-        before = self._counts(leak_counts)
+        before = resource_counts(leak_counts)
         container = varsync.connect(url, **connect_options)
         try:
             container.push(filled(SMALL, 1))
@@ -322,16 +321,8 @@ class ContractTests(_Base):
             assert waiter.result() == 2
         finally:
             container.close()
-        deadline = time.monotonic() + 10  # threads end and servers notice, soon after
-        while True:
-            after = self._counts(leak_counts)
-            kept = {k: (before.get(k, 0), v) for k, v in after.items() if v > before.get(k, 0)}
-            if not kept or time.monotonic() > deadline:
-                break
-            time.sleep(0.02)
+        # threads end and servers notice, soon after
+        after = settle(lambda: resource_counts(leak_counts),
+                       lambda counts: not grown(before, counts), seconds=10, pause=0.02)
+        kept = grown(before, after)
         assert not kept, f"a closed container still holds these (before, after): {kept}"
-
-    @staticmethod
-    def _counts(leak_counts: Callable[[], Counts]) -> Counts:
-        gc.collect()
-        return {"open fds": open_fds(), "threads": threading.active_count(), **leak_counts()}

@@ -17,7 +17,6 @@ number is returned twice.
 
 from __future__ import annotations
 
-import gc
 import multiprocessing
 import os
 import signal
@@ -30,7 +29,15 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 import varsync
-from varsync.testing.faults import Interrupter, Proxy, call_within, fd_targets, open_fds
+from varsync.testing.faults import (
+    Interrupter,
+    Proxy,
+    call_within,
+    fd_targets,
+    grown,
+    resource_counts,
+    settle,
+)
 from varsync.testing.suite import CONSISTENCY, TableMaker, _Base, check_consistent, filled
 
 #: How long past its own timeout a call may take before the suite calls it hung: this
@@ -169,33 +176,24 @@ class FaultTests(_Base):
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _counts(self, leak_counts: Callable[[], Counts]) -> Counts:
-        gc.collect()
-        return {"open fds": open_fds(), "threads": threading.active_count(), **leak_counts()}
-
     def _assert_no_leaks(self, before: Counts, leak_counts: Callable[[], Counts],
                          faults: int, fds_before: Dict[int, str]) -> None:
         """Nothing grew with the faults: a few of anything may be pooled or cached (a
         reconnection, a worker thread), one per fault may not. What other threads of a
         long test session open and close meanwhile is given a moment to settle."""
         allowance = 4
-        deadline = time.monotonic() + 2.0
-        while True:
-            after = self._counts(leak_counts)
-            grown = {k: (before.get(k, 0), v) for k, v in after.items()
-                     if v > before.get(k, 0) + allowance}
-            if not grown or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)  # re-measure: other threads' descriptors come and go
+        after = settle(lambda: resource_counts(leak_counts),
+                       lambda counts: not grown(before, counts, allowance), seconds=2.0)
+        more = grown(before, after, allowance)
         new = {fd: target for fd, target in fd_targets().items()
                if fds_before.get(fd) != target}
-        assert not grown, (
-            f"after {faults} faults these grew (before, after): {grown}; "
+        assert not more, (
+            f"after {faults} faults these grew (before, after): {more}; "
             f"descriptors new since: {sorted(new.values())[:20]}"
         )
 
     def _baseline(self, leak_counts: Callable[[], Counts]) -> Tuple[Counts, Dict[int, str]]:
-        return self._counts(leak_counts), fd_targets()
+        return resource_counts(leak_counts), fd_targets()
 
     def _proxy(self, server_address: Callable[[str], Any], url: str) -> Proxy:
         address = server_address(url)

@@ -26,9 +26,14 @@ import signal
 import socket
 import threading
 import time
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple, TypeVar
 
-__all__ = ["Interrupter", "Proxy", "open_fds", "settled_fds", "fd_targets", "call_within"]
+__all__ = [
+    "Interrupter", "Proxy", "open_fds", "settled_fds", "settle", "resource_counts", "grown",
+    "fd_targets", "call_within",
+]
+
+T = TypeVar("T")
 
 
 def open_fds() -> int:
@@ -36,18 +41,42 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def settled_fds(at_most: int, seconds: float = 2.0) -> int:
-    """The open-fd count once it is ``at_most`` or less, re-measured (after a garbage
-    collection) for up to ``seconds``; else the last count. Descriptors other threads of a
-    long test session hold for a moment (a client reconnecting in the background, a
-    connection being dropped) come and go; a leak stays."""
+def settle(measure: Callable[[], T], settled: Callable[[T], bool], seconds: float,
+           pause: float = 0.05) -> T:
+    """``measure()`` once ``settled`` holds for it, re-measured every ``pause`` seconds for
+    up to ``seconds``; else the last measure. For counts that other threads of a long test
+    session move for a moment (a client reconnecting in the background, a connection being
+    dropped, a thread ending), where a leak stays."""
     deadline = time.monotonic() + seconds
     while True:
+        value = measure()
+        if settled(value) or time.monotonic() > deadline:
+            return value
+        time.sleep(pause)  # re-measure: not a stand-in for synchronisation
+
+
+def resource_counts(extra: Callable[[], Dict[str, int]] = dict) -> Dict[str, int]:
+    """Open fds and live threads of this process (after a garbage collection), plus what
+    ``extra()`` counts (server connections, files, ...)."""
+    gc.collect()
+    return {"open fds": open_fds(), "threads": threading.active_count(), **extra()}
+
+
+def grown(before: Dict[str, int], after: Dict[str, int],
+          allowance: int = 0) -> Dict[str, Tuple[int, int]]:
+    """``{name: (before, after)}`` of the counts that grew by more than ``allowance``."""
+    return {k: (before.get(k, 0), v) for k, v in after.items() if v > before.get(k, 0) + allowance}
+
+
+def settled_fds(at_most: int, seconds: float = 2.0) -> int:
+    """The open-fd count once it is ``at_most`` or less (after a garbage collection),
+    re-measured for up to ``seconds``; else the last count (see :func:`settle`)."""
+
+    def count() -> int:
         gc.collect()
-        count = open_fds()
-        if count <= at_most or time.monotonic() > deadline:
-            return count
-        time.sleep(0.05)  # re-measure: not a stand-in for synchronisation
+        return open_fds()
+
+    return settle(count, lambda n: n <= at_most, seconds)
 
 
 def fd_targets() -> "Dict[int, str]":
