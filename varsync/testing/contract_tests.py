@@ -304,9 +304,14 @@ class ContractTests(_Base):
         self, make_tables: TableMaker, connect: Any, connect_options: Dict[str, Any],
         leak_counts: Callable[[], Counts],
     ) -> None:
-        url = make_tables({"variables": SMALL})
-        with varsync.connect(url, **connect_options) as warm:  # process-wide imports, caches
-            warm.version()
+        url = make_tables({"variables": SMALL, "warm_up": SMALL})
+        # The same calls once on another table first: process-wide imports, caches and an
+        # engine's pollers (gRPC makes them lazily) belong to no container.
+        with varsync.connect(url, **connect_options) as warm:
+            warm.push(filled(SMALL, 1), table="warm_up")
+            warm.pull("warm_up")
+            with pytest.raises(varsync.PullTimeoutError):
+                warm.wait_for(1, table="warm_up", timeout=0.05)
         before = resource_counts(leak_counts)
         container = varsync.connect(url, **connect_options)
         try:
