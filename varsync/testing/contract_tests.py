@@ -21,7 +21,7 @@ import varsync
 from varsync.config import resolve
 from varsync.testing.blocking import PATIENCE, BlockingCall
 from varsync.testing.fault_tests import SLACK, Counts
-from varsync.testing.faults import call_within, grown, resource_counts, settle
+from varsync.testing.faults import call_within, fd_targets, grown, resource_counts, settle
 from varsync.testing.suite import (
     SMALL,
     TableMaker,
@@ -312,7 +312,7 @@ class ContractTests(_Base):
             warm.pull("warm_up")
             with pytest.raises(varsync.PullTimeoutError):
                 warm.wait_for(1, table="warm_up", timeout=0.05)
-        before = resource_counts(leak_counts)
+        before, fds_before = resource_counts(leak_counts), fd_targets()
         container = varsync.connect(url, **connect_options)
         try:
             container.push(filled(SMALL, 1))
@@ -330,4 +330,7 @@ class ContractTests(_Base):
         after = settle(lambda: resource_counts(leak_counts),
                        lambda counts: not grown(before, counts), seconds=10, pause=0.02)
         kept = grown(before, after)
-        assert not kept, f"a closed container still holds these (before, after): {kept}"
+        assert not kept, (
+            f"a closed container still holds these (before, after): {kept}; descriptors new "
+            f"since: {sorted(t for fd, t in fd_targets().items() if fds_before.get(fd) != t)[:20]}"
+        )
