@@ -127,6 +127,8 @@ class FaultTests(_Base):
     INTERRUPTS = 150
     LOST_REPLY_CALLS = 60
     LOST_REPLY_PROBABILITY = 0.05
+    #: How much a resource count may grow over a fault test (pools, caches, reconnections).
+    LEAK_ALLOWANCE = 4
 
     # -- fixtures a backend author may override ------------------------------------------
 
@@ -181,7 +183,7 @@ class FaultTests(_Base):
         """Nothing grew with the faults: a few of anything may be pooled or cached (a
         reconnection, a worker thread), one per fault may not. What other threads of a
         long test session open and close meanwhile is given a moment to settle."""
-        allowance = 4
+        allowance = self.LEAK_ALLOWANCE
         after = settle(lambda: resource_counts(leak_counts),
                        lambda counts: not grown(before, counts, allowance), seconds=2.0)
         more = grown(before, after, allowance)
