@@ -16,6 +16,7 @@ from varsync import nest as nest_lib
 from varsync.config import resolve
 from varsync.registry import backend_class
 from varsync.testing.blocking import BlockingCall, code_of
+from varsync.testing.values import assert_bit_equal, check_consistent, filled
 
 Point = collections.namedtuple("Point", ["x", "y"])
 
@@ -42,25 +43,6 @@ TableMaker = Callable[[Mapping[str, Any]], str]
 #: How long a waiter must stay blocked, with nothing pushed, before a test pushes: a wait
 #: that returns without a push (at once, or after a poll) shows itself meanwhile.
 BLOCKED_SECONDS = 0.2
-
-
-def assert_bit_equal(got: Any, expected: Any) -> None:
-    """Same structure, and every leaf of the same dtype, shape and bytes."""
-    got_leaves = nest_lib.flatten_with_paths(got)
-    expected_leaves = nest_lib.flatten_with_paths(expected)
-    assert [p for p, _ in got_leaves] == [p for p, _ in expected_leaves]
-    for (path, g), (_, e) in zip(got_leaves, expected_leaves):
-        e = np.asarray(e)
-        where = nest_lib.format_path(path)
-        assert isinstance(g, np.ndarray), f"{where}: pulled {type(g).__name__}, not an array"
-        assert g.dtype == e.dtype.newbyteorder("="), f"{where}: dtype {g.dtype} != {e.dtype}"
-        assert g.shape == e.shape, f"{where}: shape {g.shape} != {e.shape}"
-        assert g.tobytes() == e.astype(g.dtype).tobytes(), f"{where}: bytes differ"
-
-
-def filled(signature: Any, value: int) -> Any:
-    """A nest of ``signature``'s structure whose every element equals ``value``."""
-    return nest_lib.map_structure(lambda s: np.full(s.shape, value, s.dtype), signature)
 
 
 def _wait_codes(container: Any) -> List[Any]:
@@ -479,13 +461,6 @@ CONSISTENCY = {
     "b": [varsync.Spec((1000,), "float32"), varsync.Spec((3, 3), "float64")],
     "step": varsync.Spec((), "int64"),
 }
-
-
-def check_consistent(values: Any) -> int:
-    """The one number every element of a :func:`filled` nest holds; fails on a mix."""
-    numbers = {int(x) for leaf in varsync.flatten(values) for x in np.unique(leaf)}
-    assert len(numbers) == 1, f"a pull mixed versions: elements hold {sorted(numbers)}"
-    return numbers.pop()
 
 
 def _write_versions(url: str, options: Dict[str, Any], table: str, start: int, count: int) -> None:
