@@ -8,26 +8,23 @@ keyword arguments; a keyword argument wins over the same name in the query strin
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from varsync.errors import ConfigurationError
+from varsync.options import MAX_TIMEOUT, parse_timeout
 
 __all__ = [
     "DEFAULT_URL", "DEFAULT_TIMEOUT", "ENV_URL", "Settings", "resolve", "redact", "parse_timeout",
-    "check_text",
+    "check_text", "MAX_TIMEOUT",
 ]
 
 DEFAULT_URL = "memory://default"
 ENV_URL = "VARSYNC_URL"
 DEFAULT_TIMEOUT = 30.0
 """Seconds any call may wait on a server or for data unless told otherwise."""
-MAX_TIMEOUT = 2**31 - 1
-"""Seconds (68 years) beyond which a timeout means no bound: sockets, threads and Reverb's
-whole-second deadlines cannot count further."""
 
 
 @dataclass(frozen=True)
@@ -104,29 +101,6 @@ def check_text(text: str, what: str, shown: Optional[str] = None) -> str:
             "store; use a name of valid characters"
         ) from None
     return text
-
-
-def parse_timeout(value: Any, name: str) -> Optional[float]:
-    """Seconds as a float; ``None``, ``inf`` or ``"none"`` mean no bound."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        if value.strip().lower() in ("none", "inf", "infinity", "forever"):
-            return None
-        try:
-            value = float(value)
-        except ValueError:
-            raise ConfigurationError(
-                f"{name}={value!r} is not a number of seconds; expected e.g. {name}=5 "
-                f"or {name}=none for no bound"
-            ) from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-        isinstance(value, float) and math.isnan(value)
-    ):
-        raise ConfigurationError(f"{name}={value!r} is not a number of seconds")
-    if value < 0:
-        raise ConfigurationError(f"{name}={value!r} is negative; expected seconds >= 0")
-    return None if value > MAX_TIMEOUT else float(value)
 
 
 def redact(url: str) -> str:

@@ -11,8 +11,8 @@ import numpy as np
 
 from varsync import nest as nest_lib
 from varsync import signature as sig
-from varsync.backends.base import Backend, deadline_after, remaining
-from varsync.config import check_text, parse_timeout
+from varsync.backends.base import Backend, deadline_after, read_snapshot, remaining
+from varsync.config import check_text
 from varsync.errors import (
     ConfigurationError,
     CorruptDataError,
@@ -20,9 +20,9 @@ from varsync.errors import (
     PullTimeoutError,
     TableExistsError,
     TableNotFoundError,
-    TableResetError,
-    VarsyncError,
 )
+from varsync.history import reset_error
+from varsync.options import parse_timeout
 
 __all__ = ["VariableContainer", "TableInfo", "DEFAULT_TABLE"]
 
@@ -143,9 +143,11 @@ class VariableContainer:
         whatever the size of the table. ``timeout`` bounds the whole call, every request
         included (0: the container's timeout bounds the transfer of a newer value)."""
         version = self._check_version(version)
-        self._table(table)
+        specs = self._table(table)[1]
         limit = self._timeout(timeout)
-        current, arrays = self._backend_call().read(table, version, self._transfer_bound(limit))
+        current, arrays = read_snapshot(
+            self._backend_call(), table, version, self._transfer_bound(limit), specs
+        )
         if arrays is None:
             self._check_not_reset(table, current, version)
             return None
@@ -240,13 +242,13 @@ class VariableContainer:
     def _pull_flat(self, table: str, timeout: Any) -> Tuple[int, List[np.ndarray]]:
         """The latest version and arrays, waiting up to ``timeout`` for a first push. The
         whole call, waits and transfers, ends within ``timeout`` (0: no wait)."""
-        self._table(table)
+        specs = self._table(table)[1]
         limit = self._timeout(timeout)
         deadline = deadline_after(limit)
         backend = self._backend_call()
         bound = self._transfer_bound(limit)
         while True:
-            version, arrays = backend.read(table, 0, bound)
+            version, arrays = read_snapshot(backend, table, 0, bound, specs)
             if arrays is not None:
                 return self._checked(table, version, arrays)
             left = remaining(deadline)
@@ -267,11 +269,7 @@ class VariableContainer:
 
     def _check_not_reset(self, table: str, current: int, held: int) -> None:
         if current < held:
-            raise TableResetError(
-                f"table {table!r} at {self._backend.url} is at version {current}, "
-                f"below version {held} you hold: its history restarted (e.g. the server lost "
-                "its data). Your version means nothing now; pull() to resynchronise."
-            )
+            raise reset_error(table, self._backend.url, held, current=current)
 
     def _checked(
         self, table: str, version: int, arrays: List[np.ndarray]

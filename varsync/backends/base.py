@@ -8,19 +8,26 @@ exactly its spec's dtype and shape. A backend must not modify the arrays it is g
 must copy what it keeps.
 
 Required: :meth:`create_table`, :meth:`signature`, :meth:`tables`, :meth:`version`,
-:meth:`write`, :meth:`read`. Optional: :meth:`wait` (the default polls :meth:`version`
-with a growing interval), :meth:`details`, :meth:`close`.
+:meth:`write`, :meth:`read`. Optional: :meth:`block` (how to sleep until the table may
+have changed; the default sleeps, so waits poll), :meth:`version_within`,
+:meth:`details`, :meth:`describe_options`, :meth:`close`.
+
+The core owns the wait loop (:func:`wait_for_change`, behind :meth:`wait`): a backend
+gives it the primitive, :meth:`block`, not a loop of its own. A backend written before
+:meth:`block` existed may still override :meth:`wait`; the core calls it.
 
 Capability flags (class attributes) tell the core and the conformance suite what the
-engine can do; the suite skips the tests of abilities a backend does not declare.
+engine can do; the suite checks each declared one and skips the tests of abilities a
+backend does not declare.
 """
 
 from __future__ import annotations
 
 import abc
+import inspect
 import math
 import time
-from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple, Type
 
 import numpy as np
 
@@ -28,7 +35,15 @@ from varsync.config import redact
 from varsync.errors import ConfigurationError, PullTimeoutError
 from varsync.signature import Spec
 
-__all__ = ["Backend", "Snapshot", "remaining", "deadline_after"]
+__all__ = [
+    "Backend", "Snapshot", "remaining", "deadline_after", "wait_for_change", "read_snapshot",
+    "POLL_START", "POLL_MAX",
+]
+
+#: Seconds of the first and the longest sleep between two looks when :meth:`Backend.block`
+#: cannot be woken by the engine (``supports_blocking_wait`` false): the interval doubles.
+POLL_START = 0.001
+POLL_MAX = 0.05
 
 Snapshot = Tuple[int, Optional[List[np.ndarray]]]
 """The table's current version and, when asked for, that one version's arrays."""
@@ -41,7 +56,9 @@ class Backend(abc.ABC):
     supports_create_table: ClassVar[bool] = True
     #: Containers in other processes see this store (memory: no; a server: yes).
     shared_across_processes: ClassVar[bool] = True
-    #: :meth:`wait` is woken by the engine, not by polling.
+    #: :meth:`block` is woken by the engine when the table changes, so the core's wait
+    #: loop blocks once for all the time left; ``False``: :meth:`block` only sleeps, and
+    #: the core polls with an interval growing from ``POLL_START`` to ``POLL_MAX``.
     supports_blocking_wait: ClassVar[bool] = False
     #: Tables outlive the process that wrote them, across server restarts.
     persistent: ClassVar[bool] = False
@@ -106,37 +123,40 @@ class Backend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def read(self, name: str, newer_than: int, timeout: Optional[float]) -> Snapshot:
+    def read(
+        self, name: str, newer_than: int, timeout: Optional[float], specs: Sequence[Spec]
+    ) -> Snapshot:
         """``(version, arrays)`` of the latest value if its version is greater than
         ``newer_than``, else ``(version, None)``.
 
         Must not wait for data: when nothing is newer, answer at once at the cost of one
-        small request. ``timeout`` bounds the transfer itself.
+        small request. ``timeout`` bounds the transfer itself, in seconds (``None``: no
+        bound beyond the backend's own ``timeout``). ``specs`` are the table's, as
+        :meth:`write` gets them: what to expect, or to read into. (A backend written
+        before ``specs`` was passed, with ``read(name, newer_than, timeout)``, still
+        works: the core passes only what its ``read`` takes.)
         """
+
+    def block(self, name: str, newer_than: int, seconds: float) -> None:
+        """Return after at most ``seconds``, or earlier once the table's version may
+        differ from ``newer_than``: the primitive the core's wait loop sleeps on.
+
+        A backend that can be notified arms its notification first, then returns at once
+        if the version already differs, else sleeps until notified or ``seconds`` pass;
+        it sets ``supports_blocking_wait``. Returning early is always allowed (the core
+        looks at the version again); never sleep past ``seconds``. The default sleeps.
+        """
+        time.sleep(seconds)
 
     def wait(self, name: str, newer_than: int, timeout: Optional[float]) -> int:
         """Block while the table's version equals ``newer_than``; return the version.
 
         (A version below ``newer_than`` returns at once: the core reports the reset.)
         Raise :class:`PullTimeoutError` once ``timeout`` seconds pass (``None``: wait as
-        long as it takes). This default polls :meth:`version` with a growing interval;
-        engines that can notify should override it and set ``supports_blocking_wait``.
+        long as it takes). This is the core's loop, :func:`wait_for_change`, over
+        :meth:`version_within` and :meth:`block`: implement those rather than this.
         """
-        deadline = deadline_after(timeout)
-        interval = 0.001
-        while True:
-            left = remaining(deadline)
-            current = self.version_within(name, None if math.isinf(left) else max(left, 0.001))
-            if current != newer_than:
-                return current
-            left = remaining(deadline)
-            if left <= 0:
-                raise PullTimeoutError(
-                    f"table {name!r} at {self.url} stayed at version {current} for "
-                    f"{timeout:g} s"
-                )
-            time.sleep(min(interval, left))
-            interval = min(interval * 2, 0.05)
+        return wait_for_change(self, name, newer_than, timeout)
 
     def version_within(self, name: str, timeout: Optional[float]) -> int:
         """:meth:`version`, its request bounded by ``timeout`` seconds (``None``: the
@@ -161,3 +181,62 @@ def deadline_after(timeout: Optional[float]) -> float:
 def remaining(deadline: float) -> float:
     """Seconds left until ``deadline`` (may be negative; ``inf`` for no deadline)."""
     return deadline - time.monotonic()
+
+
+#: The longest single :meth:`Backend.block` of the wait loop, in seconds, even for a
+#: backend woken by its engine: a lost notification costs at most this much.
+BLOCK_SLICE = 5.0
+
+
+def wait_for_change(
+    backend: Backend, name: str, newer_than: int, timeout: Optional[float]
+) -> int:
+    """The one wait loop: look at the version, and while it equals ``newer_than`` block
+    until the backend is notified, or poll, until ``timeout`` (``None``: no bound)."""
+    deadline = deadline_after(timeout)
+    interval = POLL_START
+    while True:
+        left = remaining(deadline)
+        current = backend.version_within(name, None if math.isinf(left) else max(left, 0.001))
+        if current != newer_than:
+            return current
+        left = remaining(deadline)
+        if left <= 0:
+            raise PullTimeoutError(
+                f"table {name!r} at {backend.url} stayed at version {current} (waiting for "
+                f"a version above {newer_than}) for {timeout:g} s"
+            )
+        if backend.supports_blocking_wait:
+            backend.block(name, newer_than, min(left, BLOCK_SLICE))
+        else:
+            backend.block(name, newer_than, min(interval, left))
+            interval = min(interval * 2, POLL_MAX)
+
+
+_TAKES_SPECS: Dict[Type[Any], bool] = {}
+
+
+def read_snapshot(
+    backend: Backend,
+    name: str,
+    newer_than: int,
+    timeout: Optional[float],
+    specs: Sequence[Spec],
+) -> Snapshot:
+    """``backend.read(...)``, with ``specs`` where its ``read`` takes them (a backend of
+    the first protocol's ``read(name, newer_than, timeout)`` is called without)."""
+    cls = type(backend)
+    takes = _TAKES_SPECS.get(cls)
+    if takes is None:
+        try:
+            parameters = inspect.signature(cls.read).parameters
+        except (TypeError, ValueError):  # no signature to inspect: assume the current one
+            takes = True
+        else:
+            takes = "specs" in parameters or len(parameters) >= 5 or any(
+                p.kind is p.VAR_POSITIONAL for p in parameters.values()
+            )
+        _TAKES_SPECS[cls] = takes
+    if takes:
+        return backend.read(name, newer_than, timeout, specs)
+    return backend.read(name, newer_than, timeout)  # type: ignore[call-arg]

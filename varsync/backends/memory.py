@@ -22,8 +22,8 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from varsync.backends.base import Backend, Snapshot, deadline_after, remaining
-from varsync.errors import ConfigurationError, PullTimeoutError
+from varsync.backends.base import Backend, Snapshot
+from varsync.errors import ConfigurationError
 from varsync.signature import Spec
 
 __all__ = ["MemoryBackend"]
@@ -117,36 +117,28 @@ class MemoryBackend(Backend):
             _release(waiter)
         return version
 
-    def read(self, name: str, newer_than: int, timeout: Optional[float]) -> Snapshot:
+    def read(
+        self, name: str, newer_than: int, timeout: Optional[float], specs: Sequence[Spec]
+    ) -> Snapshot:
         version, stored = self._table(name).value
         if version <= newer_than:
             return version, None
         return version, [array.view() for array in stored]
 
-    def wait(self, name: str, newer_than: int, timeout: Optional[float]) -> int:
-        deadline = deadline_after(timeout)
+    def block(self, name: str, newer_than: int, seconds: float) -> None:
         table = self._table(name)
-        while True:
-            waiter = threading.Lock()
-            waiter.acquire()
-            try:
-                with self._store.lock:
-                    current = table.value[0]
-                    if current == newer_than:
-                        table.waiters.append(waiter)
-                if current != newer_than:
-                    return current
-                left = remaining(deadline)
-                if left <= 0:
-                    raise PullTimeoutError(
-                        f"table {name!r} in {self.url} stayed at version {current} for "
-                        f"{timeout:g} s"
-                    )
-                waiter.acquire(timeout=-1 if left == float("inf") else left)
-            finally:
-                with self._store.lock:
-                    if waiter in table.waiters:
-                        table.waiters.remove(waiter)
+        waiter = threading.Lock()
+        waiter.acquire()
+        try:
+            with self._store.lock:
+                if table.value[0] != newer_than:
+                    return
+                table.waiters.append(waiter)
+            waiter.acquire(timeout=seconds)
+        finally:
+            with self._store.lock:
+                if waiter in table.waiters:
+                    table.waiters.remove(waiter)
 
 
 def _release(waiter: Any) -> None:

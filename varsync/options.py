@@ -1,0 +1,144 @@
+"""Option parsing shared by every backend: integers, booleans, timeouts, ``host:port``.
+
+A backend's options come from keyword arguments and from the URL's query string, so each
+may arrive as text (``"5"``, ``"true"``, ``"none"``) or as a Python value. These parsers
+take both and raise :class:`~varsync.ConfigurationError` naming the option, the value and
+what was expected. They are public through :mod:`varsync.backend`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Collection, Dict, NamedTuple, Optional
+from urllib.parse import urlsplit
+
+from varsync.errors import ConfigurationError
+
+__all__ = [
+    "MAX_TIMEOUT", "HostPort", "parse_int", "parse_bool", "parse_timeout", "parse_host_port",
+    "refuse_unknown",
+]
+
+MAX_TIMEOUT = 2**31 - 1
+"""Seconds (68 years) beyond which a timeout means no bound: sockets, threads and Reverb's
+whole-second deadlines cannot count further."""
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+_NO_BOUND = ("none", "inf", "infinity", "forever")
+
+
+def parse_int(value: Any, name: str, low: int, high: Optional[int] = None) -> int:
+    """``value`` as an int in ``[low, high]`` (``high=None``: no upper bound). Takes ints,
+    integral floats and their text; refuses ``bool``."""
+    try:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigurationError(f"{name}={value!r} is not an integer") from None
+    if number < low or (high is not None and number > high):
+        bound = f"between {low} and {high}" if high is not None else f">= {low}"
+        raise ConfigurationError(f"{name}={value!r} is out of range; expected {bound}")
+    return number
+
+
+def parse_bool(value: Any, name: str) -> bool:
+    """``value`` as a bool: ``True``/``False`` or the text 1/0, true/false, yes/no, on/off."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ConfigurationError(f"{name}={value!r} is not a boolean; expected true or false")
+
+
+def parse_timeout(value: Any, name: str) -> Optional[float]:
+    """Seconds as a float; ``None``, ``inf`` or ``"none"`` mean no bound."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if value.strip().lower() in _NO_BOUND:
+            return None
+        try:
+            value = float(value)
+        except ValueError:
+            raise ConfigurationError(
+                f"{name}={value!r} is not a number of seconds; expected e.g. {name}=5 "
+                f"or {name}=none for no bound"
+            ) from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+        isinstance(value, float) and math.isnan(value)
+    ):
+        raise ConfigurationError(f"{name}={value!r} is not a number of seconds")
+    if value < 0:
+        raise ConfigurationError(f"{name}={value!r} is negative; expected seconds >= 0")
+    return None if value > MAX_TIMEOUT else float(value)
+
+
+class HostPort(NamedTuple):
+    """A server's address from a URL."""
+
+    host: str
+    """The host name or address, IPv6 without brackets (as sockets take it)."""
+    port: int
+
+    @property
+    def address(self) -> str:
+        """``host:port``, an IPv6 address in brackets (``[::1]:6379``), for messages."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+def parse_host_port(
+    url: str,
+    *,
+    default_host: Optional[str] = None,
+    default_port: Optional[int] = None,
+    example: str,
+) -> HostPort:
+    """The host and port of ``url`` (``scheme://[user@]host:port/...``); IPv6 addresses
+    are written in brackets, ``[::1]:8000``. A missing part takes its default; without a
+    default it is an error, as is a port that is not a number in 1..65535. ``example`` is
+    a valid URL, quoted in the message."""
+    parts = urlsplit(url)
+    hostport = parts.netloc.rpartition("@")[2]
+    try:
+        port = parts.port
+    except ValueError:
+        raise ConfigurationError(
+            f"the URL has a malformed port in {hostport!r}; expected a number in 1..65535, "
+            f"e.g. {example}"
+        ) from None
+    if port is None:
+        port = default_port
+    elif port == 0:
+        raise ConfigurationError(
+            f"the URL has port 0 in {hostport!r}; expected a number in 1..65535, e.g. {example}"
+        )
+    host = parts.hostname or default_host
+    if hostport.startswith("[") and "]" not in hostport:
+        host = None
+    if not host or port is None:
+        missing = "host" if not host else "port"
+        raise ConfigurationError(
+            f"the URL names no {missing} ({hostport or 'nothing'} after '//'); expected "
+            f"e.g. {example}"
+        )
+    return HostPort(host, port)
+
+
+def refuse_unknown(
+    options: Dict[str, Any], known: Collection[str], backend: str
+) -> None:
+    """Raise :class:`ConfigurationError` if ``options`` holds a name not in ``known``,
+    listing the backend's options and the common ones."""
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        own = ", ".join(known) + ", and " if known else ""
+        raise ConfigurationError(
+            f"the {backend} backend takes no option(s) {unknown}; its options are "
+            f"{own}timeout, namespace"
+        )
