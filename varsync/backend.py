@@ -66,7 +66,7 @@ from varsync.options import (
     parse_timeout,
     refuse_unknown,
 )
-from varsync.registry import BackendRegistry
+from varsync.registry import BackendRegistry, reset_registry
 from varsync.server_wait import parse_wait_for_server, retry_until_up
 from varsync.signature import Spec
 
@@ -74,7 +74,7 @@ __all__ = [
     # the protocol
     "Backend", "Snapshot", "Spec",
     # registration
-    "hookimpl", "BackendRegistry",
+    "hookimpl", "BackendRegistry", "reset_registry",
     # errors
     "VarsyncError", "ConfigurationError", "TableNotFoundError", "TableExistsError",
     "TableConfigurationError", "TableResetError", "ConcurrentPushError", "ItemTooLargeError",
