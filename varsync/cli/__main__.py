@@ -1,0 +1,7 @@
+"""``python -m varsync.cli``: the ``varsync`` command."""
+
+import sys
+
+from varsync.cli import main
+
+sys.exit(main())
