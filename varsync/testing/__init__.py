@@ -28,16 +28,14 @@ is needed in ``conftest.py``.
 """
 
 from varsync.testing.capability_tests import CapabilityTests
+from varsync.testing.concurrency_tests import ConcurrencyTests
 from varsync.testing.conformance import ConformanceTests
 from varsync.testing.contract_tests import ContractTests
 from varsync.testing.fault_tests import FaultTests
-from varsync.testing.suite import (
-    ConcurrencyTests,
-    RoundTripTests,
-    TableTests,
-    ValidationTests,
-    VersionTests,
-)
+from varsync.testing.roundtrip_tests import RoundTripTests
+from varsync.testing.table_tests import TableTests
+from varsync.testing.validation_tests import ValidationTests
+from varsync.testing.version_tests import VersionTests
 
 __all__ = [
     "ConformanceTests",

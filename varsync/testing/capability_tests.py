@@ -16,23 +16,16 @@ from __future__ import annotations
 
 import multiprocessing
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple, Type
 
 import numpy as np
 import pytest
 
 import varsync
+from varsync.backends.base import Backend
+from varsync.testing._base import BLOCKED_SECONDS, SMALL, TableMaker, _Base, _wait_codes
 from varsync.testing.blocking import BlockingCall
-from varsync.testing.suite import (
-    BLOCKED_SECONDS,
-    SMALL,
-    TableMaker,
-    _Base,
-    _wait_codes,
-    assert_bit_equal,
-    check_consistent,
-    filled,
-)
+from varsync.testing.values import assert_bit_equal, check_consistent, filled
 
 __all__ = ["CapabilityTests"]
 
@@ -56,7 +49,8 @@ def _look_from_another_process(url: str, options: Dict[str, Any], results: Any) 
                 results.put(("no table", tables, None))
                 return
             got = container.pull_if_newer(0, timeout=20)
-            results.put(("table", container.version(), None if got is None else check_consistent(got[1])))
+            version = container.version()
+            results.put(("table", version, None if got is None else check_consistent(got[1])))
     except BaseException as exc:  # reported to the parent, which fails the test
         results.put(("error", f"{type(exc).__name__}: {exc}", None))
 
@@ -99,7 +93,7 @@ class CapabilityTests(_Base):
     # -- max_push_bytes --------------------------------------------------------------------
 
     def test_a_push_over_max_push_bytes_is_refused_and_changes_nothing(
-        self, make_tables: TableMaker, connect: Any, backend_cls: type, tmp_path: Path
+        self, make_tables: TableMaker, connect: Any, backend_cls: Type[Backend], tmp_path: Path
     ) -> None:
         limit = backend_cls.max_push_bytes
         if limit is None:
@@ -121,7 +115,7 @@ class CapabilityTests(_Base):
         assert container.version() == 0 and container.pull_if_newer(0) is None
 
     def test_a_push_of_exactly_max_push_bytes_goes_through(
-        self, make_tables: TableMaker, connect: Any, backend_cls: type
+        self, make_tables: TableMaker, connect: Any, backend_cls: Type[Backend]
     ) -> None:
         limit = backend_cls.max_push_bytes
         if limit is None:
@@ -138,7 +132,7 @@ class CapabilityTests(_Base):
 
     def test_tables_and_values_outlive_the_container_that_made_them(
         self, url: str, make_tables: TableMaker, connect: Any, connect_options: Dict[str, Any],
-        backend_cls: type,
+        backend_cls: Type[Backend],
     ) -> None:
         if backend_cls.supports_create_table:
             with varsync.connect(url, **connect_options) as first:
@@ -155,7 +149,7 @@ class CapabilityTests(_Base):
 
     def test_persistent_tables_outlive_the_process_that_wrote_them(
         self, url: str, make_tables: TableMaker, connect: Any, connect_options: Dict[str, Any],
-        backend_cls: type,
+        backend_cls: Type[Backend],
     ) -> None:
         if not backend_cls.persistent:
             pytest.skip("backend is not persistent")
@@ -173,7 +167,7 @@ class CapabilityTests(_Base):
     # -- supports_blocking_wait ------------------------------------------------------------
 
     def test_a_blocking_wait_makes_no_requests_while_it_waits(
-        self, make_tables: TableMaker, connect: Any, backend_cls: type
+        self, make_tables: TableMaker, connect: Any, backend_cls: Type[Backend]
     ) -> None:
         if not backend_cls.supports_blocking_wait:
             pytest.skip("backend does not declare supports_blocking_wait")
@@ -207,7 +201,7 @@ class CapabilityTests(_Base):
 
     def test_another_process_sees_a_push_exactly_when_the_store_is_shared(
         self, make_tables: TableMaker, connect: Any, connect_options: Dict[str, Any],
-        backend_cls: type,
+        backend_cls: Type[Backend],
     ) -> None:
         url = make_tables({"variables": SMALL})
         connect(url).push(filled(SMALL, 7))

@@ -1,15 +1,13 @@
 """The whole conformance suite in one class: subclass it and define the ``url`` fixture."""
 
 from varsync.testing.capability_tests import CapabilityTests
+from varsync.testing.concurrency_tests import ConcurrencyTests
 from varsync.testing.contract_tests import ContractTests
 from varsync.testing.fault_tests import FaultTests
-from varsync.testing.suite import (
-    ConcurrencyTests,
-    RoundTripTests,
-    TableTests,
-    ValidationTests,
-    VersionTests,
-)
+from varsync.testing.roundtrip_tests import RoundTripTests
+from varsync.testing.table_tests import TableTests
+from varsync.testing.validation_tests import ValidationTests
+from varsync.testing.version_tests import VersionTests
 
 __all__ = ["ConformanceTests"]
 

@@ -12,25 +12,19 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
 import numpy as np
 import pytest
 
 import varsync
+from varsync.backends.base import Backend
 from varsync.config import resolve
+from varsync.testing._base import SMALL, TableMaker, _Base, _wait_codes
 from varsync.testing.blocking import PATIENCE, BlockingCall
 from varsync.testing.fault_tests import SLACK, Counts
 from varsync.testing.faults import call_within, fd_targets, grown, resource_counts, settle
-from varsync.testing.suite import (
-    SMALL,
-    TableMaker,
-    _Base,
-    _wait_codes,
-    assert_bit_equal,
-    check_consistent,
-    filled,
-)
+from varsync.testing.values import assert_bit_equal, check_consistent, filled
 
 __all__ = ["ContractTests"]
 
@@ -79,7 +73,7 @@ class ContractTests(_Base):
     # -- namespaces ------------------------------------------------------------------------
 
     def test_namespaces_isolate_tables_versions_and_data(
-        self, url: str, make_tables: TableMaker, connect: Any, backend_cls: type,
+        self, url: str, make_tables: TableMaker, connect: Any, backend_cls: Type[Backend],
         other_namespace: str,
     ) -> None:
         if not backend_cls.supports_create_table:
@@ -169,7 +163,7 @@ class ContractTests(_Base):
     # -- one container, many threads ---------------------------------------------------------
 
     def test_one_container_shared_by_eight_threads_pushing_and_pulling(
-        self, make_tables: TableMaker, connect: Any, backend_cls: type
+        self, make_tables: TableMaker, connect: Any, backend_cls: Type[Backend]
     ) -> None:
         container = connect(make_tables({"variables": SHARED}))
         pushers = self.THREADS // 2
@@ -243,11 +237,14 @@ class ContractTests(_Base):
         # push's: never an older value presented as newer.
         older = [(v, n, version_of[n]) for v, n in seen if n in version_of and version_of[n] < v]
         assert not older, (
-            f"pulls labelled with a version above their value's (label, value, its version): {older[:5]}"
+            "pulls labelled with a version above their value's (label, value, its version): "
+            f"{older[:5]}"
         )
         final = check_consistent(container.pull())
         last = [number for number, version in version_of.items() if version == total]
-        assert final == (last[0] if last else final), f"version {total} holds push {final}, not {last}"
+        assert final == (last[0] if last else final), (
+            f"version {total} holds push {final}, not {last}"
+        )
 
     # -- waits last their timeout ------------------------------------------------------------
 
@@ -257,7 +254,8 @@ class ContractTests(_Base):
         container = connect(make_tables({"variables": SMALL, "empty": SMALL}))
         container.push(filled(SMALL, 1))
         calls = {
-            f"wait_for(1, timeout={WAIT_TIMEOUT})": lambda: container.wait_for(1, timeout=WAIT_TIMEOUT),
+            f"wait_for(1, timeout={WAIT_TIMEOUT})":
+                lambda: container.wait_for(1, timeout=WAIT_TIMEOUT),
             f"pull(timeout={WAIT_TIMEOUT}) of an empty table":
                 lambda: container.pull("empty", timeout=WAIT_TIMEOUT),
         }

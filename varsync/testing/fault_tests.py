@@ -23,12 +23,14 @@ import signal
 import statistics
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Type
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
 import varsync
+from varsync.backends.base import Backend
+from varsync.testing._base import CONSISTENCY, TableMaker, _Base
 from varsync.testing.faults import (
     Interrupter,
     Proxy,
@@ -38,7 +40,7 @@ from varsync.testing.faults import (
     resource_counts,
     settle,
 )
-from varsync.testing.suite import CONSISTENCY, TableMaker, _Base, check_consistent, filled
+from varsync.testing.values import check_consistent, filled
 
 #: How long past its own timeout a call may take before the suite calls it hung: this
 #: machine may be loaded, and a backend may round a timeout up to whole milliseconds.
@@ -312,7 +314,8 @@ class FaultTests(_Base):
             failed = calls = 0
             # LOST_REPLY_CALLS calls, and more (boundedly) until one failed: how many replies
             # a call takes, and so how many may be lost, varies with the engine's protocol.
-            while calls < self.LOST_REPLY_CALLS or (not failed and calls < 4 * self.LOST_REPLY_CALLS):
+            most = 4 * self.LOST_REPLY_CALLS
+            while calls < self.LOST_REPLY_CALLS or (not failed and calls < most):
                 calls += 1
                 history.pushed += 1
                 try:
@@ -338,7 +341,8 @@ class FaultTests(_Base):
             writer.push(filled(CONSISTENCY, 1))
             proxy.lose_replies(probability=self.LOST_REPLY_PROBABILITY, seed=22)
             failed, last, number = 0, 0, 1
-            while number <= self.LOST_REPLY_CALLS or (not failed and number <= 4 * self.LOST_REPLY_CALLS):
+            most = 4 * self.LOST_REPLY_CALLS
+            while number <= self.LOST_REPLY_CALLS or (not failed and number <= most):
                 number += 1
                 writer.push(filled(CONSISTENCY, number))
                 try:
@@ -406,7 +410,7 @@ class FaultTests(_Base):
 
     def test_two_writer_processes_never_get_the_same_version(
         self, make_tables: TableMaker, connect: Any, connect_options: Dict[str, Any],
-        backend_cls: type,
+        backend_cls: Type[Backend],
     ) -> None:
         if not backend_cls.shared_across_processes:
             pytest.skip("backend is not shared across processes")
