@@ -103,11 +103,11 @@ def parse_host_port(
     are written in brackets, ``[::1]:8000``. A missing part takes its default; without a
     default it is an error, as is a port that is not a number in 1..65535. ``example`` is
     a valid URL, quoted in the message."""
-    parts = urlsplit(url)
-    hostport = parts.netloc.rpartition("@")[2]
+    hostport = url.partition("://")[2].split("/", 1)[0].split("?", 1)[0].rpartition("@")[2]
     try:
+        parts = urlsplit(url)
         port = parts.port
-    except ValueError:
+    except ValueError:  # an unclosed IPv6 bracket, a port that is no number or too large
         raise ConfigurationError(
             f"the URL has a malformed port in {hostport!r}; expected a number in 1..65535, "
             f"e.g. {example}"
