@@ -17,8 +17,6 @@ import subprocess
 import sys
 from typing import Dict
 
-import pytest
-
 GUIDE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "plugins.md"
 BLOCK = re.compile(r"```(?:python|toml)\n# (?P<path>[\w./-]+\.(?:py|toml))\n(?P<body>.*?)```", re.S)
 
@@ -54,7 +52,9 @@ def test_the_guide_imports_only_from_varsync_and_varsync_backend() -> None:
 
 def test_the_plugin_of_the_guide_passes_its_tests(tmp_path: pathlib.Path) -> None:
     files = files_of_the_guide()
-    entry = re.search(r"\[project\.entry-points\.varsync\]\n(\w+) = \"([\w.:]+)\"", files["pyproject.toml"])
+    entry = re.search(
+        r"\[project\.entry-points\.varsync\]\n(\w+) = \"([\w.:]+)\"", files["pyproject.toml"]
+    )
     assert entry, "pyproject.toml of the guide declares no varsync entry point"
     project = tmp_path / "varsync-dirstore"
     site = tmp_path / "site"
@@ -67,7 +67,8 @@ def test_the_plugin_of_the_guide_passes_its_tests(tmp_path: pathlib.Path) -> Non
         (site / "varsync_dirstore" / module.name).write_text(module.read_text())
     info = site / "varsync_dirstore-0.1.0.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: varsync-dirstore\nVersion: 0.1.0\n")
+    metadata = "Metadata-Version: 2.1\nName: varsync-dirstore\nVersion: 0.1.0\n"
+    (info / "METADATA").write_text(metadata)
     (info / "entry_points.txt").write_text(f"[varsync]\n{entry[1]} = {entry[2]}\n")
     env = {**os.environ, "PYTHONPATH": str(site)}
     done = subprocess.run(
@@ -76,7 +77,9 @@ def test_the_plugin_of_the_guide_passes_its_tests(tmp_path: pathlib.Path) -> Non
         cwd=project, env=env, capture_output=True, text=True, timeout=600,
     )
     tail = "\n".join(done.stdout.splitlines()[-30:])
-    assert done.returncode == 0, f"the guide's plugin failed its tests:\n{tail}\n{done.stderr[-2000:]}"
+    assert done.returncode == 0, (
+        f"the guide's plugin failed its tests:\n{tail}\n{done.stderr[-2000:]}"
+    )
     passed = re.search(r"(\d+) passed", done.stdout)
     assert passed and int(passed[1]) > 50, f"too few tests ran:\n{tail}"
     print(done.stdout.splitlines()[-1])

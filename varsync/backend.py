@@ -24,7 +24,7 @@ for a minor release with a ``DeprecationWarning``, then removed; never changed s
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from varsync.backends.base import (
     BLOCK_SLICE,
@@ -69,6 +69,9 @@ from varsync.options import (
 from varsync.registry import BackendRegistry, reset_registry
 from varsync.server_wait import parse_wait_for_server, retry_until_up
 from varsync.signature import Spec
+
+if TYPE_CHECKING:  # at run time, loaded on first use by __getattr__ below
+    from varsync.testing.values import assert_bit_equal, check_consistent, filled
 
 __all__ = [
     # the protocol

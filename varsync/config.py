@@ -96,9 +96,9 @@ def check_text(text: str, what: str, shown: Optional[str] = None) -> str:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ConfigurationError(
-            f"{what} {ascii(text if shown is None else shown)} is not valid Unicode: it holds the lone surrogate "
-            f"{ascii(text[exc.start:exc.end])} at position {exc.start}, which no backend can "
-            "store; use a name of valid characters"
+            f"{what} {ascii(text if shown is None else shown)} is not valid Unicode: it holds "
+            f"the lone surrogate {ascii(text[exc.start:exc.end])} at position {exc.start}, "
+            "which no backend can store; use a name of valid characters"
         ) from None
     return text
 

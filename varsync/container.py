@@ -282,7 +282,11 @@ class VariableContainer:
                 f"{len(specs)} leaves (version {version})"
             )
         for index, (array, spec) in enumerate(zip(arrays, specs)):
-            if not isinstance(array, np.ndarray) or array.shape != spec.shape or array.dtype != spec.dtype:
+            if (
+                not isinstance(array, np.ndarray)
+                or array.shape != spec.shape
+                or array.dtype != spec.dtype
+            ):
                 raise CorruptDataError(
                     f"table {table!r} version {version}: leaf {index} is "
                     f"{getattr(array, 'dtype', type(array).__name__)} "

@@ -73,9 +73,10 @@ class Backend(abc.ABC):
         self, url: str, *, timeout: Optional[float], namespace: str, **options: Any
     ) -> None:
         """``url``: the URL given to ``connect`` without its query string (parse
-        credentials from this argument: ``self.url`` has them redacted); ``timeout`` bounds every network wait
-        (``None``: no bound); ``namespace`` isolates tables; ``options`` are this
-        backend's own, from keyword arguments and the URL's query string."""
+        credentials from this argument: ``self.url`` has them redacted); ``timeout``
+        bounds every network wait (``None``: no bound); ``namespace`` isolates tables;
+        ``options`` are this backend's own, from keyword arguments and the URL's query
+        string."""
         self.url = redact(url)  # for messages and repr: never holds a password
         self.timeout = timeout
         self.namespace = namespace
