@@ -114,7 +114,7 @@ def _rebuild(structure: Any, leaves: Iterator[Any]) -> Any:
 
 
 def _like_mapping(instance: collections.abc.Mapping, rebuilt: dict) -> Any:
-    kind = type(instance)
+    kind: Any = type(instance)  # a Mapping subclass, whose constructor may take anything
     ordered = [(k, rebuilt[k]) for k in instance]  # keep the instance's own key order
     if isinstance(instance, collections.defaultdict):
         return kind(instance.default_factory, ordered)

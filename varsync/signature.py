@@ -18,7 +18,7 @@ import math
 import numbers
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple, Type
 
 import numpy as np
 
@@ -62,7 +62,9 @@ def canonical_dtype(dtype: Any) -> np.dtype:
     try:
         resolved = _native(np.dtype(dtype))
     except TypeError as exc:
-        raise SignatureError(f"{dtype!r} is not a dtype ({exc}); expected one of {_SUPPORTED_NAMES}")
+        raise SignatureError(
+            f"{dtype!r} is not a dtype ({exc}); expected one of {_SUPPORTED_NAMES}"
+        ) from None
     if resolved not in SUPPORTED_DTYPES:
         raise SignatureError(
             f"dtype {resolved} cannot be stored; expected one of {_SUPPORTED_NAMES}"
@@ -174,7 +176,7 @@ def _plain_structure(structure: Any, leaves: List[Any]) -> Any:
 _NAMEDTUPLES: Dict[Tuple[str, Tuple[str, ...], str], type] = {}
 
 
-def _namedtuple_type(name: str, fields: Sequence[str], module: str) -> type:
+def _namedtuple_type(name: str, fields: Sequence[str], module: str) -> Type[Any]:
     """A namedtuple class for a stored structure.
 
     A namedtuple of that name and fields in an *already imported* module is reused (so a
@@ -183,14 +185,20 @@ def _namedtuple_type(name: str, fields: Sequence[str], module: str) -> type:
     """
     fields = tuple(fields)
     found = getattr(sys.modules.get(module), name, None)
-    if isinstance(found, type) and issubclass(found, tuple) and getattr(found, "_fields", None) == fields:
+    if (
+        isinstance(found, type)
+        and issubclass(found, tuple)
+        and getattr(found, "_fields", None) == fields
+    ):
         return found
     key = (name, fields, module)
     if key not in _NAMEDTUPLES:
         try:
             made = collections.namedtuple(name, fields)  # type: ignore[misc]
         except ValueError as exc:
-            raise CorruptDataError(f"stored namedtuple {name}{fields} is not valid: {exc}")
+            raise CorruptDataError(
+                f"stored namedtuple {name}{fields} is not valid: {exc}"
+            ) from None
         made.__module__ = module
         _NAMEDTUPLES[key] = made
     return _NAMEDTUPLES[key]
@@ -367,7 +375,7 @@ def _python_scalar(spec: Spec, value: Any, mismatch: Any) -> np.ndarray:
         raise mismatch(f"Python {type(value).__name__} {value!r}")
     if kind in "iu" and isinstance(value, numbers.Integral):
         info = np.iinfo(spec.dtype)
-        if not info.min <= value <= info.max:
+        if not info.min <= int(value) <= info.max:
             raise mismatch(f"{value!r}, outside {spec.dtype.name}'s range [{info.min}, {info.max}]")
     try:
         with np.errstate(over="raise"):
@@ -471,7 +479,9 @@ def from_json(text: str) -> Any:
     try:
         document = json.loads(text)
     except (TypeError, ValueError, RecursionError) as exc:
-        raise CorruptDataError(f"stored signature is not JSON ({exc}): {str(text)[:80]!r}") from None
+        raise CorruptDataError(
+            f"stored signature is not JSON ({exc}): {str(text)[:80]!r}"
+        ) from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise CorruptDataError(
             f"stored signature is not a {FORMAT} document: {str(text)[:80]!r}"
