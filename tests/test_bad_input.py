@@ -32,7 +32,7 @@ from hypothesis.extra import numpy as hnp
 import varsync
 from varsync.config import parse_timeout, resolve
 from varsync.signature import SUPPORTED_DTYPES, Spec
-from varsync.testing.suite import assert_bit_equal
+from varsync.backend import assert_bit_equal
 
 Pair = collections.namedtuple("Pair", ["first", "second"])
 Triple = collections.namedtuple("Triple", ["x", "y", "z"])

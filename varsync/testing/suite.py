@@ -1,38 +1,56 @@
-"""The names this module held before the suite was split by topic, for the imports that
-use them; see :mod:`varsync.testing` for how to use the suite. The mixins live in
-``table_tests``, ``roundtrip_tests``, ``validation_tests``, ``version_tests`` and
-``concurrency_tests``, their fixtures and signatures in ``_base``, the value helpers in
-``values``."""
+"""Deprecated: the names this module held before the suite was split by topic.
 
-from varsync.testing._base import BLOCKED_SECONDS, CONSISTENCY, SMALL, TableMaker
-from varsync.testing._base import _Base as _Base
-from varsync.testing._base import _wait_codes as _wait_codes
-from varsync.testing.blocking import BlockingCall, code_of
-from varsync.testing.concurrency_tests import ConcurrencyTests
-from varsync.testing.concurrency_tests import _write_versions as _write_versions
-from varsync.testing.conformance import ConformanceTests
-from varsync.testing.roundtrip_tests import DTYPE_VALUES, Point, RoundTripTests
-from varsync.testing.table_tests import TableTests
-from varsync.testing.validation_tests import ValidationTests
-from varsync.testing.values import assert_bit_equal, check_consistent, filled
-from varsync.testing.version_tests import VersionTests
+Each still imports from here, with a :class:`DeprecationWarning` naming its new home;
+they go in varsync 0.4. The mixins are in :mod:`varsync.testing`; the value helpers
+(``filled``, ``check_consistent``, ``assert_bit_equal``) in :mod:`varsync.backend` (for
+plugin authors) and :mod:`varsync.testing.values`; the rest in the modules below.
+"""
 
-__all__ = [
-    "TableTests",
-    "RoundTripTests",
-    "ValidationTests",
-    "VersionTests",
-    "ConcurrencyTests",
-    "ConformanceTests",
-    "SMALL",
-    "CONSISTENCY",
-    "DTYPE_VALUES",
-    "BLOCKED_SECONDS",
-    "TableMaker",
-    "Point",
-    "BlockingCall",
-    "code_of",
-    "filled",
-    "check_consistent",
-    "assert_bit_equal",
-]
+from __future__ import annotations
+
+import importlib
+import warnings
+from typing import Any, Dict
+
+#: Old name -> (module it lives in now, where to import it from instead).
+_MOVED: Dict[str, tuple] = {
+    "TableTests": ("varsync.testing.table_tests", "varsync.testing"),
+    "RoundTripTests": ("varsync.testing.roundtrip_tests", "varsync.testing"),
+    "ValidationTests": ("varsync.testing.validation_tests", "varsync.testing"),
+    "VersionTests": ("varsync.testing.version_tests", "varsync.testing"),
+    "ConcurrencyTests": ("varsync.testing.concurrency_tests", "varsync.testing"),
+    "ConformanceTests": ("varsync.testing.conformance", "varsync.testing"),
+    "SMALL": ("varsync.testing._base", "varsync.testing._base"),
+    "CONSISTENCY": ("varsync.testing._base", "varsync.testing._base"),
+    "BLOCKED_SECONDS": ("varsync.testing._base", "varsync.testing._base"),
+    "TableMaker": ("varsync.testing._base", "varsync.testing._base"),
+    "DTYPE_VALUES": ("varsync.testing.roundtrip_tests", "varsync.testing.roundtrip_tests"),
+    "Point": ("varsync.testing.roundtrip_tests", "varsync.testing.roundtrip_tests"),
+    "BlockingCall": ("varsync.testing.blocking", "varsync.testing.blocking"),
+    "code_of": ("varsync.testing.blocking", "varsync.testing.blocking"),
+    "filled": ("varsync.testing.values", "varsync.backend"),
+    "check_consistent": ("varsync.testing.values", "varsync.backend"),
+    "assert_bit_equal": ("varsync.testing.values", "varsync.backend"),
+    "_Base": ("varsync.testing._base", "varsync.testing._base"),
+    "_wait_codes": ("varsync.testing._base", "varsync.testing._base"),
+    "_write_versions": ("varsync.testing.concurrency_tests", "varsync.testing.concurrency_tests"),
+}
+
+__all__ = [name for name in _MOVED if not name.startswith("_")]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MOVED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    home, instead = _MOVED[name]
+    warnings.warn(
+        f"varsync.testing.suite.{name} is deprecated and goes in varsync 0.4; import it "
+        f"from {instead}",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(importlib.import_module(home), name)
+
+
+def __dir__() -> Any:
+    return sorted(__all__)
