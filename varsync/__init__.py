@@ -36,7 +36,7 @@ from varsync.nest import flatten, unflatten
 from varsync.registry import BackendEntry, PluginWarning, available_backends
 from varsync.signature import Spec, signature_of
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "connect",
