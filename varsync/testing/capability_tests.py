@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import varsync
-from varsync.backends.base import Backend
+from varsync.backends.base import BLOCK_SLICE, Backend
 from varsync.testing._base import BLOCKED_SECONDS, SMALL, TableMaker, _Base, _wait_codes
 from varsync.testing.blocking import BlockingCall
 from varsync.testing.values import assert_bit_equal, check_consistent, filled
@@ -192,7 +192,11 @@ class CapabilityTests(_Base):
                 f"protocol calls while it waited ({sorted(set(polled))}): it polls"
             )
             assert writer.push(filled(SMALL, 2)) == 2
-            assert waiter.result() == 2
+            # Woken by the push: well before the core's wait loop would block again
+            # (BLOCK_SLICE), which a backend whose block only sleeps waits out.
+            assert waiter.result(timeout=BLOCK_SLICE / 2) == 2, (
+                "a backend declaring supports_blocking_wait was not woken by the push"
+            )
         finally:
             for name in POLLED_METHODS:
                 vars(backend).pop(name, None)
