@@ -19,8 +19,7 @@ import errno
 import os
 import stat
 
-from varsync.errors import ConfigurationError
-
+from varsync.backend import ConfigurationError
 from varsync_shm._fds import Descriptors
 
 __all__ = ["check_root", "enter", "MODE"]
@@ -73,7 +72,9 @@ def enter(parent: int, name: str, path: str, fds: Descriptors, *, create: bool) 
         fd = fds.open(name, _DIRECTORY, dir_fd=parent)
     except FileNotFoundError:
         if create:  # removed between mkdir and open: by another process of ours
-            raise ConfigurationError(f"{path} vanished while it was being made; try again") from None
+            raise ConfigurationError(
+                f"{path} vanished while it was being made; try again"
+            ) from None
         return -1
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(parent, name):

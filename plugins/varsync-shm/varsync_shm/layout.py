@@ -5,7 +5,8 @@
             t_<table>/                     one table (see varsync_shm.backend for its files)
 
 Names are percent-encoded (``quote(name, safe="")``), so any string is a valid name and
-no name can climb out of its directory. Only the standard library is imported here.
+no name can climb out of its directory. Only the standard library and
+:mod:`varsync.backend` are imported here.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ import shutil
 from typing import Optional
 from urllib.parse import quote, unquote, urlsplit
 
-from varsync.config import redact
-from varsync.errors import ConfigurationError
+from varsync.backend import ConfigurationError, redact
 
 __all__ = [
     "DEFAULT_ROOT",
@@ -46,7 +46,7 @@ def store_name_of(url: str) -> str:
     raw = parts.netloc.rpartition("@")[2] + parts.path
     try:
         name = unquote(raw, errors="strict").strip("/")
-    except UnicodeError as exc:  # a lone surrogate, or %-escapes that are not UTF-8
+    except UnicodeDecodeError as exc:  # %-escapes that are not UTF-8
         raise ConfigurationError(
             f"shm URL {redact(url)!r}: the store name {raw!r} is not valid text ({exc.reason} "
             f"at position {exc.start}); name the store with valid Unicode characters, "

@@ -4,13 +4,11 @@ It names the backend class as a ``"module:Class"`` string, so listing backends d
 import it.
 """
 
-from typing import Any
-
-import varsync
+from varsync.backend import BackendRegistry, hookimpl
 
 
-@varsync.hookimpl
-def varsync_register_backends(registry: Any) -> None:
+@hookimpl
+def varsync_register_backends(registry: BackendRegistry) -> None:
     registry.add(
         "shm",
         "varsync_shm.backend:ShmBackend",

@@ -30,10 +30,11 @@ from typing import Any, List, Sequence, Tuple
 
 import numpy as np
 
-from varsync.errors import CorruptDataError
-from varsync.signature import Spec
+from varsync.backend import CorruptDataError, Spec
 
-__all__ = ["Plan", "Leaf", "plan", "write", "fill", "set_version", "read_version", "parse", "arrays_of"]
+__all__ = [
+    "Plan", "Leaf", "plan", "write", "fill", "set_version", "read_version", "parse", "arrays_of",
+]
 
 MAGIC = b"VSYNCSHM"
 LAYOUT = 1
@@ -104,7 +105,7 @@ def write(fd: int, layout: Plan, arrays: Sequence[np.ndarray]) -> None:
     for leaf, array in zip(layout.leaves, arrays):
         if leaf.nbytes:
             raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-            _pwrite_all(fd, memoryview(raw), leaf.offset)
+            _pwrite_all(fd, raw.data, leaf.offset)
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
@@ -147,7 +148,9 @@ def parse(buffer: Any, size: int, where: str) -> Parsed:
     """The header and index of a file of ``size`` bytes whose start is in ``buffer``."""
     view = memoryview(buffer)
     if len(view) < HEADER_SIZE:
-        raise CorruptDataError(f"{where} is {len(view)} bytes, too short to be a varsync-shm segment")
+        raise CorruptDataError(
+            f"{where} is {len(view)} bytes, too short to be a varsync-shm segment"
+        )
     magic, layout, start, version, total, count, index_len = _HEADER.unpack_from(view, 0)
     if magic != MAGIC:
         raise CorruptDataError(f"{where} is not a varsync-shm segment (magic {magic!r})")

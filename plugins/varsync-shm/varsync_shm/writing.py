@@ -28,9 +28,7 @@ from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from varsync.errors import BackendConnectionError, CorruptDataError, ItemTooLargeError
-from varsync.signature import Spec
-
+from varsync.backend import BackendConnectionError, CorruptDataError, ItemTooLargeError, Spec
 from varsync_shm import segment
 from varsync_shm._fds import Descriptors
 
@@ -233,7 +231,9 @@ def _list(store: int, rel: str) -> List[str]:
     try:
         return os.listdir(fds.open(rel, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=store))
     except FileNotFoundError:
-        raise BackendConnectionError(f"{rel} was deleted during a push; create_table() it again") from None
+        raise BackendConnectionError(
+            f"{rel} was deleted during a push; create_table() it again"
+        ) from None
     finally:
         fds.close()
 
