@@ -22,17 +22,21 @@ Guarantees, and how:
   reclaimed (see :mod:`varsync_shm.writing`).
 - **Only this user's directories are used** (:mod:`varsync_shm._dirs`): the store's
   directory is opened once, checked, and every table is addressed relative to it.
-- **A table created again with another signature is refused**: each backend remembers
-  the signature it handed out per table (and which ``signature.json`` held it); a later
-  call that finds another signature raises :class:`~varsync.TableResetError`.
+- **A table created again is a new history**: each backend remembers the signature it
+  handed out per table and which ``signature.json`` held it. That file's identity (device,
+  inode, mtime) is the table's epoch, kept in a :class:`~varsync.backend.Histories`: a
+  reader holding a version of the old file's history gets
+  :class:`~varsync.TableResetError`, and so does every call once the new file holds
+  another signature.
 - **No interrupt leaks a descriptor or closes one twice**: every descriptor a call opens
   belongs to a :class:`~varsync_shm._fds.Descriptors` made before the ``try`` that
   closes it; those that outlive a call belong to ``mmap``/``FileIO`` objects.
 
 Pulls of more than :data:`MAP_ABOVE` bytes return read-only arrays viewing the segment
 (no copy), which keep its shared lock while any of them lives (:mod:`varsync_shm.mappings`);
-smaller pulls copy the segment in one ``pread``. ``wait`` sleeps on an inotify watch of the
-table's directory (:mod:`varsync_shm._inotify`), or polls (1 ms doubling to 50 ms).
+smaller pulls copy the segment in one ``pread``. :meth:`ShmBackend.block`, which the core's
+wait loop sleeps on, sleeps on an inotify watch of the table's directory
+(:mod:`varsync_shm._inotify`), or where there is none, for at most ``POLL_MAX`` (50 ms).
 """
 
 from __future__ import annotations
@@ -43,23 +47,30 @@ import fcntl
 import os
 import stat
 import threading
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+import time
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
-from varsync.backends.base import Backend, Snapshot, deadline_after, remaining
-from varsync.errors import (
+from varsync.backend import (
+    POLL_MAX,
     AuthenticationError,
+    Backend,
     BackendConnectionError,
     ConfigurationError,
     CorruptDataError,
+    ErrorMap,
+    Histories,
     PullTimeoutError,
+    Snapshot,
+    Spec,
     TableNotFoundError,
-    TableResetError,
+    deadline_after,
+    refuse_unknown,
+    remaining,
+    reset_error,
     translate_errors,
 )
-from varsync.signature import Spec
-
 from varsync_shm import _dirs, layout, segment, writing
 from varsync_shm._fds import Descriptors
 from varsync_shm._inotify import Watch
@@ -75,7 +86,20 @@ SPARES = writing.SPARES
 _SEGMENT = writing.SEGMENT
 _READ_ATTEMPTS = 1000
 _SIGNATURE_MAX = 64 << 20  # bytes: a signature.json larger than this is not one
-_ERRORS = {PermissionError: AuthenticationError, OSError: BackendConnectionError}
+_ERRORS: ErrorMap = {PermissionError: AuthenticationError, OSError: BackendConnectionError}
+
+
+class Identity(NamedTuple):
+    """What identifies one ``signature.json`` file, so one history of its table (the
+    epoch): the file is written once, by rename, when the table is made; a table made
+    again has another one."""
+
+    device: int
+    inode: int
+    mtime_ns: int
+
+    def __str__(self) -> str:  # for reset messages
+        return f"signature.json inode {self.inode}"
 
 
 class ShmBackend(Backend):
@@ -95,7 +119,8 @@ class ShmBackend(Backend):
         root: str = layout.DEFAULT_ROOT,
         **options: Any,
     ) -> None:
-        super().__init__(url, timeout=timeout, namespace=namespace, **options)
+        refuse_unknown(options, ("root",), "shm")
+        super().__init__(url, timeout=timeout, namespace=namespace)
         self.store = layout.store_name_of(url)
         if not isinstance(root, str):
             raise ConfigurationError(f"shm root must be a directory name, got {root!r}")
@@ -109,7 +134,9 @@ class ShmBackend(Backend):
         self._held = Descriptors()  # the store directories this backend opened
         self._store_fd = -1
         self._store_lock = threading.Lock()
-        self._known: Dict[str, Tuple[str, Tuple[int, int]]] = {}  # signature, its file
+        self._known: Dict[str, Tuple[str, Identity]] = {}  # signature, its file
+        self._histories = Histories()  # the signature file each table's readers trust
+        self._seen: Dict[str, int] = {}  # the last version seen per table, for messages
         self._paths: Dict[str, Tuple[str, str]] = {}
 
     # -- tables ----------------------------------------------------------------------
@@ -122,21 +149,24 @@ class ShmBackend(Backend):
         try:
             with self._errors(table):
                 store = self._store(create=True)
-                rel = self._private_table(store, name, fds, create=True)
+                self._private_table(store, name, fds, create=True)
+                rel = self._rel(name)
                 lock = fds.open(f"{rel}/{LOCK}", os.O_RDWR | os.O_CREAT, 0o600, dir_fd=store)
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 stored = self._read_signature(store, rel, fds)
                 if stored is None:
                     temporary = f"{rel}/.sig-{token()}"
                     made.append(temporary)
-                    out = fds.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=store)
+                    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                    out = fds.open(temporary, flags, 0o600, dir_fd=store)
                     data = memoryview(signature.encode("utf-8"))
                     while data:  # bounded: each pass writes at least one byte or raises
                         data = data[os.write(out, data):]
                     os.rename(temporary, f"{rel}/{SIGNATURE}", src_dir_fd=store, dst_dir_fd=store)
                     stored = signature
                 # What the container will hold now, if it accepts the stored signature.
-                self._remember(name, stored, store, rel, replace=stored == signature)
+                identity = self._remember(name, stored, store, rel, replace=stored == signature)
+                self._histories.adopt(name, identity)
                 return stored
         finally:
             fds.close()  # first: it releases the writers' lock
@@ -153,7 +183,7 @@ class ShmBackend(Backend):
                 rel = self._rel(name)
                 text = self._read_signature(store, rel, fds)
                 if text is not None and name not in self._known:
-                    self._remember(name, text, store, rel)
+                    self._histories.adopt(name, self._remember(name, text, store, rel))
                 return text
         finally:
             fds.close()
@@ -184,7 +214,8 @@ class ShmBackend(Backend):
         try:
             with self._errors(table):
                 store, rel = self._table(name)
-                directory = fds.open(rel, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=store)
+                flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                directory = fds.open(rel, flags, dir_fd=store)
                 files = os.listdir(directory)
                 used = 0
                 for f in files:
@@ -207,7 +238,9 @@ class ShmBackend(Backend):
     def version(self, name: str) -> int:
         with self._errors(self._table_path(name)):
             store, rel = self._table(name)
-            return 0 if store < 0 else self._version_of(rel, self._pointer(store, rel))
+            version = 0 if store < 0 else self._version_of(rel, self._pointer(store, rel))
+            self._seen[name] = version
+            return version
 
     def write(self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]) -> int:
         table = self._table_path(name)
@@ -218,18 +251,25 @@ class ShmBackend(Backend):
                     f"table {name!r} of {self.url} is gone ({table} was deleted); "
                     "create_table() it again, then push"
                 )
-            return writing.write(self, name, store, rel, arrays, specs)
+            version = writing.write(self, name, store, rel, arrays, specs)
+            self._seen[name] = version
+            return version
 
-    def read(self, name: str, newer_than: int, timeout: Optional[float]) -> Snapshot:
+    def read(
+        self, name: str, newer_than: int, timeout: Optional[float], specs: Sequence[Spec]
+    ) -> Snapshot:
+        # The segment's own index describes its arrays, checked as they are parsed, so
+        # ``specs`` is not needed here.
         table = self._table_path(name)
         deadline = deadline_after(timeout)
         with self._errors(table):
-            for _ in range(_READ_ATTEMPTS):
-                store, rel = self._table(name)
+            for _ in range(_READ_ATTEMPTS):  # a retry when the segment was being replaced
+                store, rel = self._table(name, held=newer_than)
                 if store < 0:
                     return 0, None  # vanished: reads as empty; holders get TableResetError
                 pointer = self._pointer(store, rel)
                 version = self._version_of(rel, pointer)
+                self._seen[name] = version
                 if version <= newer_than:
                     return version, None
                 assert pointer is not None
@@ -250,33 +290,26 @@ class ShmBackend(Backend):
                 "segment; is a foreign process locking its files?"
             )
 
-    def wait(self, name: str, newer_than: int, timeout: Optional[float]) -> int:
-        """Check the version once, then sleep on an inotify watch until a rename in the
-        table's directory or the deadline (``timeout=0``: check once, no sleep)."""
+    def block(self, name: str, newer_than: int, seconds: float) -> None:
+        """Sleep on an inotify watch of the table's directory until a file is renamed into
+        it (a push renames ``current``) or ``seconds`` pass; at once if the version is no
+        longer ``newer_than``. Without inotify, sleep at most ``POLL_MAX``."""
         table = self._table_path(name)
-        deadline = deadline_after(timeout)
         fds = Descriptors()
         try:
-            watch = Watch.open(table, fds)
-            if watch is None:  # no inotify here: poll (see the module docstring)
-                return super().wait(name, newer_than, timeout)
-            while True:  # each pass sleeps until a rename in the table or the deadline
-                current = self.version(name)
-                if current != newer_than:
-                    return current
-                left = remaining(deadline)
-                if left <= 0:
-                    raise PullTimeoutError(
-                        f"table {name!r} in {self.url} stayed at version {current} (waiting "
-                        f"for a version above {newer_than}) for {timeout} s"
+            watch = Watch.open(table, fds)  # armed before the look: no push goes unseen
+            with self._errors(table):
+                store, rel = self._table(name, held=newer_than)
+                if store < 0 or not _exists(store, rel):
+                    raise TableNotFoundError(
+                        f"table {name!r} in {self.url} was deleted ({table}) while waiting"
                     )
-                watch.wait(left)
-                with self._errors(table):
-                    store, rel = self._table(name)
-                    if store < 0 or not _exists(store, rel):
-                        raise TableNotFoundError(
-                            f"table {name!r} in {self.url} was deleted ({table}) while waiting"
-                        )
+                if self._version_of(rel, self._pointer(store, rel)) != newer_than:
+                    return
+            if watch is None:  # inotify missing or exhausted: the core's loop polls
+                time.sleep(min(seconds, POLL_MAX))
+            else:
+                watch.wait(seconds)
         finally:
             fds.close()
 
@@ -322,7 +355,9 @@ class ShmBackend(Backend):
         finally:
             fds.close()
 
-    def _private_table(self, store: int, name: str, fds: Descriptors, *, create: bool) -> Optional[str]:
+    def _private_table(
+        self, store: int, name: str, fds: Descriptors, *, create: bool
+    ) -> Optional[str]:
         """Check (and make, if ``create``) the namespace's and table's directories."""
         namespace = _dirs.enter(store, self._namespace_entry, self.path, fds, create=create)
         if namespace < 0:
@@ -332,9 +367,10 @@ class ShmBackend(Backend):
             return None
         return self._rel(name)
 
-    def _table(self, name: str) -> Tuple[int, str]:
+    def _table(self, name: str, held: Optional[int] = None) -> Tuple[int, str]:
         """``(store descriptor, table directory relative to it)``, after checking that the
-        table still has the signature this backend handed out; store -1: no store."""
+        table still has the signature this backend handed out and, for a caller holding
+        version ``held``, the history it trusts; store -1: no store."""
         rel = self._rel(name)
         store = self._store_fd  # as a rule, one stat: the signature file's
         for _ in range(2):  # a second pass only if the store's directory was replaced
@@ -349,9 +385,12 @@ class ShmBackend(Backend):
                     return store, rel  # no table (yet): it reads as empty
                 store = -1  # the store's directory was deleted: look for a new one
                 continue
+            identity = _identity(status)
             known = self._known.get(name)
-            if known is None or known[1] != (status.st_dev, status.st_ino):
+            if known is None or known[1] != identity:
                 self._adopt(name, store, rel)
+            if held is not None:
+                self._histories.check(name, identity, held, where=self.url)
             return store, rel
         return -1, rel
 
@@ -366,21 +405,27 @@ class ShmBackend(Backend):
                 return
             known = self._known.get(name)
             if known is not None and known[0] != text:
-                raise TableResetError(
-                    f"table {name!r} in {self.url} was created again with another signature "
-                    f"since this container read it ({self._table_path(name)} holds another "
-                    "signature.json); connect again to use it"
+                raise reset_error(
+                    name, self.url, self._seen.get(name, 0),
+                    why=f"{self._table_path(name)} was created again with another signature, "
+                    "which this container cannot decode: connect again (varsync.connect) to "
+                    "use it",
                 )
             self._remember(name, text, store, rel)
         finally:
             fds.close()
 
-    def _remember(self, name: str, text: str, store: int, rel: str, replace: bool = False) -> None:
+    def _remember(
+        self, name: str, text: str, store: int, rel: str, replace: bool = False
+    ) -> Identity:
+        """Know ``text`` as the table's signature, held by its current ``signature.json``
+        (whose identity is returned), unless another one is known and not ``replace``d:
+        the container still holds that one."""
+        identity = _identity(os.stat(f"{rel}/{SIGNATURE}", dir_fd=store, follow_symlinks=False))
         known = self._known.get(name)
-        if known is not None and known[0] != text and not replace:
-            return  # never adopt another signature: the container still holds the old one
-        status = os.stat(f"{rel}/{SIGNATURE}", dir_fd=store, follow_symlinks=False)
-        self._known[name] = (text, (status.st_dev, status.st_ino))
+        if known is None or known[0] == text or replace:
+            self._known[name] = (text, identity)
+        return identity
 
     def check_signature(self, name: str, store: int, rel: str) -> None:
         """Raise :class:`TableResetError` if the table's signature is no longer the one
@@ -393,7 +438,7 @@ class ShmBackend(Backend):
                 "deleted); create_table() it again, then push"
             ) from None
         known = self._known.get(name)
-        if known is None or known[1] != (status.st_dev, status.st_ino):
+        if known is None or known[1] != _identity(status):
             self._adopt(name, store, rel)
 
     # -- internals -------------------------------------------------------------------
@@ -474,6 +519,10 @@ class ShmBackend(Backend):
     def writable_mapping(self, rel: str, fd: int, size: int) -> Any:
         """A writable mapping of the file open as ``fd`` (kept for the next pushes)."""
         return self._mappings.get(rel, fd, size, writable=True)
+
+
+def _identity(status: os.stat_result) -> Identity:
+    return Identity(status.st_dev, status.st_ino, status.st_mtime_ns)
 
 
 def _exists(store: int, rel: str) -> bool:
