@@ -9,9 +9,9 @@ import shutil
 import uuid
 
 import pytest
+from shm_helpers import CONTEXT
 
 import varsync_shm
-from shm_helpers import CONTEXT
 
 SESSION = uuid.uuid4().hex[:8]
 

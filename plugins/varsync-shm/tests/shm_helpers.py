@@ -1,9 +1,9 @@
-"""Nests and checks the plugin's test modules share (importable by spawned children)."""
+"""Nests and checks the plugin's test modules share (importable by spawned children).
+Nests of one number and the check that a pull holds one version are varsync.backend's
+``filled`` and ``check_consistent``."""
 
 import multiprocessing
 import os
-
-import numpy as np
 
 import varsync
 
@@ -17,19 +17,6 @@ BIG = {
 #: A few hundred bytes: pulls copy the segment.
 SMALL = {"w": varsync.Spec((16, 4), "float32"), "step": varsync.Spec((), "int64")}
 LAYOUTS = {"mapped": BIG, "copied": SMALL}
-
-
-def filled(signature, number):
-    """A nest of ``signature``'s structure whose every element equals ``number``."""
-    leaves = [np.full(spec.shape, number, spec.dtype) for spec in varsync.flatten(signature)]
-    return varsync.unflatten(signature, leaves)
-
-
-def number_in(values):
-    """The one number every element of a :func:`filled` nest holds; fails on a mix."""
-    numbers = {int(x) for leaf in varsync.flatten(values) for x in np.unique(leaf)}
-    assert len(numbers) == 1, f"a pull mixed versions: elements hold {sorted(numbers)}"
-    return numbers.pop()
 
 
 def open_fds():

@@ -14,13 +14,14 @@ import time
 
 import numpy as np
 import pytest
+from shm_helpers import BIG, CONTEXT, LAYOUTS, SMALL
 
 import varsync
 import varsync_shm
+from varsync.backend import check_consistent, filled
 from varsync_shm import segment
 from varsync_shm._inotify import Watch
 
-from shm_helpers import BIG, CONTEXT, LAYOUTS, SMALL, filled, number_in
 
 @pytest.fixture
 def url(store_name):
@@ -68,9 +69,9 @@ def _read_until(url, signature, last, ready, results):
                 new_version, values = got
                 if new_version <= version:
                     problems.append(f"version went from {version} to {new_version}")
-                if number_in(values) != new_version:
-                    problems.append(f"version {new_version} held {number_in(values)}")
-                if held is not None and number_in(held[1]) != held[0]:
+                if check_consistent(values) != new_version:
+                    problems.append(f"version {new_version} held {check_consistent(values)}")
+                if held is not None and check_consistent(held[1]) != held[0]:
                     problems.append(f"arrays of version {held[0]} changed after a later pull")
                 held, version, reads = (new_version, values), new_version, reads + 1
             if version != last:
@@ -161,13 +162,13 @@ def test_a_reader_keeps_its_version_while_writers_go_on(store):
     held = store.pull()
     for number in range(2, 7):  # the reader's shared lock does not hold writers up
         assert store.push(filled(BIG, number)) == number
-    assert number_in(held) == 1  # its segment was not reused under it
+    assert check_consistent(held) == 1  # its segment was not reused under it
     assert "seg-1" in segments_of(store)
     del held
     gc.collect()
     store.push(filled(BIG, 7))
     assert "seg-1" not in segments_of(store)
-    assert number_in(store.pull()) == 7
+    assert check_consistent(store.pull()) == 7
 
 
 def test_any_view_of_a_pulled_array_keeps_its_version_in_place(store):
@@ -191,7 +192,7 @@ def test_old_segments_are_reclaimed_and_their_pages_reused(store):
     size = segment.plan(varsync.flatten(BIG)).size
     for number in range(1, 31):
         store.push(filled(BIG, number))
-        assert number_in(store.pull()) == number
+        assert check_consistent(store.pull()) == number
         segments = segments_of(store)
         assert segments[0] == f"seg-{number}"
         assert len(segments) <= 2 and all(s.startswith("spare-") for s in segments[1:])
@@ -223,7 +224,7 @@ def test_deleted_segments_do_not_stay_mapped(store):
     del kept
     for number in range(6, 9):
         store.push(filled(BIG, number))
-        assert number_in(store.pull()) == number
+        assert check_consistent(store.pull()) == number
     assert mapped(deleted=True) == set()
     assert len(mapped(deleted=False)) <= 2  # the current segment and the spare
 
@@ -250,9 +251,9 @@ def test_a_writer_killed_mid_push_leaves_the_last_complete_version_readable(stor
     kill(child)
 
     assert store.version() == 2
-    assert number_in(store.pull()) == 2
+    assert check_consistent(store.pull()) == 2
     assert store.push(filled(BIG, 3)) == 3  # the dead writer holds no lock
-    assert number_in(store.pull()) == 3
+    assert check_consistent(store.pull()) == 3
     assert not any(f.startswith(".fill-") for f in files_of(store))
     assert len(segments_of(store)) <= 2
 
@@ -267,9 +268,9 @@ def test_a_writer_killed_at_an_arbitrary_moment_leaves_a_complete_version(store,
         kill(child)  # most likely while it fills the next version
         version = store.version()
         assert version >= number
-        assert number_in(store.pull()) == version
+        assert check_consistent(store.pull()) == version
         assert store.push(filled(BIG, version + 1)) == version + 1
-        assert number_in(store.pull()) == version + 1
+        assert check_consistent(store.pull()) == version + 1
         assert not any(f.startswith((".fill-", ".link-")) for f in files_of(store))
         assert len(segments_of(store)) <= 2
 
@@ -287,7 +288,7 @@ def test_a_killed_reader_leaves_nothing_locked(store, url, children):
     assert "seg-1" not in segments_of(store)
     assert len(segments_of(store)) == 2  # seg-2 and seg-1 turned spare
     assert store.push(filled(BIG, 3)) == 3  # and reuse it
-    assert number_in(store.pull()) == 3
+    assert check_consistent(store.pull()) == 3
 
 
 # -- waiting ---------------------------------------------------------------------------------
@@ -299,7 +300,7 @@ def test_wait_for_wakes_when_another_process_pushes(store, url, children):
     children(_push_when_told, url, go)
     go.set()
     assert store.wait_for(1, timeout=60) == 2
-    assert number_in(store.pull()) == 2
+    assert check_consistent(store.pull()) == 2
 
 
 def test_wait_for_sleeps_on_an_inotify_watch_instead_of_spinning(store):
@@ -320,6 +321,41 @@ def test_wait_for_sleeps_on_an_inotify_watch_instead_of_spinning(store):
     thread.start()
     thread.join(30)
     assert cpu["seconds"] < 0.25  # a spinning wait would burn the whole second
+
+
+@pytest.mark.parametrize("engine", ["inotify", "polling"])
+def test_wait_for_wakes_on_a_push_without_spinning(store, url, engine, monkeypatch):
+    if engine == "polling":  # as where inotify is missing or exhausted
+        monkeypatch.setattr(Watch, "open", classmethod(lambda cls, *a, **k: None))
+    store.push(filled(BIG, 1))
+    woken = {}
+
+    def wait():
+        started = time.thread_time()
+        woken["version"] = store.wait_for(1, timeout=60)
+        woken["cpu"] = time.thread_time() - started
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    with varsync.connect(url) as pusher:
+        pusher.push(filled(BIG, 2))
+    thread.join(60)
+    assert woken["version"] == 2
+    assert woken["cpu"] < 0.25  # a spinning wait burns its thread's whole wait
+
+
+def test_block_returns_at_once_when_the_version_already_differs(store):
+    store.push(filled(BIG, 1))
+    thread = threading.Thread(target=store.backend.block, args=("variables", 0, 600))
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "block slept although the table was past version 0"
+
+
+def test_a_wait_on_a_table_deleted_meanwhile_is_table_not_found(store, store_name):
+    varsync_shm.remove_store(store_name)
+    with pytest.raises(varsync.TableNotFoundError, match="deleted"):
+        store.wait_for(0, timeout=60)
 
 
 # -- stores, namespaces, files ---------------------------------------------------------------
@@ -379,7 +415,7 @@ def test_bad_urls_and_options_are_configuration_errors(url, tmp_path):
         varsync.connect("shm://")
     with pytest.raises(varsync.ConfigurationError, match="not a directory"):
         varsync.connect(f"{url}?root={tmp_path / 'missing'}")
-    with pytest.raises(varsync.ConfigurationError, match="bogus"):
+    with pytest.raises(varsync.ConfigurationError, match="bogus.*its options are root"):
         varsync.connect(f"{url}?bogus=1")
 
 
@@ -387,7 +423,7 @@ def test_a_store_under_another_root(tmp_path):
     with varsync.connect(f"shm://elsewhere?root={tmp_path}") as store:
         store.create_table("variables", SMALL)
         store.push(filled(SMALL, 5))
-        assert number_in(store.pull()) == 5
+        assert check_consistent(store.pull()) == 5
     assert os.path.isdir(varsync_shm.store_path("elsewhere", str(tmp_path)))
 
 

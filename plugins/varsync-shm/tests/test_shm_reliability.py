@@ -17,13 +17,13 @@ import threading
 import time
 
 import pytest
+from shm_helpers import BIG, CONTEXT, SMALL, open_fds
 
 import varsync
 import varsync_shm
-from varsync_shm import backend as shm_backend
-
-from shm_helpers import BIG, CONTEXT, SMALL, filled, number_in, open_fds
+from varsync.backend import check_consistent, filled
 from varsync.testing.faults import settled_fds
+from varsync_shm import backend as shm_backend
 
 ROUND_SECONDS = 10  # a round waits at most this long for its interrupt to land
 IS_ROOT = os.geteuid() == 0
@@ -120,9 +120,9 @@ def test_interrupted_pulls_leak_no_descriptor_and_close_none_twice(url, signatur
         gc.collect()
         assert interrupts.unraisable == [], "a descriptor was closed twice"
         assert settled_fds(before + 2) <= before + 2  # the mapping caches may have turned over
-        assert number_in(reader.pull()) == writer.version()
+        assert check_consistent(reader.pull()) == writer.version()
         assert writer.push(filled(signature, writer.version() + 1)) == writer.version()
-        assert number_in(reader.pull()) == writer.version()
+        assert check_consistent(reader.pull()) == writer.version()
 
 
 @pytest.mark.parametrize("signature", [BIG, SMALL], ids=["mapped", "copied"])
@@ -145,13 +145,13 @@ def test_interrupted_pushes_leave_no_fill_file_descriptor_or_lock(url, signature
             for _ in range(400):
                 interrupts.round(push, most_seconds=0.004)
                 held = reader.pull()  # one whole version, of a push made so far
-                assert 1 <= number_in(held) <= attempts[0]
+                assert 1 <= check_consistent(held) <= attempts[0]
         assert interrupts.unraisable == []
         assert returned == sorted(set(returned)), "a version was returned twice"
         gc.collect()
         assert settled_fds(before + 2) <= before + 2
         push()  # not blocked by a lock an interrupted push kept, and reclaims its files
-        assert number_in(reader.pull()) == attempts[0]
+        assert check_consistent(reader.pull()) == attempts[0]
         assert reader.version() == returned[-1]
         assert fill_files(writer) == []
         assert len(writer.table_info().details["segments"]) <= 2
@@ -206,7 +206,7 @@ def test_pushes_reclaim_dead_writers_files_but_never_a_live_writers(url, childre
         assert live[0] in fill_files(store)
         release.set()
         assert results.get(timeout=60) == 6
-        assert number_in(store.pull()) == 100
+        assert check_consistent(store.pull()) == 100
         assert fill_files(store) == []
 
 
@@ -228,7 +228,7 @@ def test_kept_mapped_pulls_of_one_version_share_one_descriptor(url):
         assert settled_fds(before + 1) <= before + 1  # the version's pin
         store.push(filled(BIG, 2))
         assert "seg-1" in store.table_info().details["segments"]  # still held, by the pin
-        assert all(number_in(values) == 1 for values in kept[:: 100])
+        assert all(check_consistent(values) == 1 for values in kept[:: 100])
         del kept
         gc.collect()
         assert settled_fds(before) <= before
@@ -256,12 +256,13 @@ def test_a_table_recreated_with_another_signature_is_a_reset_for_old_containers(
                 "version": lambda: old.version(),
                 "update": lambda: old.update(filled(BIG, 0)),
             }
+            refused = r"'variables'.*another signature.*connect again"
             for call in calls.values():
-                with pytest.raises(varsync.TableResetError, match=r"'variables'.*another signature.*connect again"):
+                with pytest.raises(varsync.TableResetError, match=refused):
                     call()
-            assert new.version() == 1 and number_in(new.pull()) == 7  # nothing published
+            assert new.version() == 1 and check_consistent(new.pull()) == 7  # nothing published
         with varsync.connect(url) as again:
-            assert number_in(again.pull()) == 7
+            assert check_consistent(again.pull()) == 7
 
 
 def test_a_table_recreated_with_the_same_signature_is_no_reset_for_pull(url, store_name):
@@ -273,10 +274,42 @@ def test_a_table_recreated_with_the_same_signature_is_no_reset_for_pull(url, sto
         with varsync.connect(url) as new:
             new.create_table("variables", SMALL)
             new.push(filled(SMALL, 5))
-        assert number_in(old.pull()) == 5
+        assert check_consistent(old.pull()) == 5
         with pytest.raises(varsync.TableResetError):
             old.pull_if_newer(2)  # the version it holds means nothing now
         assert old.push(filled(SMALL, 6)) == 2
+
+
+def test_holders_of_a_version_see_a_reset_even_when_the_new_history_is_further_on(url, store_name):
+    with varsync.connect(url) as old, varsync.connect(url) as reader:
+        old.create_table("variables", SMALL)
+        old.push(filled(SMALL, 1))
+        old.push(filled(SMALL, 2))
+        assert check_consistent(reader.pull()) == 2
+        varsync_shm.remove_store(store_name)
+        with varsync.connect(url) as new:
+            new.create_table("variables", SMALL)
+            for number in (5, 6, 7):  # version 3: above the held 2, but of another history
+                new.push(filled(SMALL, number))
+        for holder in (old, reader):
+            with pytest.raises(varsync.TableResetError, match="'variables'.*new history"):
+                holder.pull_if_newer(2)
+        assert check_consistent(reader.pull()) == 7  # pull() resynchronises
+        assert reader.pull_if_newer(3) is None
+
+
+def test_a_wait_by_a_holder_of_the_old_history_is_a_reset_not_a_timeout(url, store_name):
+    with varsync.connect(url) as reader:
+        with varsync.connect(url) as old:
+            old.create_table("variables", SMALL)
+            old.push(filled(SMALL, 1))
+        assert check_consistent(reader.pull()) == 1
+        varsync_shm.remove_store(store_name)
+        with varsync.connect(url) as new:
+            new.create_table("variables", SMALL)
+            new.push(filled(SMALL, 9))  # version 1 again, of another history
+        with pytest.raises(varsync.TableResetError, match="'variables'.*new history"):
+            reader.wait_for(1, timeout=60)
 
 
 def test_a_writer_of_a_recreated_table_publishes_nothing_of_the_old_layout(url, store_name):
@@ -363,9 +396,10 @@ def test_a_store_planted_by_another_user_is_refused(url, store_name):
             os.chown(name, NOBODY, NOBODY)
     os.chmod(path, 0o777)
     with varsync.connect(url) as victim:
-        for call in (lambda: victim.pull(timeout=1), lambda: victim.create_table("variables", SMALL),
-                     victim.tables):
-            with pytest.raises(varsync.ConfigurationError, match=rf"{path} is owned by uid {NOBODY}.*mode 0777"):
+        refused = rf"{path} is owned by uid {NOBODY}.*mode 0777"
+        for call in (lambda: victim.pull(timeout=1),
+                     lambda: victim.create_table("variables", SMALL), victim.tables):
+            with pytest.raises(varsync.ConfigurationError, match=refused):
                 call()
 
 
@@ -380,10 +414,11 @@ def test_directories_others_can_write_to_are_refused(url, store_name, level, mod
             "table": os.path.join(path, "n_", "t_variables")}[level]
     os.chmod(path, mode)
     with varsync.connect(url) as store:
-        with pytest.raises(varsync.ConfigurationError, match=rf"{path} has mode {mode:04o}.*chmod 700"):
+        refused = rf"{path} has mode {mode:04o}.*chmod 700"
+        with pytest.raises(varsync.ConfigurationError, match=refused):
             store.pull()
         os.chmod(path, 0o750)  # readable by others is the owner's choice; writable is not
-        assert number_in(store.pull()) == 1
+        assert check_consistent(store.pull()) == 1
 
 
 @pytest.mark.parametrize("level", ["store", "namespace"])
@@ -453,6 +488,6 @@ def test_two_writer_processes_never_get_the_same_version(url, children):
             returned += versions
         assert sorted(returned) == list(range(1, 2 * count + 1))  # each number once
         assert store.version() == 2 * count
-        number = number_in(store.pull())
+        number = check_consistent(store.pull())
         assert number in (count, 1000 + count)
         assert fill_files(store) == []
