@@ -34,17 +34,19 @@ def reset_error(
     *,
     current: Optional[int] = None,
     why: str = "",
+    remedy: str = "pull() to resynchronise",
 ) -> TableResetError:
     """The error for a reader holding version ``held`` of a table whose history restarted
     (``where``: the redacted URL or address; ``current``: the version now, if known;
-    ``why``: what showed it, e.g. "epoch a1 -> b2")."""
+    ``why``: what showed it, e.g. "epoch a1 -> b2"; ``remedy``: what the reader does now,
+    when a ``pull()`` is not enough, e.g. "connect again" for a table whose signature
+    changed)."""
     now = "" if current is None else f" is at version {current} and"
     because = f" ({why})" if why else ""
     return TableResetError(
         f"table {table!r} at {where}{now} started a new history since you read version "
         f"{held}{because}: the store lost or replaced its data (a restart without "
-        "persistence, the table made again). Your version means nothing now; pull() to "
-        "resynchronise."
+        f"persistence, the table made again). Your version means nothing now; {remedy}."
     )
 
 

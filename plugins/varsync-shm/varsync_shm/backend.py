@@ -408,8 +408,8 @@ class ShmBackend(Backend):
                 raise reset_error(
                     name, self.url, self._seen.get(name, 0),
                     why=f"{self._table_path(name)} was created again with another signature, "
-                    "which this container cannot decode: connect again (varsync.connect) to "
-                    "use it",
+                    "which this container cannot decode",
+                    remedy="connect again (varsync.connect) to use it",
                 )
             self._remember(name, text, store, rel)
         finally:
