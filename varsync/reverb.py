@@ -21,12 +21,12 @@ from __future__ import annotations
 import collections.abc
 from typing import Any, List, Mapping, Optional
 
+from varsync import ConfigurationError, SignatureError
 from varsync import nest as nest_lib
 from varsync import signature as sig
-from varsync.errors import ConfigurationError, SignatureError
 
-# The backend module imports Reverb and TensorFlow, or says which extra to install.
-from varsync.backends.reverb import reverb, tf
+# Reverb and TensorFlow, or the error that names the extra to install.
+from varsync.backends.reverb.engine import reverb, tf
 
 __all__ = ["serve", "ReverbServer", "variables_table", "tensorflow_signature"]
 

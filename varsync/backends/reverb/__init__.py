@@ -1,0 +1,39 @@
+"""``reverb://host:port``: variables in the tables of a Reverb server (extra ``reverb``).
+
+Tables are the ones TF-Agents' ``ReverbVariableContainer`` uses: ``max_size=1``,
+``max_times_sampled=0``, a ``MinSize(1)`` rate limiter and the variables' specs as the
+signature. Either container reads what the other wrote.
+
+- **Version** = the table's count of completed inserts (from ``server_info``: one small
+  request, whatever the table's size). TF-Agents' pushes count too. The count restarts
+  when the server restarts, so a reader that holds a version and finds the server
+  restarted (its insert count went down, or its table worker started later) gets
+  ``TableResetError`` instead of an older value, an endless wait, or a new value
+  ignored because the new count reached its number again (:mod:`.versions`).
+- **Push** goes through one long-lived trajectory writer per table: measured about twice
+  as fast as a new writer per insert (``client.insert``, TF-Agents' ``TFClient.insert``);
+  see ``benchmarks/``. The version returned is the insert count read right after the
+  push was confirmed. Before each push the table's insert count and age are checked: a
+  writer whose server restarted is replaced, so the push after a restart goes through.
+- **Pull** checks the count first (an empty table is never sampled, so it never blocks),
+  then samples the single item on a (reused) worker thread bounded by the timeout
+  (:mod:`.sampling`).
+- **Size**: Reverb aborts the client process when one insert request exceeds gRPC's 2 GB
+  limit, so pushes above :data:`MAX_PUSH_BYTES` are refused before anything is sent.
+- Reverb has no change notification: ``wait`` is the core's loop, polling the count
+  (growing interval, 50 ms at most).
+
+Modules: :mod:`.engine` (the Reverb and TensorFlow imports, error translation),
+:mod:`.tables` (reading a table's info), :mod:`.versions` (restarts, whose insert was
+ours), :mod:`.sampling` (the worker threads), :mod:`.backend` (:class:`ReverbBackend`).
+"""
+
+from __future__ import annotations
+
+# Importing any of them imports Reverb and TensorFlow first, or raises the
+# MissingDependencyError that names the extra to install (.engine).
+from varsync.backends.reverb.backend import MAX_PUSH_BYTES, ReverbBackend
+from varsync.backends.reverb.tables import HOW_TO_CONFIGURE, check_table_info
+from varsync.backends.reverb.tables import age_seconds as _age_seconds  # noqa: F401 (tests)
+
+__all__ = ["ReverbBackend", "MAX_PUSH_BYTES", "HOW_TO_CONFIGURE", "check_table_info"]

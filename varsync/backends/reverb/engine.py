@@ -1,0 +1,40 @@
+"""Reverb and TensorFlow, imported once for the package (or the extra to install named),
+and the one place their exceptions become varsync's."""
+
+from __future__ import annotations
+
+from typing import ContextManager
+
+try:
+    import reverb
+    import tensorflow as tf
+    from reverb.cc import schema_pb2
+    from reverb.cc.ops import gen_reverb_ops
+    from tensorflow.python.saved_model import nested_structure_coder
+except ImportError as exc:  # pragma: no cover - exercised where the extra is missing
+    from varsync.backend import MissingDependencyError
+
+    raise MissingDependencyError(
+        f"the reverb:// backend needs dm-reverb and TensorFlow ({exc.name} is missing); "
+        'install them with: pip install "varsync[reverb]" (Linux x86-64, Python 3.9-3.11)'
+    ) from exc
+
+from varsync.backend import BackendConnectionError, ErrorMap, translate_errors
+
+__all__ = [
+    "reverb", "tf", "schema_pb2", "gen_reverb_ops", "nested_structure_coder", "translated",
+]
+
+#: What Reverb's client (pybind: RuntimeError; ops: tf.errors.OpError) raises when the
+#: server is gone, slow (deadline exceeded) or failing: all of it is a connection error.
+_ERRORS: ErrorMap = {
+    reverb.errors.ReverbError: BackendConnectionError,
+    tf.errors.OpError: BackendConnectionError,
+    RuntimeError: BackendConnectionError,
+}
+
+
+def translated(address: str, doing: str) -> ContextManager[None]:
+    """Reverb's exceptions inside as :class:`~varsync.BackendConnectionError`, naming the
+    server's ``address`` and what the client was ``doing``."""
+    return translate_errors(_ERRORS, f"Reverb server at {address} ({doing})")

@@ -1,0 +1,68 @@
+"""What varsync reads from a Reverb table's info (``schema_pb2.TableInfo``): whether the
+table can hold variables, its version and insert count, and its worker's age."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from varsync import MissingSignatureError
+from varsync.backend import TableConfigurationError
+from varsync.backends.reverb.engine import tf
+
+__all__ = ["HOW_TO_CONFIGURE", "check_table_info", "insert_count", "version_of", "age_seconds"]
+
+HOW_TO_CONFIGURE = (
+    "varsync.reverb.serve({name: signature}) builds such a server; by hand: "
+    "reverb.Table(name, sampler=reverb.selectors.Uniform(), remover=reverb.selectors.Fifo(), "
+    "rate_limiter=reverb.rate_limiters.MinSize(1), max_size=1, max_times_sampled=0, "
+    "signature=<nest of tf.TensorSpec>)"
+)
+
+
+def check_table_info(name: str, info: Any, address: str, signature: Any) -> None:
+    """Raise if the server's table (``info``, a ``schema_pb2.TableInfo``; ``signature``,
+    its decoded signature or ``None``) cannot hold variables the way TF-Agents' do."""
+    where = f"Reverb table {name!r} at {address}"
+    if info.max_size != 1:
+        raise TableConfigurationError(
+            f"{where} has max_size={info.max_size}; a variables table holds exactly the "
+            f"latest value, so max_size must be 1. {HOW_TO_CONFIGURE}"
+        )
+    if info.max_times_sampled != 0:
+        raise TableConfigurationError(
+            f"{where} has max_times_sampled={info.max_times_sampled}; items would vanish "
+            f"after being pulled, so it must be 0 (unlimited). {HOW_TO_CONFIGURE}"
+        )
+    limiter = info.rate_limiter_info
+    if limiter.min_size_to_sample != 1 or limiter.max_diff < 1e300:
+        raise TableConfigurationError(
+            f"{where} has a rate limiter that can block pulls (min_size_to_sample="
+            f"{limiter.min_size_to_sample}, max_diff={limiter.max_diff}); use MinSize(1). "
+            f"{HOW_TO_CONFIGURE}"
+        )
+    if signature is None or not tf.nest.flatten(signature):
+        raise MissingSignatureError(
+            f"{where} has no signature (or one without leaves); varsync (like TF-Agents) "
+            f"needs the variables' specs as the table signature. {HOW_TO_CONFIGURE}"
+        )
+
+
+def insert_count(info: Any) -> int:
+    """The table's count of completed inserts since the server started (or was restored)."""
+    return int(info.rate_limiter_info.insert_stats.completed)
+
+
+def version_of(info: Any) -> int:
+    """The table's version: its insert count; an empty table is version 0 whatever the
+    count says (a reset() clears both)."""
+    return insert_count(info) if info.current_size > 0 else 0
+
+
+def age_seconds(info: Any) -> float:
+    """How long the table's worker has run, in seconds (to whole milliseconds)."""
+    worker = info.table_worker_time
+    busy_and_idle = (  # every state the worker can be in, so the sum is its age
+        worker.running_ms + worker.sleeping_ms + worker.sampling_ms + worker.inserting_ms
+        + worker.waiting_for_sampling_ms + worker.waiting_for_inserts_ms
+    )
+    return busy_and_idle / 1000.0
