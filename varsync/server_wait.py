@@ -15,8 +15,8 @@ import time
 from typing import Any, Callable, Optional, TypeVar
 
 from varsync.backends.base import deadline_after, remaining
-from varsync.config import parse_timeout
 from varsync.errors import BackendConnectionError, ConfigurationError
+from varsync.options import parse_timeout
 
 __all__ = ["parse_wait_for_server", "describe_wait", "retry_until_up", "LOG_EVERY"]
 
@@ -99,6 +99,7 @@ def retry_until_up(attempt: Callable[[float], T], *, address: str, bound: Option
             pause = min(pause * 2, 0.5)
             continue
         if logged_at > -math.inf:
-            log.info("the %s at %s answered after %.1f s", what, address,
-                        time.monotonic() - started)
+            log.info(
+                "the %s at %s answered after %.1f s", what, address, time.monotonic() - started
+            )
         return result

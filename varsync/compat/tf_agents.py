@@ -29,14 +29,14 @@ import numpy as np
 import tensorflow as tf
 
 import varsync
-from varsync.backends.base import deadline_after, remaining
-from varsync.config import DEFAULT_TIMEOUT
-from varsync.errors import (
+from varsync import (
     BackendConnectionError,
     ConcurrentPushError,
     PullTimeoutError,
     SignatureMismatchError,
 )
+from varsync.backend import deadline_after, remaining
+from varsync.config import DEFAULT_TIMEOUT
 from varsync.server_wait import LOG_EVERY, describe_wait, parse_wait_for_server
 
 __all__ = ["ReverbVariableContainer", "DEFAULT_TABLE", "TRAIN_STEP_KEY", "POLICY_KEY"]
