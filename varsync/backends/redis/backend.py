@@ -1,0 +1,489 @@
+"""The redis backend's class: the Backend protocol translated to this package's keys,
+scripts (:mod:`.protocol`) and chunks (:mod:`.wire`); see the package's docstring."""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+from typing import Any, ContextManager, Dict, List, Mapping, Optional, Sequence, cast
+
+import numpy as np
+from redis import exceptions as rx
+
+from varsync.backend import (
+    Backend,
+    BackendConnectionError,
+    CorruptDataError,
+    PullTimeoutError,
+    Snapshot,
+    Spec,
+    TableNotFoundError,
+    deadline_after,
+    wait_for_change,
+)
+from varsync.backends.redis import wire
+from varsync.backends.redis.errors import OutOfTime, translated
+from varsync.backends.redis.options import DEFAULT_CHUNK, parse_settings
+from varsync.backends.redis.pool import Client
+from varsync.backends.redis.protocol import (
+    CLAIM,
+    CREATE,
+    FORMAT,
+    PENDING_TTL_MS,
+    PUBLISH,
+    STREAM_LENGTH,
+    Claimed,
+    Created,
+    Head,
+    Keys,
+    Published,
+    check_format,
+    is_epoch,
+    key_base_of,
+    keys_of,
+    parse_head,
+    parse_layout,
+    text,
+)
+from varsync.backends.redis.tables import Known, Table
+
+__all__ = ["RedisBackend"]
+
+log = logging.getLogger("varsync.backends.redis")
+
+# Pushes from this size on overwrite the spare version's chunks in place (see CLAIM);
+# below it, the extra round trip costs more than the page faults it saves.
+_RECYCLE_FROM_BYTES = DEFAULT_CHUNK
+_WAIT_SLICE = 1.0  # seconds per XREAD BLOCK: a vanished table is noticed this fast
+_WAIT_GRACE = 0.1  # seconds a wait's XREAD, and the look after it, may outlast its deadline
+_DISCARD_SECONDS = 1.0  # bound on deleting a failed push's chunks (they expire anyway)
+_MAX_RESTARTS = 1000
+
+
+class RedisBackend(Backend):
+    """Tables in a Redis server (``redis://[user:password@]host:port/db``; ``rediss://``
+    for TLS). Options: ``db``, ``username``, ``password``, ``prefix`` (key prefix, default
+    ``varsync``), ``chunk_size`` (bytes, default 4 MiB), ``keep`` (previous versions kept
+    for readers in flight, default 1), ``connect_timeout`` and ``socket_timeout``
+    (default: ``timeout``), ``retries`` (reconnect attempts, default 0), and redis-py's
+    ``ssl_*`` options for ``rediss://``."""
+
+    supports_create_table = True
+    shared_across_processes = True
+    supports_blocking_wait = True
+    persistent = False  # only as persistent as the server's own configuration makes it
+    max_push_bytes = None
+
+    def __init__(self, url: str, *, timeout: Optional[float], namespace: str, **options: Any):
+        settings = parse_settings(url, timeout, namespace, options)
+        super().__init__(url, timeout=timeout, namespace=namespace)
+        self._settings = settings
+        self.address = settings.address
+        self.prefix = settings.prefix
+        self.key_base = key_base_of(settings.prefix, namespace)
+        self.chunk_size = settings.chunk_size
+        self.keep = settings.keep
+        self.socket_timeout = settings.socket_timeout
+        self._client = Client(settings)
+        self._known = Known(self.address)
+        self.pulls_restarted = 0  # pulls that found their version retired mid-read
+        try:
+            with self._errors("connecting"):
+                self._client.call("PING")
+        except BaseException:
+            self._client.close()
+            raise
+
+    def _errors(self, doing: str) -> ContextManager[None]:
+        return translated(doing, self.address)
+
+    def _keys(self, name: str) -> Keys:
+        return keys_of(self.key_base, name)
+
+    def _where(self, name: str) -> str:
+        return f"table {name!r} at {self.address}"
+
+    # -- tables ----------------------------------------------------------------------------
+
+    def create_table(self, name: str, signature: str, specs: Sequence[Spec]) -> str:
+        with self._errors(f"creating table {name!r}"):
+            return self._create(name, signature).signature
+
+    def _create(self, name: str, signature: str) -> Table:
+        keys = self._keys(name)
+        reply, rest = CREATE.answer(self._client.script(
+            CREATE,
+            [keys.head, keys.events, self.key_base + "tables"],
+            [name, signature, secrets.token_hex(8), FORMAT],
+        ))
+        if reply is Created.NOT_A_HEAD:
+            raise CorruptDataError(
+                f"key {keys.head!r} at {self.address} exists but is not a varsync table head; "
+                "is something else using this key prefix? Use another prefix or namespace."
+            )
+        fmt, stored, epoch = (text(x) for x in rest)
+        check_format(self._where(name), fmt)
+        return self._known.remember(name, epoch, stored)
+
+    def signature(self, name: str) -> Optional[str]:
+        with self._errors(f"reading table {name!r}"):
+            table = self._signature(name)
+        return None if table is None else table.signature
+
+    def _signature(self, name: str, deadline: float = math.inf) -> Optional[Table]:
+        head = self._keys(name).head
+        raw = self._client.call("HMGET", head, "fmt", "sig", "epoch", deadline=deadline)
+        fmt, stored, epoch = (text(x) for x in raw)
+        if fmt is None and stored is None and epoch is None:
+            return None
+        if stored is None or not is_epoch(epoch):
+            raise CorruptDataError(
+                f"key {head!r} at {self.address} is not a varsync table head (no signature, "
+                "or no valid epoch); is something else using this key prefix?"
+            )
+        check_format(self._where(name), fmt)
+        return self._known.remember(name, epoch, stored)
+
+    def tables(self) -> List[str]:
+        with self._errors("listing tables"):
+            names = self._client.call("SMEMBERS", self.key_base + "tables")
+        return sorted(text(n) for n in names)
+
+    def details(self, name: str) -> Dict[str, Any]:
+        head = self._keys(name).head
+        with self._errors(f"reading table {name!r}"):
+            raw = self._client.call(
+                "HMGET", head, "epoch", "version", "data", "layout", "retained", "spare"
+            )
+        epoch, _, data, layout, retained, spare = (text(x) for x in raw)
+        total, payload, chunks = parse_layout(self._where(name), layout) if layout else (0, 0, 0)
+        return {
+            "server": self.address,
+            "head_key": head,
+            "epoch": epoch,
+            "data_token": data,
+            "stored_bytes": total,
+            "chunk_payload": payload,
+            "chunks": chunks,
+            "retained_versions": len(retained.split(",")) if retained else 0,
+            "spare_version": bool(spare),
+            "keep": self.keep,
+            "pulls_restarted": self.pulls_restarted,
+        }
+
+    # -- what this backend knows of each table, and which history it trusts ----------------
+
+    def _known_table(self, name: str, deadline: float = math.inf) -> Table:
+        table = self._known.get(name)
+        if table is None:
+            table = self._signature(name, deadline)
+            if table is None:
+                raise TableNotFoundError(f"no table {name!r} at {self.address}")
+        return table
+
+    def _trusted(self, name: str, head: Head, held: int, deadline: float = math.inf) -> None:
+        """Check the head's epoch for a caller holding version ``held`` (0: none).
+
+        Another epoch means the table's history restarted: a holder gets the core's
+        reset error (:class:`Histories` decides); a caller holding nothing moves to the
+        new history, if the table kept the signature this backend read.
+        """
+        table = self._known_table(name, deadline)
+        if held == 0 and not self._known.trusts(name, head.epoch):
+            stored = text(self._client.call("HGET", self._keys(name).head, "sig",
+                                            deadline=deadline))
+            self._known.check_same_signature(name, stored, table)
+        self._known.check(name, head.epoch, held, current=head.version)
+
+    def _adopt_epoch(self, name: str, epoch: str, table: Table) -> Table:
+        """Move to the table's new epoch, if it was created again with our signature."""
+        stored = text(self._client.call("HGET", self._keys(name).head, "sig"))
+        self._known.check_same_signature(name, stored, table)
+        return self._known.remember(name, epoch, stored)
+
+    # -- data --------------------------------------------------------------------------------
+
+    def _head(self, name: str, *fields: str, deadline: float = math.inf) -> Optional[Head]:
+        """The table's head (one small request), or ``None`` if its keys vanished."""
+        key = self._keys(name).head
+        raw = self._client.call("HMGET", key, "fmt", "epoch", "version", *fields,
+                                deadline=deadline)
+        return parse_head(self._where(name), key, raw, fields)
+
+    def version(self, name: str) -> int:
+        with self._errors(f"reading the version of table {name!r}"):
+            head = self._head(name)
+        return 0 if head is None else head.version
+
+    def version_within(self, name: str, timeout: Optional[float]) -> int:
+        with self._errors(f"reading the version of table {name!r}"):
+            head = self._head(name, deadline=deadline_after(timeout))
+        return 0 if head is None else head.version
+
+    def write(self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]) -> int:
+        keys = self._keys(name)
+        token = secrets.token_bytes(8)
+        total = sum(a.nbytes for a in arrays)
+        payload = self.chunk_size - wire.CHUNK_SLACK
+        chunks = -(-total // payload)
+        layout = f"{total}:{payload}:{chunks}"
+        recycle = total >= _RECYCLE_FROM_BYTES
+        chunk_prefix = keys.chunks + token.hex() + ":"
+        with self._errors(f"pushing {total} bytes to table {name!r}"):
+            table = self._known_table(name)
+            # Keys under this fresh token are this push's alone, until the publish script
+            # is sent: from then on the server may have published them, so never delete.
+            ours = True
+            try:
+                recycled = recycle and self._claim(keys, table, layout, token.hex()) == chunks
+                self._send_chunks(chunk_prefix, token, arrays, payload, recycled)
+                for _ in range(3):
+                    ours = False
+                    table.in_doubt = token.hex()
+                    reply, rest = self._publish(keys, table, token.hex(), layout, chunks, recycle)
+                    if reply is Published.PUBLISHED:
+                        version, epoch = int(rest[0]), text(rest[1])
+                        return self._published(name, table, version, epoch, token.hex())
+                    ours = True  # refused before it touched anything: nothing published
+                    table = self._republish_target(name, reply, rest, table)
+                raise BackendConnectionError(
+                    f"table {name!r} at {self.address} kept changing under this push; "
+                    "nothing was published"
+                )
+            except (rx.ConnectionError, rx.TimeoutError) as exc:
+                if ours or isinstance(exc, rx.AuthenticationError):
+                    raise
+                raise BackendConnectionError(
+                    f"pushing {total} bytes to table {name!r} at {self.address}: "
+                    f"{type(exc).__name__}: {exc}. The publish script was sent but its answer "
+                    "was lost: the server may have published this push. Pull to see; a push "
+                    "again publishes the value again under the next version."
+                ) from exc
+            finally:
+                if ours:
+                    self._discard(chunk_prefix, chunks)
+
+    def _claim(self, keys: Keys, table: Table, layout: str, token: str) -> int:
+        """How many of the spare version's chunks this push now owns (see CLAIM)."""
+        reply, rest = CLAIM.answer(self._client.script(
+            CLAIM, [keys.head], [table.epoch, layout, keys.chunks, token, PENDING_TTL_MS]
+        ))
+        return int(rest[0]) if reply is Claimed.CLAIMED else 0
+
+    def _publish(
+        self, keys: Keys, table: Table, token: str, layout: str, chunks: int, recycle: bool
+    ) -> Any:
+        """Run the publish script once (never retried: a second run after a lost answer
+        would publish the same token twice)."""
+        return PUBLISH.answer(self._client.script(
+            PUBLISH,
+            [keys.head, keys.events],
+            [table.epoch, token, layout, chunks, self.keep, keys.chunks, table.published,
+             secrets.token_hex(8), STREAM_LENGTH, wire.HEADER.size, "1" if recycle else "0",
+             table.vouched()],
+            retry=False,
+        ))
+
+    def _published(self, name: str, table: Table, version: int, epoch: str, token: str) -> int:
+        """Remember what this push published; return its version."""
+        if epoch != table.epoch:
+            log.warning(
+                "table %r at %s: version %d starts a new history (epoch %s -> %s): the "
+                "server restarted or went back to an older state since the version "
+                "before was published; readers holding a version get TableResetError "
+                "and resynchronise with pull()", name, self.address, version,
+                table.epoch, epoch,
+            )
+            table = self._known.remember(name, epoch, table.signature)
+        self._known.published(table, version, token)
+        return version
+
+    def _republish_target(
+        self, name: str, reply: Published, rest: List[Any], table: Table
+    ) -> Table:
+        """After a publish script refused: the table to publish into on the next try."""
+        if reply is Published.VANISHED:  # the server lost its data
+            log.warning(
+                "table %r at %s vanished (the server lost its data?); creating it again with "
+                "its signature and a new epoch", name, self.address
+            )
+            again = self._create(name, table.signature)
+            self._known.check_same_signature(name, again.signature, table)
+            return again
+        if reply is Published.OTHER_EPOCH:  # created again by someone else since we looked
+            return self._adopt_epoch(name, text(rest[0]), table)
+        if reply is Published.CHUNK_MISSING:
+            raise CorruptDataError(
+                f"table {name!r} at {self.address}: chunk {text(rest[0])} of this push "
+                "vanished before it was published (evicted? varsync needs maxmemory-policy "
+                "noeviction or a volatile-* policy); nothing was published"
+            )
+        raise CorruptDataError(
+            f"table {name!r} at {self.address}: its head holds a malformed {text(rest[0])}; "
+            "is something else writing under this prefix?"
+        )
+
+    def _send_chunks(
+        self,
+        chunk_prefix: str,
+        token: bytes,
+        arrays: Sequence[np.ndarray],
+        payload: int,
+        recycled: bool = False,
+    ) -> None:
+        """Write every chunk (see :func:`.wire.send_chunks`); raise the first error."""
+        error = self._client.on_connection(
+            math.inf,
+            lambda conn: wire.send_chunks(conn, chunk_prefix, token, arrays, payload, recycled),
+        )
+        if error is not None:
+            raise error
+
+    def _discard(self, chunk_prefix: str, count: int) -> None:
+        """Best-effort deletion, bounded in time, of the chunks of a push that was not
+        published (they expire anyway)."""
+        deadline = deadline_after(_DISCARD_SECONDS)
+        try:
+            for start in range(0, count, 512):
+                keys = [f"{chunk_prefix}{i}" for i in range(start, min(count, start + 512))]
+                self._client.call("UNLINK", *keys, deadline=deadline, retry=False)
+        except (rx.RedisError, OutOfTime) as exc:
+            log.warning("could not delete the chunks of a failed push (%s); they expire "
+                        "within %d s", exc, PENDING_TTL_MS // 1000)
+
+    def read(
+        self, name: str, newer_than: int, timeout: Optional[float], specs: Sequence[Spec]
+    ) -> Snapshot:
+        # 0 does not wait for a push (the core never asks read to); it bounds nothing else
+        deadline = deadline_after(self.timeout if timeout == 0 else timeout)
+        chunks = self._keys(name).chunks
+        with self._errors(f"pulling table {name!r}"):
+            gone: Optional[str] = None
+            for _ in range(_MAX_RESTARTS):
+                head = self._head(name, "data", "layout", deadline=deadline)
+                if head is None:
+                    return 0, None  # vanished: reads as empty; holders get TableResetError
+                self._trusted(name, head, newer_than, deadline)
+                if head.version <= newer_than:
+                    return head.version, None
+                if head.data is None or head.data == gone:
+                    raise CorruptDataError(
+                        f"table {name!r} at {self.address} version {head.version}: "
+                        + ("its head names no data" if head.data is None else
+                           "a chunk of the current version is missing (evicted? varsync "
+                           "needs maxmemory-policy noeviction)")
+                    )
+                arrays = self._fetch(name, specs, head, chunks + head.data + ":", deadline)
+                if arrays is not None:
+                    return head.version, arrays
+                gone = head.data  # retired by newer versions while we read: start again
+                self.pulls_restarted += 1
+            raise PullTimeoutError(
+                f"table {name!r} at {self.address}: {_MAX_RESTARTS} pulls in a row found "
+                "their version retired before they finished; the writer publishes faster "
+                "than this reader can fetch one version. Connect the writer with a larger "
+                "keep."
+            )
+
+    def _fetch(
+        self, name: str, specs: Sequence[Spec], head: Head, chunk_prefix: str, deadline: float
+    ) -> Optional[List[np.ndarray]]:
+        """The version's arrays, or ``None`` if one of its chunks is gone."""
+        where = f"{self._where(name)} version {head.version}"
+        total, payload, chunks = parse_layout(self._where(name), head.layout)
+        expected = sum(s.nbytes for s in specs)
+        if total != expected:
+            raise CorruptDataError(
+                f"{where} holds {total} bytes; its signature needs {expected}"
+            )
+        try:
+            token = bytes.fromhex(head.data or "")
+            if len(token) != 8:
+                raise ValueError
+        except ValueError:
+            raise CorruptDataError(
+                f"{where}: its head names data {head.data!r}, not a token varsync writes; "
+                "is something else writing under this prefix?"
+            ) from None
+        arrays = [np.empty(s.shape, s.dtype) for s in specs]
+        return self._client.on_connection(
+            deadline,
+            lambda conn: wire.receive_chunks(
+                conn, deadline, chunk_prefix, token, arrays, payload, chunks, where
+            ),
+        )
+
+    # -- waiting -----------------------------------------------------------------------------
+
+    def block(self, name: str, newer_than: int, seconds: float) -> None:
+        self._block(name, newer_than, seconds, deadline_after(seconds + _WAIT_GRACE))
+
+    def _block(self, name: str, newer_than: int, seconds: float, deadline: float) -> None:
+        """``XREAD BLOCK`` on the table's stream after the entry of version
+        ``newer_than``: it answers at once if a newer version is there already (the
+        entry's id arms it), else when a push appends one, or after ``seconds``, at most
+        ``_WAIT_SLICE`` and half the ``socket_timeout``, so that the core's loop looks
+        at the head (a vanished table) that often, and no XREAD outlasts its socket."""
+        longest = _WAIT_SLICE
+        if self.socket_timeout is not None:
+            longest = min(longest, self.socket_timeout / 2)
+        milliseconds = max(1, int(min(seconds, longest) * 1000))
+        with self._errors(f"waiting on table {name!r}"):
+            self._client.call(
+                "XREAD", "COUNT", 1, "BLOCK", milliseconds, "STREAMS", self._keys(name).events,
+                f"{newer_than}-1", deadline=deadline,
+            )
+
+    def _look(self, name: str, held: int, deadline: float) -> int:
+        """The version, after checking the head's epoch for a caller holding ``held``."""
+        with self._errors(f"waiting on table {name!r}"):
+            head = self._head(name, deadline=deadline)
+            if head is None:
+                return 0  # vanished: reads as empty; for a holder the core reports the reset
+            self._trusted(name, head, held, deadline)
+            return head.version
+
+    def wait(self, name: str, newer_than: int, timeout: Optional[float]) -> int:
+        # The core's loop, over a view of this backend for this one wait (_Waiting): the
+        # loop compares bare numbers, but here a number means something only with the
+        # head's epoch, which must be checked against the version held at every look; and
+        # the loop does not pass on the wait's deadline, which bounds every request.
+        view = _Waiting(self, newer_than, timeout)
+        return wait_for_change(cast(Backend, view), name, newer_than, timeout)
+
+    # -- the rest ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._client.close()
+
+    def describe_options(self) -> Mapping[str, Any]:
+        return {"timeout": self.timeout, "namespace": self.namespace,
+                **self._settings.described()}
+
+    def __repr__(self) -> str:
+        return f"<RedisBackend {self.address} prefix={self.key_base!r}>"
+
+
+class _Waiting:
+    """A :class:`RedisBackend` as the core's wait loop sees it during one ``wait`` by a
+    caller holding ``held``: each look checks the head's epoch (a version of another
+    history raises the reset, whatever its number) and is bounded by the wait's deadline
+    plus ``_WAIT_GRACE`` (``timeout=0``: by the backend's own timeout; the loop then never
+    blocks); each block's ``XREAD`` too."""
+
+    supports_blocking_wait = True
+
+    def __init__(self, backend: RedisBackend, held: int, timeout: Optional[float]) -> None:
+        self.url = backend.url
+        self._backend = backend
+        self._held = held
+        deadline = deadline_after(timeout) + _WAIT_GRACE
+        self._looks = deadline_after(backend.timeout) if timeout == 0 else deadline
+        self._blocks = deadline
+
+    def version_within(self, name: str, timeout: Optional[float]) -> int:
+        return self._backend._look(name, self._held, self._looks)
+
+    def block(self, name: str, newer_than: int, seconds: float) -> None:
+        self._backend._block(name, newer_than, seconds, self._blocks)

@@ -1,0 +1,153 @@
+"""The redis backend's URL and options, parsed and checked once into :class:`Settings`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Mapping, Optional
+from urllib.parse import unquote, urlsplit
+
+from varsync.backend import (
+    ConfigurationError,
+    HostPort,
+    parse_bool,
+    parse_host_port,
+    parse_int,
+    parse_timeout,
+    refuse_unknown,
+)
+
+OPTIONS = (
+    "db", "username", "password", "prefix", "chunk_size", "keep", "connect_timeout",
+    "socket_timeout", "retries", "ssl_ca_certs", "ssl_ca_path", "ssl_certfile",
+    "ssl_keyfile", "ssl_password", "ssl_cert_reqs", "ssl_check_hostname",
+)
+SECRET_OPTIONS = ("password", "ssl_password")
+CERT_REQS = ("none", "optional", "required")  # redis-py's names for ssl_cert_reqs
+
+DEFAULT_CHUNK = 4 << 20
+MIN_CHUNK = 4 << 10
+MAX_CHUNK = 256 << 20  # well below Redis's 512 MB proto-max-bulk-len
+MAX_KEEP = 100
+MAX_RETRIES = 100
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the URL and the options say, checked."""
+
+    tls: bool
+    server: HostPort
+    db: int
+    username: Optional[str]
+    password: Optional[str] = field(repr=False)
+    prefix: str
+    chunk_size: int
+    keep: int
+    retries: int
+    connect_timeout: Optional[float]
+    socket_timeout: Optional[float]
+    ssl: Dict[str, Any] = field(repr=False)  # redis-py's ssl_* keyword arguments
+
+    @property
+    def address(self) -> str:
+        """``redis://host:port/db`` (``rediss://`` for TLS), for messages: no secrets."""
+        return f"{'rediss' if self.tls else 'redis'}://{self.server.address}/{self.db}"
+
+    def described(self) -> Dict[str, Any]:
+        """The settings for ``describe_options``, without secrets."""
+        return {
+            "server": self.address, "username": self.username, "tls": self.tls,
+            "prefix": self.prefix, "chunk_size": self.chunk_size, "keep": self.keep,
+            "connect_timeout": self.connect_timeout, "socket_timeout": self.socket_timeout,
+            "retries": self.retries,
+        }
+
+
+def parse_settings(
+    url: str, timeout: Optional[float], namespace: str, options: Dict[str, Any]
+) -> Settings:
+    """The settings from ``url`` (with credentials; no query string) and ``options``
+    (keyword arguments and the query string's). ``timeout`` is the default of
+    ``connect_timeout`` and ``socket_timeout``; ``namespace`` is checked as text."""
+    refuse_unknown(options, OPTIONS, "redis")
+    options = dict(options)
+    parts = urlsplit(url)
+    tls = parts.scheme.lower() == "rediss"
+    server = parse_host_port(
+        url, default_host="localhost", default_port=6379, example="redis://localhost:6379/0"
+    )
+    db = _database(parts.path, options.pop("db", None))
+    username = options.pop("username", None)
+    if username is None and parts.username:
+        username = unquote(parts.username)
+    password = options.pop("password", None)
+    if password is None and parts.password is not None:
+        password = unquote(parts.password)
+    prefix = options.pop("prefix", "varsync")
+    if not isinstance(prefix, str) or not prefix:
+        raise ConfigurationError("prefix must be a non-empty string (default: varsync)")
+    chunk_size = parse_int(
+        options.pop("chunk_size", DEFAULT_CHUNK), "chunk_size", MIN_CHUNK, MAX_CHUNK
+    )
+    keep = parse_int(options.pop("keep", 1), "keep", 0, MAX_KEEP)
+    retries = parse_int(options.pop("retries", 0), "retries", 0, MAX_RETRIES)
+    connect_timeout = _socket_timeout("connect_timeout", options.pop("connect_timeout", timeout))
+    socket_timeout = _socket_timeout("socket_timeout", options.pop("socket_timeout", timeout))
+    ssl = {k: options.pop(k) for k in list(options) if k.startswith("ssl_")}
+    if ssl and not tls:
+        raise ConfigurationError(
+            f"TLS options {sorted(ssl)} need a rediss:// URL, not {parts.scheme}://"
+        )
+    if "ssl_check_hostname" in ssl:
+        ssl["ssl_check_hostname"] = parse_bool(ssl["ssl_check_hostname"], "ssl_check_hostname")
+    if isinstance(ssl.get("ssl_cert_reqs"), str) and ssl["ssl_cert_reqs"] not in CERT_REQS:
+        raise ConfigurationError(
+            f"ssl_cert_reqs={ssl['ssl_cert_reqs']!r} is not one of {', '.join(CERT_REQS)}"
+        )
+    _check_text(
+        {"host": server.host, "username": username, "password": password, "prefix": prefix,
+         "namespace": namespace, **ssl}
+    )
+    return Settings(
+        tls=tls, server=server, db=db, username=username, password=password, prefix=prefix,
+        chunk_size=chunk_size, keep=keep, retries=retries, connect_timeout=connect_timeout,
+        socket_timeout=socket_timeout, ssl=ssl,
+    )
+
+
+def _database(path: str, option: Any) -> int:
+    from_path = path.strip("/")
+    db = parse_int(from_path, "db", 0) if from_path else 0
+    if option is not None:
+        chosen = parse_int(option, "db", 0)
+        if from_path and chosen != db:
+            raise ConfigurationError(
+                f"the URL names database {db} and the db option {chosen}; give one"
+            )
+        db = chosen
+    return db
+
+
+def _socket_timeout(name: str, value: Any) -> Optional[float]:
+    """Seconds for a socket operation; at least 0.1 (0 would make the socket
+    non-blocking), ``None`` for no bound."""
+    seconds = parse_timeout(value, name)
+    return None if seconds is None else max(seconds, 0.1)
+
+
+def _check_text(options: Mapping[str, Any]) -> None:
+    """Refuse text that cannot go to the server (UTF-8, host names as IDNA), such as a
+    lone surrogate from ``os.fsdecode``, before redis-py fails on it mid-call. Secrets
+    are never shown."""
+    for name, value in options.items():
+        if not isinstance(value, str):
+            continue
+        try:
+            value.encode("idna" if name == "host" else "utf-8")
+        except UnicodeError:
+            shown = "(not shown)" if name in SECRET_OPTIONS else repr(value)
+            expected = "a host name or address" if name == "host" else "text encodable as UTF-8"
+            raise ConfigurationError(
+                f"the redis {name} {shown} is not {expected} (a lone surrogate, or a "
+                f"label over 63 characters?); give the {name} as proper text"
+            ) from None

@@ -1,0 +1,162 @@
+"""Connections to one server, and every request made on them: each on a connection taken
+and given back safely (an interrupt at any line leaves nothing half read in the pool),
+each bounded in time by the socket timeout and by the deadline of the call that made it."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import math
+import os
+import time
+from typing import Any, Callable, Deque, Optional, Sequence
+
+import redis
+from redis import exceptions as rx
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from varsync.backend import remaining
+from varsync.backends.redis.errors import OutOfTime
+from varsync.backends.redis.options import Settings
+from varsync.backends.redis.protocol import Script
+
+
+class Pool:
+    """Idle connections of one backend, taken and given back without counting: one that
+    an interrupt drops between the two is closed when it is collected and costs nothing
+    else (redis-py's pool counts its connections, and loses slots that way). A
+    connection comes back clean (every reply read) or disconnected, never dirty."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self._make = make
+        self._idle: Deque[Any] = collections.deque()
+        self._pid = os.getpid()
+
+    def take(self) -> Any:
+        if self._pid != os.getpid():  # forked: the parent's sockets are not ours
+            self._idle, self._pid = collections.deque(), os.getpid()
+        try:
+            return self._idle.pop()
+        except IndexError:
+            return self._make()
+
+    def give_back(self, conn: Any, clean: bool) -> None:
+        if not clean:
+            conn.disconnect()
+        self._idle.append(conn)
+
+    def disconnect(self) -> None:
+        with contextlib.suppress(IndexError):
+            while True:
+                self._idle.pop().disconnect()
+
+
+class Client:
+    """Requests to the server ``settings`` name, over a :class:`Pool` of redis-py
+    connections (RESP2: the bulk transfers of :mod:`.wire` speak it on their sockets)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.socket_timeout = settings.socket_timeout
+        self.connect_timeout = settings.connect_timeout
+        self.retries = settings.retries
+        self._backoff = ExponentialBackoff(cap=0.5, base=0.05)
+        connection = redis.SSLConnection if settings.tls else redis.Connection
+        self.pool = Pool(lambda: connection(
+            host=settings.server.host,
+            port=settings.server.port,
+            db=settings.db,
+            username=settings.username,
+            password=settings.password,
+            socket_timeout=settings.socket_timeout,
+            socket_connect_timeout=settings.connect_timeout,
+            retry=Retry(self._backoff, settings.retries),
+            protocol=2,
+            **settings.ssl,
+        ))
+
+    def call(self, *args: Any, deadline: float = math.inf, retry: bool = True) -> Any:
+        """One small command's raw reply; tried again on a lost connection up to
+        ``retries`` times (``retry=False``: never, for a command that must run once)."""
+
+        def command(conn: Any) -> Any:
+            conn.send_command(*args, check_health=False)
+            return conn.read_response()
+
+        for failures in itertools.count(1):
+            try:
+                return self.on_connection(deadline, command)
+            except (rx.ConnectionError, rx.TimeoutError) as exc:
+                if not retry or failures > self.retries or isinstance(
+                    exc, rx.AuthenticationError
+                ):
+                    raise
+                pause = self._backoff.compute(failures)
+                if remaining(deadline) <= pause:
+                    raise
+                time.sleep(pause)  # backoff before reconnecting
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def script(
+        self, script: Script, keys: Sequence[str], args: Sequence[Any],
+        deadline: float = math.inf, retry: bool = True,
+    ) -> Any:
+        """Run ``script`` by its SHA, sending its text only if the server lacks it."""
+        command = (len(keys), *keys, *args)
+        try:
+            return self.call("EVALSHA", script.sha, *command, deadline=deadline, retry=retry)
+        except rx.NoScriptError:
+            return self.call("EVAL", script.text, *command, deadline=deadline, retry=retry)
+
+    def on_connection(self, deadline: float, use: Callable[[Any], Any]) -> Any:
+        """``use(connection)`` on a pooled, connected connection whose every socket
+        operation is bounded by ``socket_timeout`` and by what is left until ``deadline``
+        (past it: :class:`OutOfTime`). The connection goes back clean, or disconnected
+        if ``use`` did not finish: its replies may be half read."""
+        conn = None
+        clean = False
+        try:
+            conn = self.pool.take()
+            if conn._sock is not None and _closed_or_dirty(conn):
+                conn.disconnect()  # the server closed it (restarted?) while it was idle
+            left = remaining(deadline)
+            if left <= 0:
+                raise OutOfTime("the call's timeout ran out")
+            bound = _least(self.socket_timeout, None if math.isinf(left) else left)
+            conn.socket_timeout = bound
+            conn.socket_connect_timeout = _least(self.connect_timeout, bound)
+            if conn._sock is not None:  # redis-py keeps the connected socket here
+                conn._sock.settimeout(bound)
+            conn.connect()
+            result = use(conn)
+            clean = True
+            return result
+        except rx.ResponseError:
+            clean = True  # an error reply, read whole
+            raise
+        except rx.TimeoutError:
+            if remaining(deadline) <= 0.01:  # the deadline's bound, not socket_timeout
+                raise OutOfTime("the server did not answer within the call's timeout") from None
+            raise
+        finally:
+            if conn is not None:
+                self.pool.give_back(conn, clean)
+
+    def close(self) -> None:
+        self.pool.disconnect()
+
+
+def _closed_or_dirty(conn: Any) -> bool:
+    """Whether an idle connection has something to read: the server closed it, or sent
+    what nobody asked for. Either way it cannot carry a request."""
+    try:
+        return bool(conn.can_read(timeout=0))
+    except (rx.ConnectionError, rx.TimeoutError, OSError):
+        return True
+
+
+def _least(*seconds: Optional[float]) -> Optional[float]:
+    """The smallest of these bounds, ``None`` (no bound) being the largest."""
+    bounds = [s for s in seconds if s is not None]
+    return min(bounds) if bounds else None

@@ -1,0 +1,78 @@
+"""What one redis backend knows of each table: the signature it read, which history
+(epoch) it trusts, and as a writer what it published in that history."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+from varsync.backend import Histories, TableResetError
+
+
+@dataclass
+class Table:
+    """A table in the history ``epoch``: the signature text this backend read, and the
+    last version this writer published there with its token, plus the token of a push
+    whose publish script was sent but not answered (to notice a server going back in
+    time, and to vouch for the head after a server restart)."""
+
+    epoch: str
+    signature: str
+    published: int = 0
+    token: str = ""
+    in_doubt: str = ""
+
+    def vouched(self) -> str:
+        return ",".join(t for t in (self.token, self.in_doubt) if t)
+
+
+class Known:
+    """The tables one backend knows, and the epoch it trusts for each (a
+    :class:`Histories`, which decides when another one is a reset). Thread-safe."""
+
+    def __init__(self, address: str) -> None:
+        self._address = address
+        self._histories = Histories()
+        self._tables: Dict[str, Table] = {}
+        self._lock = threading.Lock()
+
+    def get(self, name: str) -> Optional[Table]:
+        return self._tables.get(name)
+
+    def remember(self, name: str, epoch: str, signature: str) -> Table:
+        """Trust ``epoch`` for the table from now on; a new history (or signature) starts
+        with nothing published by this writer."""
+        with self._lock:
+            table = self._tables.get(name)
+            if table is None or table.epoch != epoch or table.signature != signature:
+                table = Table(epoch, signature)
+                self._tables[name] = table
+            self._histories.adopt(name, epoch)
+            return table
+
+    def trusts(self, name: str, epoch: str) -> bool:
+        return self._histories.trusted(name) == epoch
+
+    def check(self, name: str, epoch: str, held: int, current: int) -> None:
+        """Adopt the head's ``epoch`` for a caller holding version ``held`` (0: none),
+        or raise the core's reset error if it holds one of another history."""
+        if self._histories.check(name, epoch, held, where=self._address, current=current):
+            table = self._tables.get(name)
+            if table is not None:
+                self.remember(name, epoch, table.signature)
+
+    def published(self, table: Table, version: int, token: str) -> None:
+        with self._lock:
+            table.published, table.token, table.in_doubt = version, token, ""
+
+    def check_same_signature(self, name: str, stored: Optional[str], table: Table) -> None:
+        """A table created again with another signature is not a new history a pull can
+        follow (the reset error's advice) but a layout this container cannot decode."""
+        if stored != table.signature:
+            raise TableResetError(
+                f"table {name!r} at {self._address} was created again with another "
+                "signature than the one this container read: its data is in a layout this "
+                "container cannot decode. Connect again (varsync.connect) to use the new "
+                "signature, or create the table again with this one."
+            )
