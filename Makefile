@@ -41,20 +41,24 @@ test: $(VENV)/.all-installed
 	VARSYNC_REDIS_TLS_SERVER=$(CURDIR)/$(VENV)/redis-tls/redis-server \
 	    scripts/loopback-only $(PY) -m pytest tests
 	scripts/loopback-only $(PY) -m pytest plugins/varsync-shm/tests
+	scripts/loopback-only $(PY) -m benchmarks.suite --smoke
 
-# Every benchmark in benchmarks/, end to end in under 15 minutes on a 2-core machine:
-# benchmarks/RESULTS.md, benchmarks/results.json and the plots in docs/img/ (matplotlib,
-# the `bench` extra). The suite starts and stops its own Reverb and redis servers.
+# Every benchmark in benchmarks/ (one harness: benchmarks/suite.py), end to end in under
+# 15 minutes on a 2-core machine: benchmarks/RESULTS.md, benchmarks/results.json and the
+# plots in docs/img/ (matplotlib, the `bench` extra). The suite starts and stops its own
+# Reverb and redis servers. `make test` runs it as a smoke test (--smoke: every group on
+# every backend, tiny sizes, under a minute; it writes none of those files).
 bench: $(VENV)/.all-installed
 	$(PY) -c "import matplotlib" 2>/dev/null || $(PIP) install -e ".[all,test,bench]"
-	scripts/loopback-only $(PY) benchmarks/suite.py
+	scripts/loopback-only $(PY) -m benchmarks.suite
 
-# A bounded soak, outside `make test`: per backend, a writer and three readers for
-# SOAK_SECONDS, every pulled value checked; pushes, pulls, inconsistencies (must be 0)
-# and memory growth of clients and servers. Figures: docs/guarantees.md.
+# A bounded soak (tools/soak/), outside `make test`: per backend, a writer and three
+# readers for SOAK_SECONDS, every pulled value checked, then the same with faults; pushes,
+# pulls, inconsistencies (must be 0), leaks and memory growth of clients and servers.
+# Figures: docs/guarantees.md.
 SOAK_SECONDS ?= 60
 soak: $(VENV)/.all-installed
-	scripts/loopback-only $(PY) benchmarks/soak.py --seconds $(SOAK_SECONDS)
+	scripts/loopback-only $(PY) -m tools.soak --seconds $(SOAK_SECONDS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

@@ -1,7 +1,7 @@
 """Helpers shared by the benchmark suite: the machine, nests, timing, statistics, memory.
 
-Only numpy and the standard library are imported here, so that spawned worker processes
-can import this module cheaply.
+Only numpy and the standard library are imported here (varsync only inside
+``signature_of``), so that spawned worker processes can import this module cheaply.
 """
 
 from __future__ import annotations
@@ -91,9 +91,12 @@ def leaf_names(leaves: int) -> List[str]:
     return [f"v{i:0{width}d}" for i in range(leaves)]
 
 
-def signature_of(nbytes: int, leaves: int) -> Dict[str, tuple]:
-    """``{leaf name: (shape, dtype name)}``: what a Reverb server needs to make the table."""
-    return {name: ((n,), "float32") for name, n in zip(leaf_names(leaves), leaf_sizes(nbytes, leaves))}
+def signature_of(nbytes: int, leaves: int) -> Dict[str, Any]:
+    """``{leaf name: varsync.Spec}``: what a Reverb server needs to make the table."""
+    import varsync
+
+    return {name: varsync.Spec((n,), "float32")
+            for name, n in zip(leaf_names(leaves), leaf_sizes(nbytes, leaves))}
 
 
 def nest_of(nbytes: int, leaves: int, seed: int = 0) -> Dict[str, np.ndarray]:
@@ -243,7 +246,8 @@ class Sampler:
 
 
 @contextlib.contextmanager
-def stage(name: str, log: Callable[[str], None], record: Optional[Dict[str, float]] = None) -> Iterator[None]:
+def stage(name: str, log: Callable[[str], None],
+          record: Optional[Dict[str, float]] = None) -> Iterator[None]:
     """Log the start and the duration of a stage; keep the duration in ``record``."""
     started = time.monotonic()
     log(f"-- {name} ...")
@@ -263,6 +267,7 @@ LABELS = {
     "reverb": "varsync reverb://",
     "redis": "varsync redis://",
     "shm": "varsync shm://",
+    "varsync drop-in": "varsync.compat.tf_agents drop-in (tf.Variables)",
     "tf-agents": "TF-Agents ReverbVariableContainer",
     "redis-py": "redis-py SET/GET by hand",
     "np.copyto": "np.copyto into existing arrays",

@@ -1,6 +1,6 @@
 """The suite's pictures, drawn from ``results.json`` with matplotlib's Agg backend.
 
-    .venv/bin/python benchmarks/plots.py benchmarks/results.json [docs/img]
+    .venv/bin/python -m benchmarks.plots benchmarks/results.json [docs/img]
 
 - ``throughput.png``: push, pull and update-into-tf.Variable throughput vs nest size, every
   backend beside its baselines (the headline picture);
@@ -22,8 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FixedLocator, NullLocator  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import GB, LABELS, MB, machine_line, size_label, summary  # noqa: E402
+from .common import GB, LABELS, MB, machine_line, size_label, summary  # noqa: E402
 
 STYLE = {  # colour, line style, marker
     "memory": ("#7f3c8d", "-", "o"),
@@ -51,15 +50,19 @@ def _size_axis(ax: Any, sizes: List[int]) -> None:
     ax.xaxis.set_major_locator(FixedLocator(sizes))
     ax.xaxis.set_minor_locator(NullLocator())
     # Sizes closer than half a decade to the previous one go on a second line.
-    labels = [("\n" if i and s / sizes[i - 1] < 3.2 else "") + size_label(s) for i, s in enumerate(sizes)]
+    labels = [("\n" if i and s / sizes[i - 1] < 3.2 else "") + size_label(s)
+              for i, s in enumerate(sizes)]
     ax.set_xticklabels(labels, fontsize=9)
     ax.set_xlim(min(sizes) / 1.6, max(sizes) * 1.6)
     ax.set_xlabel("nest size (4 float32 arrays)")
 
 
-def _sweep_series(results: Dict[str, Any], op: str) -> Dict[str, List[Tuple[int, Dict[str, float]]]]:
+Series = Dict[str, List[Tuple[int, Dict[str, float]]]]  # contender -> [(bytes, summary)]
+
+
+def _sweep_series(results: Dict[str, Any], op: str) -> Series:
     """contender -> [(bytes, summary of seconds)] for the 4-array layout."""
-    series: Dict[str, List[Tuple[int, Dict[str, float]]]] = defaultdict(list)
+    series: Series = defaultdict(list)
     pooled: Dict[Tuple[str, int], List[float]] = defaultdict(list)
     for record in results.get("sweep", []):
         if record["layout"] == "few" and record["op"] == op:
@@ -70,12 +73,11 @@ def _sweep_series(results: Dict[str, Any], op: str) -> Dict[str, List[Tuple[int,
 
 
 def throughput(results: Dict[str, Any], path: Path) -> Path:
+    contenders = ["memory", "reverb", "redis", "shm", "tf-agents", "redis-py"]
     panels = [
-        ("push", "push", ["memory", "reverb", "redis", "shm", "tf-agents", "redis-py"], ["np.copyto"]),
-        ("pull", "pull", ["memory", "reverb", "redis", "shm", "tf-agents", "redis-py"],
-         ["np.copyto", "np.copyto fresh"]),
-        ("update", "update into tf.Variables", ["memory", "reverb", "redis", "shm", "tf-agents", "redis-py"],
-         ["tf assign"]),
+        ("push", "push", contenders, ["np.copyto"]),
+        ("pull", "pull", contenders, ["np.copyto", "np.copyto fresh"]),
+        ("update", "update into tf.Variables", contenders, ["tf assign"]),
     ]
     copies = _sweep_series(results, "copy")
     sizes = sorted({r["bytes"] for r in results.get("sweep", []) if r["layout"] == "few"})
@@ -89,11 +91,12 @@ def throughput(results: Dict[str, Any], path: Path) -> Path:
         for name in contenders:
             if series.get(name):
                 handles[name] = _line(ax, name, series[name])
-        refused = [f for f in results.get("refusals", []) if f["op"] == "push" and f["layout"] == "few"]
+        refused = [f for f in results.get("refusals", [])
+                   if f["op"] == "push" and f["layout"] == "few"]
         for i, refusal in enumerate(refused):
             colour = STYLE[refusal["contender"]][0]
-            ax.plot([refusal["bytes"]], [0.04 + 0.055 * i], marker="x", markersize=9, mew=2.5, color=colour,
-                    linestyle="none", transform=ax.get_xaxis_transform(), zorder=5)
+            ax.plot([refusal["bytes"]], [0.04 + 0.055 * i], marker="x", markersize=9, mew=2.5,
+                    color=colour, linestyle="none", transform=ax.get_xaxis_transform(), zorder=5)
         ax.set_title(title, fontsize=13)
         ax.set_yscale("log")
         ax.grid(True, which="major", alpha=0.3)
@@ -103,8 +106,8 @@ def throughput(results: Dict[str, Any], path: Path) -> Path:
     if any(r["layout"] == "few" for r in results.get("refusals", [])):
         handles["refused"] = axes[0].plot([], [], marker="x", color="#333333", linestyle="none",
                                           markersize=10, mew=2.5)[0]
-    labels = {**LABELS, "refused": "x at the bottom: not possible above 2 GiB (Reverb, TF-Agents: by "
-              "design; redis-py: 512 MB per SET)"}
+    labels = {**LABELS, "refused": "x at the bottom: not possible above 2 GiB (Reverb, "
+              "TF-Agents: by design; redis-py: 512 MB per SET)"}
     order = [n for n in ["memory", "reverb", "redis", "shm", "tf-agents", "redis-py", "np.copyto",
                          "np.copyto fresh", "tf assign", "refused"] if n in handles]
     fig.suptitle("Throughput vs nest size: varsync backends and their baselines, same run",
@@ -135,7 +138,7 @@ def _line(ax: Any, name: str, points: List[Tuple[int, Dict[str, float]]]) -> Any
 def poll_latency(results: Dict[str, Any], path: Path) -> Path:
     pooled: Dict[Tuple[str, int], List[float]] = defaultdict(list)
     for record in results.get("polls", []):
-        if record["layout"] == "few":
+        if record["layout"] == "few" and record.get("op", "pull_if_newer") == "pull_if_newer":
             pooled[(record["contender"], record["bytes"])].extend(record["samples"])
     fig, ax = plt.subplots(figsize=(10, 6.2))
     sizes = sorted({b for _, b in pooled})
@@ -145,15 +148,16 @@ def poll_latency(results: Dict[str, Any], path: Path) -> Path:
             continue
         colour, style, marker = STYLE[name]
         xs = [b for b, _ in points]
-        ax.plot(xs, [s["median"] * 1e6 for _, s in points], color=colour, linestyle=style, marker=marker,
-                label=LABELS[name] + ": pull_if_newer, nothing newer")
+        ax.plot(xs, [s["median"] * 1e6 for _, s in points], color=colour, linestyle=style,
+                marker=marker, label=LABELS[name] + ": pull_if_newer, nothing newer")
         ax.fill_between(xs, [s["q1"] * 1e6 for _, s in points], [s["q3"] * 1e6 for _, s in points],
                         color=colour, alpha=0.15, linewidth=0)
     tfa = _sweep_series(results, "pull").get("tf-agents", [])
     if tfa:
         colour, style, marker = STYLE["tf-agents"]
-        ax.plot([b for b, _ in tfa], [s["median"] * 1e6 for _, s in tfa], color=colour, linestyle=style,
-                marker=marker, label="TF-Agents: no version to check, must pull the whole nest")
+        ax.plot([b for b, _ in tfa], [s["median"] * 1e6 for _, s in tfa], color=colour,
+                linestyle=style, marker=marker,
+                label="TF-Agents: no version to check, must pull the whole nest")
     ax.set_yscale("log")
     ax.set_ylabel("latency of one call (µs, median; band: IQR; log scale)")
     if sizes:
@@ -182,19 +186,21 @@ def fanout(results: Dict[str, Any], path: Path) -> Path:
                   linestyle=style, marker=marker, label=LABELS[name])
         for metric, growth in _growth_series(mine).items():
             dashed = metric in ("used_memory",)
-            right.plot(readers, [g / MB for g in growth], color=colour, linestyle="--" if dashed else "-",
-                       marker=marker, label=f"{LABELS[name]}: {metric}")
+            right.plot(readers, [g / MB for g in growth], color=colour,
+                       linestyle="--" if dashed else "-", marker=marker,
+                       label=f"{LABELS[name]}: {metric}")
     for ax in (left, right):
         ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_locator(FixedLocator(results.get("plan", {}).get("fanout_readers", [1, 2, 4, 8])))
+        counts = results.get("plan", {}).get("fanout_readers", [1, 2, 4, 8])
+        ax.xaxis.set_major_locator(FixedLocator(counts))
         ax.xaxis.set_minor_locator(NullLocator())
         ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
         ax.set_xlabel("reader processes pulling at once")
         ax.grid(True, alpha=0.3)
     left.set_ylabel("aggregate throughput (GB/s, all readers)")
     left.set_ylim(bottom=0)
-    left.set_title(f"Fan-out: every reader updates its own arrays from one {size_label(payload)} table",
-                   fontsize=11.5)
+    left.set_title("Fan-out: every reader updates its own arrays from one "
+                   f"{size_label(payload)} table", fontsize=11.5)
     left.legend(fontsize=9)
     right.set_ylabel("server memory growth while pulling (MB, peak above before)")
     right.set_title("Server memory growth (shm://: bytes in /dev/shm; no server)", fontsize=11.5)
@@ -240,8 +246,8 @@ def client_memory(results: Dict[str, Any], path: Path) -> Path:
     ax.axhline(1.0, color="#999999", linestyle=":", linewidth=1, label="one copy of the payload")
     ax.set_ylabel("client peak memory above baseline (× payload)")
     payload = records[0]["bytes"] if records else 0
-    ax.set_title(f"Client memory during one push (plain) and one pull (hatched), {size_label(payload)} "
-                 "nest, fresh process each", fontsize=12)
+    ax.set_title("Client memory during one push (plain) and one pull (hatched), "
+                 f"{size_label(payload)} nest, fresh process each", fontsize=12)
     ax.legend(fontsize=9)
     ax.set_ylim(bottom=0)
     _footer(fig, results, "A pull that returns new arrays needs at least 1x; memory:// and shm:// "
@@ -268,5 +274,5 @@ if __name__ == "__main__":
 
     source = Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results.json")
     target = Path(sys.argv[2] if len(sys.argv) > 2 else "docs/img")
-    for name, drawn in draw_all(json.loads(source.read_text()), target).items():
+    for drawn in draw_all(json.loads(source.read_text()), target).values():
         print(drawn)

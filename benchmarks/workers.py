@@ -9,30 +9,28 @@ from __future__ import annotations
 import queue
 import time
 import traceback
-from typing import Any, Dict, Tuple
+from typing import Any, Callable, Dict
 
 import numpy as np
 
-from common import MB, memory_status, nest_of, peak_above_baseline, reset_peak_rss  # noqa: F401
+from .common import nest_of, peak_above_baseline
 
-IDLE_LIMIT = 900.0  # seconds a child waits for its next command before giving up
+IDLE_LIMIT = 3600.0  # seconds a child waits for its next command before giving up
 
 
 # -- the Reverb server ------------------------------------------------------------------------
 
 
-def serve_reverb(signatures: Dict[str, Dict[str, Tuple[tuple, str]]], ready: Any, stop: Any) -> None:
-    """Serve one variables table per entry of ``signatures`` until ``stop`` is set (or an
-    hour has passed); put the port on ``ready``."""
-    import varsync
+def serve_reverb(tables: Dict[str, Any], ready: Any, stop: Any, lifetime: float) -> None:
+    """Serve one table per entry of ``tables`` (a nest of ``varsync.Spec`` each) until
+    ``stop`` is set, or ``lifetime`` seconds have passed (an orphan's end); put
+    ``("port", port)`` on ``ready``."""
     from varsync.reverb import serve
 
-    tables = {name: {leaf: varsync.Spec(shape, dtype) for leaf, (shape, dtype) in sig.items()}
-              for name, sig in signatures.items()}
     try:
         with serve(tables) as server:
             ready.put(("port", server.port))
-            stop.wait(3600)
+            stop.wait(lifetime)
     except BaseException:
         ready.put(("error", traceback.format_exc()))
         raise
@@ -41,14 +39,15 @@ def serve_reverb(signatures: Dict[str, Dict[str, Tuple[tuple, str]]], ready: Any
 # -- fan-out readers ---------------------------------------------------------------------------
 
 
-def fanout_reader(index: int, commands: Any, results: Any, go: Any) -> None:
-    """A reader process: for each ``("pull", url, table, pulls)`` command, connect (once per
-    URL), pull once untimed, report ready, wait for ``go``, then ``update`` its own numpy
-    arrays ``pulls`` times and report the times. ``None`` ends it."""
-    import varsync
-
-    stores: Dict[str, Any] = {}
-    targets: Dict[Tuple[str, str], Any] = {}
+def fanout_reader(name: str, commands: Any, results: Any, go: Any) -> None:
+    """A reader process. For each ``(kind, url, table, pulls)`` command: connect (once per
+    URL), fill its own numpy arrays once untimed, report ready, wait for ``go``, then fill
+    them ``pulls`` times and report the times. ``kind`` "varsync": ``update`` from the
+    container at ``url``; "redis-py": ``table`` is ``{key: float32 count}``, each array
+    filled from ``GET key`` as a hand-written reader would. ``None`` ends it. Reports
+    ``("up", name)`` first, so that the suite can start every child before measuring."""
+    clients: Dict[str, Any] = {}
+    results.put(("up", name))
     try:
         while True:
             try:
@@ -57,43 +56,74 @@ def fanout_reader(index: int, commands: Any, results: Any, go: Any) -> None:
                 return
             if command is None:
                 return
-            _, url, table, pulls = command
+            kind, url, table, pulls = command
             try:
-                store = stores.get(url)
-                if store is None:
-                    store = stores[url] = varsync.connect(url, timeout=300)
-                key = (url, table)
-                if key not in targets:
-                    signature = store.signature(table)
-                    targets[key] = {name: np.empty(spec.shape, spec.dtype) for name, spec in signature.items()}
-                mine = targets[key]
-                store.update(mine, table)  # warm: connection, mappings, page faults of `mine`
-                results.put(("ready", index))
+                if url not in clients:
+                    clients[url] = _connect(kind, url)
+                fill = _filler(kind, clients[url], table)
+                fill()  # warm: connection, mappings, page faults of the arrays
+                results.put(("ready", name))
                 if not go.wait(600):
-                    results.put(("error", index, "no go signal within 600 s"))
+                    results.put(("error", name, "no go signal within 600 s"))
                     continue
                 started = time.monotonic()
                 times = []
                 for _ in range(pulls):
                     t0 = time.perf_counter()
-                    store.update(mine, table)
+                    fill()
                     times.append(time.perf_counter() - t0)
-                results.put(("done", index, started, time.monotonic(), times))
+                results.put(("done", name, started, time.monotonic(), times))
+                del fill  # its arrays: a reader holds one command's at a time
             except Exception:  # noqa: BLE001 - reported to the parent
-                results.put(("error", index, traceback.format_exc()))
+                results.put(("error", name, traceback.format_exc()))
     finally:
-        for store in stores.values():
-            store.close()
+        for client in clients.values():
+            client.close()
+
+
+def _connect(kind: str, url: str) -> Any:
+    if kind == "redis-py":
+        import redis
+
+        return redis.Redis.from_url(url, socket_timeout=300)
+    import varsync
+
+    return varsync.connect(url, timeout=300)
+
+
+def _filler(kind: str, client: Any, table: Any) -> Callable[[], None]:
+    """A call that fills this reader's own arrays with the table's current values."""
+    if kind == "redis-py":
+        arrays = {key: np.empty(count, np.float32) for key, count in table.items()}
+
+        def hand_fill() -> None:
+            for key, array in arrays.items():
+                np.copyto(array, np.frombuffer(client.get(key), np.float32))
+
+        return hand_fill
+    signature = client.signature(table)
+    mine = {name: np.empty(spec.shape, spec.dtype) for name, spec in signature.items()}
+    return lambda: client.update(mine, table)
 
 
 # -- client memory -------------------------------------------------------------------------------
 
 
-def memory_probe(group: str, url: str, table: str, nbytes: int, results: Any) -> None:
+def memory_probe(group: str, commands: Any, results: Any) -> None:
     """Peak resident memory above baseline during one push and one pull (result kept), in a
-    fresh process, for a group's varsync backend and its hand-written baseline."""
+    fresh process, for a group's varsync backend and its hand-written baseline. Imports
+    what the group needs, reports ``(group, "up")``, then measures on the one command
+    ``(url, table, nbytes)`` (``None``: nothing to do)."""
     try:
-        results.put((group, _probe(group, url, table, nbytes)))
+        import varsync  # noqa: F401 - before the command: the measurement starts warm
+
+        if group == "reverb":
+            import tensorflow  # noqa: F401
+            import tf_agents.experimental.distributed.reverb_variable_container  # noqa: F401
+        results.put((group, "up"))
+        command = commands.get(timeout=IDLE_LIMIT)
+        if command is not None:
+            results.put((group, _probe(group, *command)))
     except Exception:  # noqa: BLE001 - reported to the parent
         results.put((group, {"error": traceback.format_exc()}))
 

@@ -1,4 +1,4 @@
-"""The soak's faulty half (``benchmarks/soak.py --faults on|both``): the same writer and
+"""The soak's faulty half (``python -m tools.soak --faults on|both``): the same writer and
 readers, with interrupts and lost replies, the soak's checks kept, and a count of what the
 faults left behind.
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import functools
 import gc
 import os
 import queue
@@ -37,19 +38,17 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 from urllib.parse import urlsplit, urlunsplit
 
-import soak
-
 import varsync
 from varsync.testing.faults import Interrupter, Proxy, open_fds
+from varsync.testing.values import filled
+
+from .clean import CONTEXT, WARM_UP, check_pull, nest
+from .servers import Server, rss_kib
 
 PUSH_FRACTION = 0.2  # of the writer's pushes interrupted
 CALL_FRACTION = 0.1  # of each reader's calls interrupted
 LOST_REPLIES = 0.01  # of each proxy's replies
-ALLOWANCE = 4  # growth of anything that is not a leak (a reconnection, a pooled worker)
 TRANSIENT = (varsync.BackendConnectionError, varsync.PullTimeoutError)
-NOTE = ("interrupts: 20% of pushes, 10% of reader calls, at a random moment within 1.2 x "
-        "the call's median; memory: the writer only (readers are threads, an Interrupter "
-        "needs a main thread). Lost replies: 1% per proxy, redis and reverb.")
 
 
 def resources() -> Dict[str, Any]:
@@ -148,14 +147,14 @@ def faulty_writer(url: str, options: Dict[str, Any], signature: Any, ready: Any,
                 store.create_table("variables", signature)
             else:  # Reverb: the server has it
                 store.signature()
-            values = [soak.filled(signature, n) for n in (0, 1)]
+            values = [filled(signature, n) for n in (0, 1)]
             ready.put("writer")
             go.wait(600)
             faults = Faults(_interrupter(stack, interrupt, seed), PUSH_FRACTION, seed)
             start = time.monotonic()
             while time.monotonic() - start < seconds:
-                if not faults.active and time.monotonic() - start >= soak.WARM_UP:
-                    outcome["rss_start"], outcome["held_start"] = soak.rss_kib(), resources()
+                if not faults.active and time.monotonic() - start >= WARM_UP:
+                    outcome["rss_start"], outcome["held_start"] = rss_kib(), resources()
                     faults.start()
                 if "held_mid" not in outcome and time.monotonic() - start >= seconds / 2:
                     outcome["held_mid"] = resources()
@@ -163,7 +162,7 @@ def faulty_writer(url: str, options: Dict[str, Any], signature: Any, ready: Any,
                 buffers = values[trying % 2]
                 for leaf in varsync.flatten(buffers):
                     leaf[...] = trying
-                status, version = faults.call("push", lambda b=buffers: store.push(b))
+                status, version = faults.call("push", functools.partial(store.push, buffers))
                 if status != "done":  # was it published? the version says
                     version = version_after_fault(store, faults)
                     if version == number:
@@ -176,7 +175,7 @@ def faulty_writer(url: str, options: Dict[str, Any], signature: Any, ready: Any,
                     if status != "done":
                         break  # the numbering is lost: later checks would only repeat it
                 number = outcome["pushes"] = trying
-            outcome["held_end"], outcome["rss_end"] = resources(), soak.rss_kib()
+            outcome["held_end"], outcome["rss_end"] = resources(), rss_kib()
             outcome["seconds"] = time.monotonic() - start
             faults.report(outcome)
             final.value = number
@@ -210,8 +209,8 @@ def faulty_reader(url: str, options: Dict[str, Any], mode: str, index: int, read
             # Past the writer, without interrupts, until this reader has its last push.
             while time.monotonic() - start < seconds + 60:
                 elapsed = time.monotonic() - start
-                if not faults.active and soak.WARM_UP <= elapsed < seconds:
-                    outcome["rss_start"], outcome["held_start"] = soak.rss_kib(), resources()
+                if not faults.active and WARM_UP <= elapsed < seconds:
+                    outcome["rss_start"], outcome["held_start"] = rss_kib(), resources()
                     faults.start()
                 if "held_mid" not in outcome and elapsed >= seconds / 2:
                     outcome["held_mid"] = resources()
@@ -220,19 +219,20 @@ def faulty_reader(url: str, options: Dict[str, Any], mode: str, index: int, read
                     if 0 <= final.value <= held:
                         break
                 if mode == "wait":
-                    status, _ = faults.call("wait", lambda v=held: store.wait_for(v, timeout=1.0))
+                    wait = functools.partial(store.wait_for, held, timeout=1.0)
+                    status, _ = faults.call("wait", wait)
                     if status != "done":
                         continue
-                status, got = faults.call("pull", lambda v=held: store.pull_if_newer(v))
+                status, got = faults.call("pull", functools.partial(store.pull_if_newer, held))
                 if status != "done":
                     continue
                 if got is None:
                     outcome["polls"] += 1
                     time.sleep(0.0005)  # a poller's cadence, not synchronisation
                     continue
-                held, held_number = soak.check_pull(outcome, got[0], got[1], held, held_number)
+                held, held_number = check_pull(outcome, got[0], got[1], held, held_number)
                 del got
-            outcome["held_end"], outcome["rss_end"] = resources(), soak.rss_kib()
+            outcome["held_end"], outcome["rss_end"] = resources(), rss_kib()
             outcome["last_version"] = held
             faults.report(outcome)
             report.put(outcome)
@@ -300,11 +300,11 @@ class _StartReaders:
 
 def soak_with_faults(backend: str, seconds: float, readers: int, megabytes: float,
                      seed: int) -> Dict[str, Any]:
-    signature = soak.nest(megabytes)
-    server = soak.Server(backend, signature)
+    signature = nest(megabytes)
+    server = Server(backend, signature)
     options: Dict[str, Any] = {"timeout": 10}
     in_process = backend == "memory"  # the writer in this main thread, readers as threads
-    context = soak.CONTEXT
+    context = CONTEXT
     ready: Any = queue.Queue() if in_process else context.Queue()
     report: Any = queue.Queue() if in_process else context.Queue()
     go: Any = threading.Event() if in_process else context.Event()
@@ -360,7 +360,7 @@ def soak_with_faults(backend: str, seconds: float, readers: int, megabytes: floa
                   final, release, seed, True)
             ready.get(timeout=300)  # the table exists before readers connect
             start_readers()
-            time.sleep(soak.WARM_UP)  # as the workers' warm-up: then faults
+            time.sleep(WARM_UP)  # as the workers' warm-up: then faults
             faults_on()
         deadline = time.monotonic() + seconds + 150
         while len(outcomes) < readers + 1 and time.monotonic() < deadline:
@@ -397,107 +397,3 @@ def soak_with_faults(backend: str, seconds: float, readers: int, megabytes: floa
                           held.get("server_after_exit", {})),
         "late_errors": late,
     }
-
-
-# -- the figures ------------------------------------------------------------------------------
-
-
-def growth(outcome: Dict[str, Any], key: str, since: str = "held_start") -> Optional[int]:
-    if since not in outcome or "held_end" not in outcome:
-        return None
-    return int(outcome["held_end"][key] - outcome[since][key])
-
-
-def summarise(result: Dict[str, Any], row: Dict[str, Any]) -> None:
-    """Adds the faulty soak's figures to ``row`` (soak.summary's)."""
-    outcomes = result["outcomes"]
-    writers = [o for o in outcomes if o["role"] == "writer"]
-    readers = [o for o in outcomes if o["role"] != "writer"]
-    survived: Dict[str, int] = {}
-    for o in outcomes:
-        for name, count in o.get("survived", {}).items():
-            survived[name] = survived.get(name, 0) + count
-    row.update(
-        faults=True,
-        interrupted=sum(o.get("interrupted", 0) for o in outcomes),
-        swallowed=sum(o.get("fired", 0) - o.get("interrupted", 0) for o in outcomes),
-        lost=result["lost"], survived=survived,
-        published_unheard=sum(o.get("published_unheard", 0) for o in writers),
-        pushed_again=sum(o.get("pushed_again", 0) for o in writers),
-        typical_ms={o["role"]: o.get("typical_ms", {}) for o in outcomes},
-        held={key: ([growth(o, key) for o in writers], [growth(o, key) for o in readers])
-              for key in ("fds", "threads", "os threads")},
-        server_counts=result["server_counts"],
-        interrupted_by_role={o["role"]: o.get("interrupted", 0) for o in outcomes},
-        fd_growth_by_kind={o["role"]: _kind_growth(o) for o in outcomes if _kind_growth(o)},
-        second_half={key: [growth(o, key, "held_mid") for o in outcomes]
-                     for key in ("fds", "threads", "os threads")},
-    )
-    leaks = []
-    own_process = writers if result["backend"] == "memory" else outcomes  # memory: threads
-    for key in ("fds", "threads"):
-        for o in own_process:
-            grew, late = growth(o, key), growth(o, key, "held_mid")
-            if grew is not None and grew > ALLOWANCE and (late is None or late > 0):
-                leaks.append(f"{o['role']}: {key} grew by {grew} over the faulty soak "
-                             f"({late} in its second half)")
-    start, end, _ = result["server_counts"]
-    for key, value in end.items():  # not keys: a lost push's chunks expire (docs/redis.md)
-        if key != "redis keys" and key in start and value - start[key] > ALLOWANCE:
-            leaks.append(f"server: {key} went from {start[key]} to {value}")
-    row["leaks"] = leaks
-    row["errors"] += len(result["late_errors"])
-    row["problems"] = (row["problems"] + result["late_errors"] + leaks)[:12]
-
-
-def _kind_growth(outcome: Dict[str, Any]) -> Dict[str, int]:
-    if "held_start" not in outcome or "held_end" not in outcome:
-        return {}
-    start, end = outcome["held_start"]["fd kinds"], outcome["held_end"]["fd kinds"]
-    return {k: end.get(k, 0) - start.get(k, 0) for k in set(start) | set(end)
-            if end.get(k, 0) != start.get(k, 0)}
-
-
-HEADER = (" interrupted calls | lost replies | failed calls survived | "
-          "fd growth (writer; max reader) | thread growth (writer; max reader) | "
-          "server side (start → end) |")
-
-
-def columns(row: Dict[str, Any]) -> str:
-    """The fault columns of one row of the table (``–`` for a clean row)."""
-    if not row.get("faults"):
-        return " – | – | – | – | – | – |"
-
-    def pair(key: str) -> str:
-        writer, readers = row["held"][key]
-        shown = [f"{v:+d}" if v is not None else "?" for v in writer[:1]]
-        known = [v for v in readers if v is not None]
-        if row["backend"] == "memory":
-            return (shown[0] if shown else "?") + " (one process)"
-        return (shown[0] if shown else "?") + "; " + (f"{max(known):+d}" if known else "?")
-
-    start, end, _ = row["server_counts"]
-    side = ", ".join(f"{k} {start.get(k, '?')} → {v}" for k, v in end.items()) or "–"
-    lost = str(row["lost"]) if row["backend"] in ("redis", "reverb") else "–"
-    return (f" {row['interrupted']} | {lost} | {sum(row['survived'].values())} | "
-            f"{pair('fds')} | {pair('threads')} | {side} |")
-
-
-def notes(row: Dict[str, Any]) -> List[str]:
-    """Lines printed under the table for a faulty row."""
-    name = f"{row['backend']} (faults)"
-    lines = [(f"{name}: survived {row['survived'] or 'nothing'}; pushes interrupted or "
-              f"failed yet published: {row['published_unheard']}, not published (pushed "
-              f"again): {row['pushed_again']}; OS threads growth (writer; readers) "
-              f"{row['held']['os threads']}")]
-    if row["swallowed"]:
-        lines.append(f"{name}: {row['swallowed']} interrupts fired but the call returned "
-                     "(raised inside a finaliser or callback and ignored)")
-    lines.append(f"{name}: interrupted calls per role {row['interrupted_by_role']}")
-    lines.append(f"{name}: growth in the second half of the faulty soak (writer, readers) "
-                 f"{row['second_half']}")
-    for role, kinds in row["fd_growth_by_kind"].items():
-        lines.append(f"{name}: {role}: open fds grew by kind {kinds}")
-    lines.append(f"{name}: median call (ms) {row['typical_ms']}; server side after the "
-                 f"clients exited: {row['server_counts'][2] or '–'}")
-    return lines

@@ -1,0 +1,117 @@
+"""What a run measures: the cases of the size sweep, and the sizes, readers and rounds of
+the stages that follow it. ``full_plan`` is ``make bench``'s; ``quick_plan`` tries the
+suite out in a few minutes; ``smoke_plan`` is the check ``make test`` runs (every group,
+every backend, tiny sizes, one or two rounds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, List, Optional
+
+from .common import GB, KB, MB
+
+
+@dataclass
+class Case:
+    """One workload of the sweep: ``leaves`` float32 vectors of ``nbytes`` in all.
+
+    ``targets``: also run what the backend issues set targets on (issues 3, 4, 5): the
+    varsync drop-in for TF-Agents' container, ``version`` on Redis, and shm://'s pull + read,
+    update into numpy arrays and cold paths."""
+
+    layout: str  # "few": 4 large arrays; "many": 500 small ones
+    leaves: int
+    nbytes: int
+    rounds: int
+    inner: int = 1  # back-to-back calls per timed sample (small sizes)
+    update: bool = True  # also time update() into tf.Variables
+    targets: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.layout}_{self.nbytes}"
+
+
+@dataclass
+class Readers:
+    """Reader processes pulling one table at once: ``counts`` runs, ``pulls`` each."""
+
+    nbytes: int
+    counts: List[int]
+    pulls: int
+
+
+@dataclass
+class Plan:
+    cases: List[Case]
+    big: Optional[Case]  # the run above 2 GiB
+    fanout: Readers  # reverb, redis and shm readers
+    reader_memory: Readers  # redis-server's memory under varsync vs hand-written readers
+    probe_bytes: int  # the client-memory probes' nest
+    polls: int = 1000
+    reverb_polls: int = 300
+    versions: int = 1000  # `version` calls timed at a target size (Redis)
+
+    def summary(self) -> Dict[str, Any]:
+        """What results.json and RESULTS.md record of the plan."""
+        return {"fanout_bytes": self.fanout.nbytes, "fanout_readers": self.fanout.counts,
+                "fanout_pulls": self.fanout.pulls, "reader_memory": asdict(self.reader_memory),
+                "probe_bytes": self.probe_bytes, "polls": self.polls,
+                "reverb_polls": self.reverb_polls, "versions": self.versions,
+                "target_bytes": [c.nbytes for c in self.cases if c.targets]}
+
+
+def full_plan() -> Plan:
+    """`make bench`: about 11 minutes on 2 cores. 40 MB and 400 MB are the sizes of the
+    backend issues' targets (their groups run more: 400 MB takes about two minutes)."""
+    few = [
+        Case("few", 4, 1 * KB, 15, 20),
+        Case("few", 4, 10 * KB, 15, 20),
+        Case("few", 4, 100 * KB, 15, 10),
+        Case("few", 4, 1 * MB, 11, 3),
+        Case("few", 4, 10 * MB, 7),
+        Case("few", 4, 40 * MB, 9, targets=True),
+        Case("few", 4, 100 * MB, 5),
+        Case("few", 4, 400 * MB, 5, targets=True),
+        Case("few", 4, 1 * GB, 3),
+    ]
+    many = [Case("many", 500, 1 * MB, 11), Case("many", 500, 100 * MB, 5)]
+    return Plan(
+        cases=few + many,
+        big=Case("few", 4, 2200 * MB, 3, update=False),
+        fanout=Readers(100 * MB, [1, 2, 4, 8], 3),
+        reader_memory=Readers(400 * MB, [4], 2),
+        probe_bytes=400 * MB,
+    )
+
+
+def quick_plan() -> Plan:
+    """Minutes become seconds: for trying the suite out, not for figures."""
+    return Plan(
+        cases=[Case("few", 4, 1 * KB, 3, 5), Case("few", 4, 1 * MB, 3, targets=True),
+               Case("few", 4, 10 * MB, 3, targets=True), Case("many", 500, 1 * MB, 3)],
+        big=None,
+        fanout=Readers(10 * MB, [1, 2], 2),
+        reader_memory=Readers(10 * MB, [2], 2),
+        probe_bytes=20 * MB,
+        polls=200,
+        reverb_polls=100,
+        versions=200,
+    )
+
+
+def smoke_plan() -> Plan:
+    """Every group and stage on every backend, tiny, to check that every figure comes out
+    (not the run above 2 GiB: that size is the point of it)."""
+    return Plan(
+        cases=[Case("few", 4, 10 * KB, 1, targets=True), Case("few", 4, 100 * KB, 2, targets=True),
+               Case("many", 50, 100 * KB, 1)],
+        big=None,
+        fanout=Readers(100 * KB, [1, 2], 1),
+        reader_memory=Readers(100 * KB, [2], 1),
+        probe_bytes=1 * MB,
+        polls=20,
+        reverb_polls=20,
+        versions=20,
+    )

@@ -1,0 +1,241 @@
+"""The stages with processes of their own: reader processes pulling one table at once, and
+the client-memory probes.
+
+- fan-out: 1, 2, 4, 8 readers of one table on reverb://, redis:// and shm://: aggregate
+  throughput, and the growth of the server's memory while they pull;
+- reader memory (issue 4): redis-server's memory growth while four readers pull one
+  400 MB table through varsync, beside four hand-written redis-py readers of the same bytes;
+- client memory: peak resident memory above baseline during one push and one pull, in a
+  fresh process per backend, as a multiple of the payload.
+
+The fan-out and reader-memory stages share one set of reader processes and servers of
+their own, so that what the servers held before the readers is those tables alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from . import workers
+from .common import GB, MB, Sampler, allocated_bytes_under, nest_of, rss_of
+from .plan import Plan, Readers
+from .servers import ReverbProcess, next_message, running_redis_server, stop_children
+
+TABLE = "variables"
+
+
+@dataclass
+class Pulled:
+    """One contender of a readers stage: what the readers run, and the server's memory."""
+
+    contender: str
+    kind: str  # "varsync" or "redis-py" (see workers.fanout_reader)
+    url: str
+    table: Any  # a table name, or {key: float32 count} for redis-py
+    measures: Dict[str, Callable[[], int]]
+
+
+def run_readers(plan: Plan, readers: "Children", reverb: ReverbProcess,
+                out: Dict[str, Any], log: Callable[[str], None]) -> None:
+    """The fan-out, then the reader-memory comparison, on servers of their own: ``reverb``
+    (started with the suite, serving table "fanout") and a new redis-server."""
+    import redis
+
+    import varsync
+    import varsync_shm
+
+    fan, mem = plan.fanout, plan.reader_memory
+    shm_name = f"bench-fanout-{uuid.uuid4().hex[:6]}"
+    reverb_pid, reverb_address = reverb.wait()
+    with contextlib.ExitStack() as stack:
+        redis_server = stack.enter_context(running_redis_server())
+        admin = stack.enter_context(redis.Redis.from_url(redis_server.url))
+        stack.callback(varsync_shm.remove_store, shm_name)
+        redis_memory = {"server RSS": lambda: rss_of(redis_server.pid),
+                        "used_memory": lambda: int(admin.info("memory")["used_memory"])}
+        nest = nest_of(fan.nbytes, 4)
+        fanout = [
+            Pulled("reverb", "varsync", f"reverb://{reverb_address}", "fanout",
+                   {"server RSS": lambda: rss_of(reverb_pid)}),
+            Pulled("redis", "varsync", f"{redis_server.url}?namespace=fanout", TABLE, redis_memory),
+            Pulled("shm", "varsync", f"shm://{shm_name}", TABLE,
+                   {"bytes in /dev/shm": lambda: allocated_bytes_under(
+                       varsync_shm.store_path(shm_name))}),
+        ]
+        for pulled in fanout:
+            with varsync.connect(pulled.url, timeout=300) as store:
+                if pulled.contender != "reverb":  # Reverb's tables are the server's
+                    store.create_table(pulled.table, nest)
+                for _ in range(3 if pulled.contender == "shm" else 1):
+                    store.push(nest, pulled.table)
+        del nest
+        for pulled in fanout:
+            readers.pull(pulled, fan, out["fanout"], log)
+        for pulled in _reader_memory_contenders(redis_server.url, mem.nbytes, redis_memory):
+            readers.pull(pulled, mem, out["reader_memory"], log)
+
+
+def _reader_memory_contenders(url: str, nbytes: int,
+                              measures: Dict[str, Callable[[], int]]) -> List[Pulled]:
+    """The same bytes through varsync and as four hand-written keys, on one server."""
+    import redis
+
+    import varsync
+
+    nest = nest_of(nbytes, 4)
+    with varsync.connect(url, namespace="readers", timeout=300) as store:
+        store.create_table(TABLE, nest)
+        store.push(nest)
+    with redis.Redis.from_url(url, socket_timeout=300) as hand:
+        for name, leaf in nest.items():
+            hand.set(f"hand:readers:{name}", leaf.tobytes())
+    keys = {f"hand:readers:{name}": leaf.size for name, leaf in nest.items()}
+    return [Pulled("redis", "varsync", f"{url}?namespace=readers", TABLE, measures),
+            Pulled("redis-py", "redis-py", url, keys, measures)]
+
+
+class Children:
+    """Child processes started together with the suite (so that they start while the
+    servers do, before anything is timed), each reporting "up" once ready for commands."""
+
+    def __init__(self, what: str, target: Callable[..., None], names: List[str], go: bool,
+                 environment: Optional[Dict[str, str]] = None) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.what = what
+        self.commands = [context.Queue() for _ in names]
+        self.results, self.go = context.Queue(), context.Event()
+        self.children: List[Any] = []
+        saved = {key: os.environ.get(key) for key in environment or {}}
+        os.environ.update(environment or {})  # for the children, which copy it at start
+        try:
+            for i, name in enumerate(names):
+                args = (name, self.commands[i], self.results) + ((self.go,) if go else ())
+                child = context.Process(target=target, args=args, name=f"bench-{what}-{name}",
+                                        daemon=True)
+                child.start()
+                self.children.append(child)
+        except BaseException:
+            for child in self.children:  # those already started
+                child.kill()
+                child.join(10)
+            raise
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+    def wait_up(self) -> None:
+        for _ in self.children:
+            message = self.next(300, f"{self.what} starting")
+            if "up" not in message[:2]:
+                raise RuntimeError(f"{self.what}: one did not start: {message}")
+
+    def next(self, timeout: float, what: str) -> Any:
+        return next_message(self.results, self.children, timeout, what)
+
+    def request_stop(self) -> None:
+        for command in self.commands:
+            command.put(None)
+
+    def stop(self) -> None:
+        self.request_stop()
+        stop_children(self.children, 60)
+
+    def pull(self, pulled: Pulled, readers: Readers, record: List[Dict[str, Any]],
+             log: Callable[[str], None]) -> None:
+        """First every reader connects and fills its arrays once, all at once (untimed);
+        then for each count: that many readers fill their arrays ``pulls`` times at once
+        while the server's memory is sampled; one record per count."""
+        name, nbytes = pulled.contender, readers.nbytes
+        self._round(pulled, max(readers.counts), 0, {})
+        for count in readers.counts:
+            done, samplers = self._round(pulled, count, readers.pulls, pulled.measures)
+            seconds = max(d[3] for d in done) - min(d[2] for d in done)
+            delivered = count * readers.pulls * nbytes
+            record.append({
+                "contender": name, "readers": count, "pulls_each": readers.pulls,
+                "bytes": nbytes, "seconds": seconds, "aggregate_bytes_per_s": delivered / seconds,
+                "latencies": [t for d in done for t in d[4]],
+                "server_growth": {metric: s.growth for metric, s in samplers.items()},
+                "server_baseline": {metric: s.baseline for metric, s in samplers.items()},
+            })
+            log(f"   {name}, {count} reader(s) of {nbytes / MB:.3g} MB: "
+                f"{delivered / seconds / GB:.2f} GB/s in all, "
+                + ", ".join(f"{m} +{s.growth / MB:.1f} MB" for m, s in samplers.items()))
+
+    def _round(self, pulled: Pulled, count: int, pulls: int,
+               measures: Dict[str, Callable[[], int]]) -> Tuple[List[Tuple], Dict[str, Sampler]]:
+        """``count`` readers get ready, then pull at once while ``measures`` are sampled
+        (from the moment every reader is ready); their "done" messages, the samplers."""
+        self.go.clear()
+        for i in range(count):
+            self.commands[i].put((pulled.kind, pulled.url, pulled.table, pulls))
+        for _ in range(count):
+            _check(self.next(600, f"{pulled.contender} readers getting ready"), "ready")
+        with contextlib.ExitStack() as stack:
+            samplers = {metric: stack.enter_context(
+                            Sampler(measure, 0.005 if metric == "used_memory" else 0.002))
+                        for metric, measure in measures.items()}
+            self.go.set()
+            done = [_check(self.next(900, f"{pulled.contender} readers pulling"), "done")
+                    for _ in range(count)]
+        return done, samplers
+
+
+def reader_processes(count: int) -> Children:
+    """``count`` reader processes (workers.fanout_reader)."""
+    return Children("readers", workers.fanout_reader, [str(i) for i in range(count)], go=True)
+
+
+def _check(message: Tuple, expected: str) -> Tuple:
+    if message[0] != expected:
+        raise RuntimeError(f"reader {message[1]} failed:\n{message[2]}")
+    return message
+
+
+# -- client memory ------------------------------------------------------------------------
+
+
+PROBES = ["memory", "reverb", "redis", "shm"]
+
+
+def probe_processes() -> Children:
+    """One client-memory probe per backend (workers.memory_probe). glibc raises its mmap
+    threshold after each large free and then keeps freed buffers in the heap: a warm-up
+    would hide the next call's allocations in the baseline. A fixed threshold returns every
+    buffer over 128 KiB to the system when freed."""
+    return Children("probes", workers.memory_probe, PROBES, go=False,
+                    environment={"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)})
+
+
+def run_client_memory(plan: Plan, probes: Children, reverb_address: str, redis_url: str,
+                      out: Dict[str, Any], log: Callable[[str], None]) -> None:
+    import varsync_shm
+
+    shm_name = f"bench-probe-{uuid.uuid4().hex[:6]}"
+    where = {"memory": ("memory://probe", TABLE), "reverb": (f"reverb://{reverb_address}", "probe"),
+             "redis": (redis_url, TABLE), "shm": (f"shm://{shm_name}", TABLE)}
+    try:
+        for i, group in enumerate(PROBES):
+            probes.commands[i].put((*where[group], plan.probe_bytes))
+        for _ in PROBES:
+            group, figures = probes.next(600, "client memory probes")
+            if "error" in figures:
+                raise RuntimeError(f"the {group} memory probe failed:\n{figures['error']}")
+            for name, peak in figures.items():
+                contender, _, op = name.rpartition(" ")
+                out["client_memory"].append({"contender": contender or group, "op": op,
+                                             "bytes": plan.probe_bytes,
+                                             "peak_above_baseline": peak})
+    finally:
+        varsync_shm.remove_store(shm_name)
+    log("   " + ", ".join(f"{m['contender']} {m['op']} "
+                          f"{m['peak_above_baseline'] / m['bytes']:.2f}x"
+                          for m in out["client_memory"]))

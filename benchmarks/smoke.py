@@ -1,0 +1,85 @@
+"""What every run must produce, checked by ``--smoke``: every case's groups with all their
+contenders and operations, every poll, every reader stage and probe, no stage skipped or
+failed, and every section of RESULTS.md with its target rows."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Set, Tuple
+
+#: (group, contender, operation) of every case; then what a target size adds.
+EVERY_CASE = {
+    ("memory", "memory", "push"), ("memory", "memory", "pull"), ("memory", "memory", "update"),
+    ("memory", "np.copyto", "copy"), ("memory", "np.copyto fresh", "copy"),
+    ("memory", "tf assign", "update"),
+    ("reverb", "reverb", "push"), ("reverb", "reverb", "pull"), ("reverb", "reverb", "update"),
+    ("reverb", "tf-agents", "push"), ("reverb", "tf-agents", "pull"),
+    ("reverb", "tf-agents", "update"), ("reverb", "np.copyto", "copy"),
+    ("redis", "redis", "push"), ("redis", "redis", "pull"), ("redis", "redis", "update"),
+    ("redis", "redis-py", "push"), ("redis", "redis-py", "pull"),
+    ("redis", "redis-py", "update"), ("redis", "np.copyto", "copy"),
+    ("shm", "shm", "push"), ("shm", "shm", "pull"), ("shm", "shm", "update"),
+    ("shm", "np.copyto", "copy"), ("shm", "tf assign", "update"),
+}
+AT_TARGETS = {
+    ("reverb", "varsync drop-in", "push"), ("reverb", "varsync drop-in", "pull"),
+    ("redis", "np.copyto fresh", "copy"),
+    ("shm", "shm", "pull + read"), ("shm", "shm", "update numpy"),
+    ("shm", "shm", "push, new segment"), ("shm", "shm", "pull + read, new segment"),
+}
+POLLS = {("memory", "pull_if_newer"), ("reverb", "pull_if_newer"), ("redis", "pull_if_newer"),
+         ("shm", "pull_if_newer")}
+CLIENT_MEMORY = {(c, op) for c in ("memory", "reverb", "tf-agents", "redis", "redis-py", "shm")
+                 for op in ("push", "pull")}
+SECTIONS = ["## Headline", "## Targets of issues 3, 4 and 5", "## 1. Throughput", "## 3. Many",
+            "## 4. pull_if_newer", "## 5. Fan-out", "### Redis: server memory under readers",
+            "## 6. Client memory", "## 7. Each backend", "### Reverb:", "### Redis:",
+            "### shm://", "## What was run"]
+TARGET_ROWS = 12  # 2 + 2 + 1 Reverb, 2 + 1 + 1 + 1 Redis, 2 shm (two target sizes)
+
+
+def wanted(case: Dict[str, Any]) -> Set[Tuple[str, str, str]]:
+    """The (group, contender, operation) a case should have timed."""
+    ops = EVERY_CASE | (AT_TARGETS if case.get("targets") else set())
+    if not case["update"]:
+        ops = {(g, c, op) for g, c, op in ops if op != "update"}
+    if case["nbytes"] > 10**9:  # no np.copyto into new arrays: memory to spare
+        ops = {(g, c, op) for g, c, op in ops if c != "np.copyto fresh"}
+    return ops
+
+
+def missing_figures(results: Dict[str, Any], markdown: str) -> List[str]:
+    """Everything a run should have produced and did not, in words; empty if complete."""
+    missing = [f"stage: {s}" for s in results.get("skipped", [])]
+    recorded: Dict[str, Set[Tuple[str, str, str]]] = {}
+    for r in results.get("sweep", []):
+        if r["samples"]:
+            recorded.setdefault(r["case"], set()).add((r["group"], r["contender"], r["op"]))
+    polled: Dict[str, Set[Tuple[str, str]]] = {}
+    for r in results.get("polls", []):
+        if r["samples"]:
+            polled.setdefault(r["case"], set()).add((r["contender"], r.get("op", "pull_if_newer")))
+    for case in results.get("cases", []):
+        name = f"{case['layout']}_{case['nbytes']}"
+        for group, contender, op in sorted(wanted(case) - recorded.get(name, set())):
+            missing.append(f"{name}: {contender} {op} in the {group} group")
+        polls = POLLS | ({("redis", "version")} if case.get("targets") else set())
+        for contender, op in sorted(polls - polled.get(name, set())):
+            missing.append(f"{name}: {contender} {op} polls")
+    plan = results.get("plan", {})
+    for key, contenders, counts in (
+            ("fanout", ("reverb", "redis", "shm"), plan.get("fanout_readers", [])),
+            ("reader_memory", ("redis", "redis-py"),
+             plan.get("reader_memory", {}).get("counts", []))):
+        have = {(f["contender"], f["readers"]) for f in results.get(key, [])}
+        missing += [f"{key}: {c} with {n} readers" for c in contenders for n in counts
+                    if (c, n) not in have]
+    have = {(m["contender"], m["op"]) for m in results.get("client_memory", [])}
+    missing += [f"client memory: {c} {op}" for c, op in sorted(CLIENT_MEMORY - have)]
+    missing += [f"RESULTS.md: no section {s!r}" for s in SECTIONS if s not in markdown]
+    rows = [line for line in markdown.splitlines()
+            if line.startswith(("| 3 Reverb", "| 4 Redis", "| 5 shm"))]
+    if len(rows) < TARGET_ROWS:
+        missing.append(f"RESULTS.md: {len(rows)} target rows, expected {TARGET_ROWS}")
+    missing += [f"RESULTS.md: a target without a verdict: {row}" for row in rows
+                if row.rstrip(" |").endswith("–")]
+    return missing

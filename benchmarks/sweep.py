@@ -1,0 +1,359 @@
+"""The size sweep: at each case, every backend in a group with its baselines, the group's
+operations taking turns within every round, so that a ratio is taken between times
+measured side by side.
+
+- memory:// with ``np.copyto`` into existing and into new arrays, ``tf.Variable.assign``;
+- reverb:// with TF-Agents' ReverbVariableContainer on the same server and table (and, at
+  a target size, varsync's drop-in for it, ``varsync.compat.tf_agents``);
+- redis:// with hand-written redis-py SET/GET on the same redis-server (and, at a target
+  size, ``version`` calls and ``np.copyto`` into new arrays);
+- shm:// (and, at a target size, pull + read, update into numpy arrays, and the cold paths:
+  a push into a new segment and the first read of it, when readers hold both segments).
+
+Every group also times ``pull_if_newer`` when nothing changed, call by call, after its rounds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+
+from .common import GB, MB, nest_of, payload_of, size_label, timed
+from .plan import Case, Plan
+from .servers import ReverbProcess
+
+TABLE = "variables"
+REDIS_BULK_LIMIT = 512 * 2**20  # redis-server's default proto-max-bulk-len
+
+Op = Tuple[str, str, Callable[[], Any]]  # (contender, operation, call)
+Poll = Tuple[str, str, Callable[[], Any], int]  # (contender, operation, call, count)
+Timings = Dict[Tuple[str, str], float]  # (contender, operation) -> seconds
+
+
+@dataclass
+class Group:
+    """One backend and its baselines at one size."""
+
+    name: str
+    ops: List[Op]
+    polls: List[Poll]
+    close: Callable[[], None]
+    warm: int = 1  # untimed rounds first
+    # Measurements that time themselves (setup untimed), once per round after the turns.
+    per_round: List[Callable[[], Timings]] = field(default_factory=list)
+
+
+class Sweep:
+    def __init__(self, plan: Plan, reverb_address: str, redis_url: str,
+                 own_servers: Dict[str, ReverbProcess], out: Dict[str, Any],
+                 log: Callable[[str], None]) -> None:
+        self.plan, self.reverb_address, self.redis_url = plan, reverb_address, redis_url
+        self.own_servers = own_servers
+        self.out, self.log = out, log
+        self.tag = uuid.uuid4().hex[:6]
+        self.case_reverb = reverb_address
+
+    @contextlib.contextmanager
+    def reverb_for(self, case: Case) -> Iterator[None]:
+        """Point ``case_reverb`` at the shared server for the 4-array sweep, or at the server
+        of its own a case of many arrays has (stopped after the case): varsync reads versions
+        through Reverb's server_info, which carries every table's signature, so a 500-leaf
+        table would slow every other table's calls."""
+        if case.layout == "few":
+            yield
+            return
+        server = self.own_servers[case.name]
+        self.case_reverb = server.wait()[1]
+        try:
+            yield
+        finally:
+            self.case_reverb = self.reverb_address
+            server.request_stop()  # its memory goes as it exits; the suite joins it at the end
+
+    # The groups: each returns None when its backend cannot take this case (recorded).
+
+    def memory_group(self, case: Case, nest: Any, variables: Any, targets: Any) -> Group:
+        import varsync
+        from varsync.backends import memory
+
+        name = f"bench-{case.name}-{self.tag}"
+        store = varsync.connect(f"memory://{name}")
+        store.create_table(TABLE, nest)
+        ops = varsync_ops("memory", store, nest, variables)
+        ops += copies(nest, targets, variables, fresh=case.nbytes <= GB)  # above: memory to spare
+
+        def close() -> None:
+            store.close()
+            memory._STORES.pop(name, None)  # free the bytes: the store outlives containers
+
+        return Group("memory", ops, [("memory", "pull_if_newer", poller(store), self.plan.polls)],
+                     close)
+
+    def reverb_group(self, case: Case, nest: Any, variables: Any, targets: Any) -> Optional[Group]:
+        import reverb
+        from tf_agents.experimental.distributed.reverb_variable_container import (
+            ReverbVariableContainer,
+        )
+
+        import varsync
+        from varsync.backends.reverb import MAX_PUSH_BYTES
+
+        address = self.case_reverb
+        store = varsync.connect(f"reverb://{address}", timeout=300)
+        if payload_of(nest) > MAX_PUSH_BYTES:
+            try:
+                store.push(nest, case.name)
+                reason = "accepted?! (expected a refusal)"
+            except varsync.ItemTooLargeError as exc:
+                reason = f"refused by design (ItemTooLargeError: {str(exc).split('. ')[0]})"
+            finally:
+                store.close()
+            self.refuse(case, "reverb", "push", reason)
+            self.refuse(case, "tf-agents", "push", "not run: Reverb aborts the whole client "
+                        "process on an insert over 2 GiB (gRPC's message limit) and TF-Agents "
+                        "does not check")
+            return None
+        tfa = ReverbVariableContainer(address, table_names=(case.name,))
+        ops = varsync_ops("reverb", store, nest, variables, case.name)
+        ops += [("tf-agents", "push", lambda: tfa.push(variables, case.name)),
+                ("tf-agents", "pull", lambda: tfa.pull(case.name)),
+                ("tf-agents", "update", lambda: tfa.update(variables, case.name))]
+        closers = [store.close]
+        if case.targets:  # issue 3: the drop-in, pushing tf.Variables as TF-Agents' users do
+            from varsync.compat.tf_agents import ReverbVariableContainer as DropIn
+
+            dropin = DropIn(address, table_names=(case.name,), timeout=300)
+            closers.append(dropin.container.close)
+            ops += [("varsync drop-in", "push", lambda: dropin.push(variables, case.name)),
+                    ("varsync drop-in", "pull", lambda: dropin.pull(case.name))]
+        ops += copies(nest, targets, variables)
+
+        def close() -> None:
+            for closer in closers:
+                closer()
+            reverb.Client(address).reset(case.name)  # free the server's copy of this size
+
+        polls: List[Poll] = [("reverb", "pull_if_newer", poller(store, case.name),
+                              self.plan.reverb_polls)]
+        return Group("reverb", ops, polls, close)
+
+    def redis_group(self, case: Case, nest: Any, variables: Any, targets: Any) -> Group:
+        import redis
+
+        import varsync
+
+        store = varsync.connect(self.redis_url, namespace=f"bench-{case.name}-{self.tag}",
+                                timeout=300)
+        store.create_table(TABLE, nest)
+        hand = redis.Redis.from_url(self.redis_url, socket_timeout=300)
+        keys = {name: f"hand:{case.name}:{name}" for name in nest}
+
+        def hand_push() -> None:
+            for name, leaf in nest.items():
+                hand.set(keys[name], leaf.tobytes())
+
+        def hand_pull() -> Dict[str, np.ndarray]:
+            return {name: np.frombuffer(hand.get(key), np.float32) for name, key in keys.items()}
+
+        def hand_update() -> None:
+            for name, key in keys.items():
+                variables[name].assign(np.frombuffer(hand.get(key), np.float32))
+
+        ops = varsync_ops("redis", store, nest, variables)
+        if max(leaf.nbytes for leaf in nest.values()) > REDIS_BULK_LIMIT:
+            self.refuse(case, "redis-py", "push", hand_refusal(self.redis_url, nest))
+        else:
+            ops += [("redis-py", "push", hand_push), ("redis-py", "pull", hand_pull)]
+            if variables is not None:
+                ops.append(("redis-py", "update", hand_update))
+        # issue 4 compares a pull with np.copyto into new arrays, in the same rounds
+        ops += copies(nest, targets, variables, fresh=case.targets)
+        polls: List[Poll] = [("redis", "pull_if_newer", poller(store), self.plan.polls)]
+        if case.targets:
+            polls.append(("redis", "version", store.version, self.plan.versions))
+
+        def close() -> None:
+            store.close()
+            hand.flushall()  # free the server's memory for the next size
+            hand.close()
+
+        # Three rounds before redis:// is in its steady state: from the third push on, a
+        # table of 4 MiB or more has a spare version, which each push overwrites in place.
+        return Group("redis", ops, polls, close, warm=3)
+
+    def shm_group(self, case: Case, nest: Any, variables: Any, targets: Any) -> Group:
+        import varsync
+        import varsync_shm
+
+        name = f"bench-{case.name}-{self.tag}"
+        store = varsync.connect(f"shm://{name}")
+        store.create_table(TABLE, nest)
+
+        def read(pulled: Dict[str, np.ndarray]) -> None:  # a reader using the views' bytes
+            for leaf, value in pulled.items():
+                np.copyto(targets[leaf], value)
+
+        ops = varsync_ops("shm", store, nest, variables)
+        per_round = []
+        if case.targets:  # issue 5: pull ≤ 2 x np.copyto, steady and cold
+            ops += [("shm", "pull + read", lambda: read(store.pull())),
+                    ("shm", "update numpy", lambda: store.update(targets))]
+            per_round.append(lambda: shm_cold_paths(store, nest, read))
+        ops += copies(nest, targets, variables)
+
+        def close() -> None:
+            store.close()
+            varsync_shm.remove_store(name)
+
+        # Three pushes before shm:// is in its steady state (both alternating segments
+        # allocated and mapped), as `varsync bench` does.
+        return Group("shm", ops, [("shm", "pull_if_newer", poller(store), self.plan.polls)],
+                     close, warm=3, per_round=per_round)
+
+    def refuse(self, case: Case, contender: str, op: str, reason: str) -> None:
+        self.out["refusals"].append({"case": case.name, "layout": case.layout,
+                                     "bytes": case.nbytes, "contender": contender, "op": op,
+                                     "reason": reason})
+        self.log(f"   {contender} {op} at {size_label(case.nbytes)}: {reason}")
+
+    # The loop.
+
+    def run_case(self, case: Case) -> None:
+        import tensorflow as tf
+
+        started = time.monotonic()
+        nest = nest_of(case.nbytes, case.leaves)
+        targets = {name: np.ones_like(leaf) for name, leaf in nest.items()}  # touched: no faults
+        variables = ({name: tf.Variable(leaf) for name, leaf in nest.items()}
+                     if case.update else None)
+        self.out["cases"].append(asdict(case))
+        with self.reverb_for(case):
+            for make in (self.memory_group, self.reverb_group, self.redis_group, self.shm_group):
+                group = make(case, nest, variables, targets)
+                if group is None:
+                    continue
+                try:
+                    self.run_group(case, group)
+                finally:
+                    group.close()
+                gc.collect()
+        del nest, targets, variables
+        gc.collect()
+        self.log(f"   {case.layout} {size_label(case.nbytes)} ({case.leaves} arrays, "
+                 f"{case.rounds} rounds): {time.monotonic() - started:.0f} s")
+
+    def run_group(self, case: Case, group: Group) -> None:
+        for _ in range(group.warm):
+            for _, _, call in group.ops:
+                call()
+        samples: Dict[Tuple[str, str], List[float]] = {(c, o): [] for c, o, _ in group.ops}
+        for _ in range(case.rounds):
+            gc.collect()
+            for contender, op, call in group.ops:
+                samples[(contender, op)].append(timed(call, case.inner))
+            for measure in group.per_round:
+                for key, seconds in measure().items():
+                    samples.setdefault(key, []).append(seconds)
+        for (contender, op), values in samples.items():
+            self.out["sweep"].append({"case": case.name, "layout": case.layout,
+                                      "leaves": case.leaves, "bytes": case.nbytes,
+                                      "group": group.name, "contender": contender, "op": op,
+                                      "samples": values})
+        for contender, op, poll, count in group.polls:
+            values = []
+            for _ in range(count):
+                started = time.perf_counter_ns()
+                result = poll()
+                values.append((time.perf_counter_ns() - started) / 1e9)
+                if op == "pull_if_newer" and result is not None:
+                    raise RuntimeError(f"{contender}: pull_if_newer found a newer version "
+                                       "while nothing was pushed")
+            self.out["polls"].append({"case": case.name, "layout": case.layout,
+                                      "bytes": case.nbytes, "contender": contender, "op": op,
+                                      "samples": values})
+
+
+def varsync_ops(contender: str, store: Any, nest: Any, variables: Any,
+                table: str = TABLE) -> List[Op]:
+    """A varsync container's push and pull of ``nest`` and, with ``variables``, its update."""
+    ops: List[Op] = [(contender, "push", lambda: store.push(nest, table)),
+                     (contender, "pull", lambda: store.pull(table))]
+    if variables is not None:
+        ops.append((contender, "update", lambda: store.update(variables, table)))
+    return ops
+
+
+def copies(nest: Dict[str, np.ndarray], targets: Dict[str, np.ndarray], variables: Any,
+           fresh: bool = False) -> List[Op]:
+    """The physical references, timed in every group: np.copyto of the same bytes into
+    existing arrays, ``tf.Variable.assign`` of them (the floor of any update), and with
+    ``fresh``, np.copyto into new arrays (the page faults any pull into new arrays pays)."""
+
+    def into_existing() -> None:
+        for name, leaf in nest.items():
+            np.copyto(targets[name], leaf)
+
+    def into_fresh() -> Dict[str, np.ndarray]:
+        made = {name: np.empty_like(leaf) for name, leaf in nest.items()}
+        for name, leaf in nest.items():
+            np.copyto(made[name], leaf)
+        return made
+
+    ops: List[Op] = [("np.copyto", "copy", into_existing)]
+    if fresh:
+        ops.append(("np.copyto fresh", "copy", into_fresh))
+    if variables is not None:
+        ops.append(("tf assign", "update",
+                    lambda: [variables[k].assign(v) for k, v in nest.items()]))
+    return ops
+
+
+def shm_cold_paths(store: Any, nest: Any, read: Callable[[Any], None]) -> Timings:
+    """With a reader holding both segments (no spare free): a push into a new segment and
+    the first pull + read of it; then back to the steady state, untimed."""
+    held = [store.pull()]
+    store.push(nest)  # refills the spare
+    held.append(store.pull())  # now both segments are held
+    push = timed(lambda: store.push(nest))
+    first_read = timed(lambda: read(store.pull()))
+    del held
+    gc.collect()
+    for _ in range(3):
+        store.push(nest)
+        read(store.pull())
+    return {("shm", "push, new segment"): push, ("shm", "pull + read, new segment"): first_read}
+
+
+def poller(store: Any, table: str = TABLE) -> Callable[[], Any]:
+    """``pull_if_newer`` of the version the table had at the first call."""
+    held: Dict[str, int] = {}
+
+    def poll() -> Any:
+        if "version" not in held:
+            held["version"] = store.version(table)
+        return store.pull_if_newer(held["version"], table)
+
+    return poll
+
+
+def hand_refusal(url: str, nest: Dict[str, np.ndarray]) -> str:
+    """Try what a user would write, one SET of a leaf over 512 MB; say what happened."""
+    import redis
+
+    name, leaf = max(nest.items(), key=lambda item: item[1].nbytes)
+    client = redis.Redis.from_url(url, socket_timeout=120)
+    try:
+        client.set("hand:too-large", leaf.tobytes())
+        client.delete("hand:too-large")
+        return "accepted?! (expected the server to refuse a value over 512 MB)"
+    except redis.RedisError as exc:
+        return (f"refused by redis-server: one SET of a {leaf.nbytes / MB:.0f} MB array "
+                f"exceeds its 512 MB proto-max-bulk-len ({type(exc).__name__})")
+    finally:
+        client.close()

@@ -1,0 +1,1 @@
+"""Tools run from the repository's root with ``python -m tools.<name>``: ``tools.soak``."""
