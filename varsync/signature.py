@@ -1,30 +1,33 @@
 """Specs and signatures: what a table holds, and the checks made before any write.
 
-A :class:`Spec` is a fixed shape and a numpy dtype. A signature is a nest of specs; it can
-be built from a nest of example values or of specs (see :func:`signature_of`). Values are
-checked against a signature leaf by leaf, in the signature's structure, and turned into
-the flat list of arrays a backend stores (see :func:`flatten_values`).
+A :class:`Spec` is a fixed shape and a numpy dtype (:mod:`varsync.spec`). A signature is
+a nest of specs; it can be built from a nest of example values or of specs (see
+:func:`signature_of`). Values are checked against a signature leaf by leaf, in the
+signature's structure, and turned into the flat list of arrays a backend stores (see
+:func:`flatten_values`).
 
-Signatures travel as JSON (:func:`to_json` / :func:`from_json`): portable, versioned and
-never pickled.
+Signatures travel as JSON (:func:`to_json` / :func:`from_json`, in
+:mod:`varsync.signature_json`): portable, versioned and never pickled. Every name of
+those two modules that this one lists is importable from here too.
 """
 
 from __future__ import annotations
 
-import collections
 import collections.abc
-import json
 import math
 import numbers
-import sys
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Sequence, Tuple, Type
+from typing import Any, Callable, List
 
 import numpy as np
 
 from varsync import adapters
 from varsync import nest as nest_lib
-from varsync.errors import CorruptDataError, SignatureError, SignatureMismatchError
+from varsync.errors import SignatureError, SignatureMismatchError
+from varsync.signature_json import FORMAT as FORMAT
+from varsync.signature_json import FORMAT_VERSION as FORMAT_VERSION
+from varsync.signature_json import from_json, namedtuple_type, to_json
+from varsync.spec import SUPPORTED_DTYPES, Spec, native_dtype
+from varsync.spec import canonical_dtype as canonical_dtype
 
 __all__ = [
     "Spec",
@@ -39,74 +42,6 @@ __all__ = [
     "from_json",
     "describe",
 ]
-
-SUPPORTED_DTYPES: Tuple[np.dtype, ...] = tuple(
-    np.dtype(name)
-    for name in (
-        "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-        "float16", "float32", "float64", "complex64", "complex128",
-    )
-)
-_SUPPORTED_NAMES = ", ".join(d.name for d in SUPPORTED_DTYPES)
-
-FORMAT = "varsync.signature"
-FORMAT_VERSION = 1
-
-
-def _native(dtype: np.dtype) -> np.dtype:
-    return dtype.newbyteorder("=") if dtype.byteorder not in ("=", "|") else dtype
-
-
-def canonical_dtype(dtype: Any) -> np.dtype:
-    """``dtype`` as a native-byte-order numpy dtype varsync stores, or ``SignatureError``."""
-    try:
-        resolved = _native(np.dtype(dtype))
-    except TypeError as exc:
-        raise SignatureError(
-            f"{dtype!r} is not a dtype ({exc}); expected one of {_SUPPORTED_NAMES}"
-        ) from None
-    if resolved not in SUPPORTED_DTYPES:
-        raise SignatureError(
-            f"dtype {resolved} cannot be stored; expected one of {_SUPPORTED_NAMES}"
-        )
-    return resolved
-
-
-@dataclass(frozen=True)
-class Spec:
-    """A fixed shape and a dtype: what one leaf of a table holds."""
-
-    shape: Tuple[int, ...]
-    dtype: np.dtype
-
-    def __init__(self, shape: Sequence[int], dtype: Any) -> None:
-        try:
-            dims = tuple(int(d) for d in shape)
-            well_formed = all(d >= 0 and d == s for d, s in zip(dims, shape))
-        except (TypeError, ValueError, OverflowError):  # None, "a", nan, inf
-            well_formed = False
-        if not well_formed:
-            raise SignatureError(
-                f"Spec shape {shape!r} is not fully defined; expected a sequence of "
-                "non-negative ints (variables have known shapes)"
-            )
-        object.__setattr__(self, "shape", dims)
-        object.__setattr__(self, "dtype", canonical_dtype(dtype))
-
-    @property
-    def size(self) -> int:
-        """How many elements an array of this spec holds (1 for a scalar, 0 if a
-        dimension is 0)."""
-        return int(np.prod(self.shape, dtype=np.int64))
-
-    @property
-    def nbytes(self) -> int:
-        """How many bytes an array of this spec holds: ``size`` times the dtype's
-        itemsize, with no header or padding (what a push of this leaf moves)."""
-        return self.size * self.dtype.itemsize
-
-    def __repr__(self) -> str:
-        return f"Spec(shape={self.shape}, dtype={self.dtype.name})"
 
 
 # ---------------------------------------------------------------------------------------
@@ -167,41 +102,10 @@ def _plain_structure(structure: Any, leaves: List[Any]) -> Any:
         kids = [build(child) for _, child in nest_lib.children(node)]
         if nest_lib.is_namedtuple(node) or nest_lib.is_attrs(node):
             fields = [name for (_, name), _ in nest_lib.children(node)]
-            return _namedtuple_type(type(node).__name__, fields, type(node).__module__)(*kids)
+            return namedtuple_type(type(node).__name__, fields, type(node).__module__)(*kids)
         return list(kids) if isinstance(node, list) else tuple(kids)
 
     return build(structure)
-
-
-_NAMEDTUPLES: Dict[Tuple[str, Tuple[str, ...], str], type] = {}
-
-
-def _namedtuple_type(name: str, fields: Sequence[str], module: str) -> Type[Any]:
-    """A namedtuple class for a stored structure.
-
-    A namedtuple of that name and fields in an *already imported* module is reused (so a
-    pull returns the user's own class); otherwise one is made, once per name and fields.
-    Nothing is ever imported.
-    """
-    fields = tuple(fields)
-    found = getattr(sys.modules.get(module), name, None)
-    if (
-        isinstance(found, type)
-        and issubclass(found, tuple)
-        and getattr(found, "_fields", None) == fields
-    ):
-        return found
-    key = (name, fields, module)
-    if key not in _NAMEDTUPLES:
-        try:
-            made = collections.namedtuple(name, fields)  # type: ignore[misc]
-        except ValueError as exc:
-            raise CorruptDataError(
-                f"stored namedtuple {name}{fields} is not valid: {exc}"
-            ) from None
-        made.__module__ = module
-        _NAMEDTUPLES[key] = made
-    return _NAMEDTUPLES[key]
 
 
 def flat_specs(signature: Any) -> List[Spec]:
@@ -317,7 +221,7 @@ def _leaf_target(spec: Spec, target: Any, path: nest_lib.Path) -> Any:
     elif isinstance(target, np.ndarray):
         if not target.flags.writeable:
             raise _mismatch(spec, path, "a read-only array (update assigns in place)")
-        shape, dtype = target.shape, _native(target.dtype)
+        shape, dtype = target.shape, native_dtype(target.dtype)
         got = _describe_value(target)
     else:
         raise _mismatch(
@@ -355,8 +259,8 @@ def _leaf_array(spec: Spec, value: Any, path: nest_lib.Path) -> np.ndarray:
         raise mismatch(
             f"{_describe_value(given)}, which cannot be an array of a fixed numeric dtype"
         )
-    if _native(array.dtype) != spec.dtype:
-        raise mismatch(f"dtype {_native(array.dtype).name} (shape {array.shape})")
+    if native_dtype(array.dtype) != spec.dtype:
+        raise mismatch(f"dtype {native_dtype(array.dtype).name} (shape {array.shape})")
     if array.shape != spec.shape:
         raise mismatch(f"shape {array.shape} ({array.dtype.name})")
     if array.dtype.byteorder not in ("=", "|"):
@@ -444,82 +348,3 @@ def describe(signature: Any) -> str:
         for path, spec in nest_lib.flatten_with_paths(signature)
     ]
     return "\n".join(rows) if rows else "(no leaves)"
-
-
-# ---------------------------------------------------------------------------------------
-# Portable form
-
-
-def to_json(signature: Any) -> str:
-    """The signature as portable JSON text (format ``varsync.signature``, version 1)."""
-    document = {"format": FORMAT, "version": FORMAT_VERSION, "structure": _encode(signature)}
-    return json.dumps(document, separators=(",", ":"), sort_keys=True)
-
-
-def _encode(node: Any) -> Any:
-    if isinstance(node, Spec):
-        return {"spec": {"shape": list(node.shape), "dtype": node.dtype.name}}
-    if isinstance(node, collections.abc.Mapping):
-        return {"dict": [[k, _encode(node[k])] for k in nest_lib.sorted_keys(node)]}
-    if nest_lib.is_namedtuple(node):
-        return {
-            "namedtuple": {
-                "name": type(node).__name__,
-                "module": type(node).__module__,
-                "fields": list(type(node)._fields),
-                "values": [_encode(v) for v in node],
-            }
-        }
-    kind = "list" if isinstance(node, list) else "tuple"
-    return {kind: [_encode(v) for v in node]}
-
-
-def from_json(text: str) -> Any:
-    """The signature stored as :func:`to_json` text; ``CorruptDataError`` if it is not one."""
-    try:
-        document = json.loads(text)
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise CorruptDataError(
-            f"stored signature is not JSON ({exc}): {str(text)[:80]!r}"
-        ) from None
-    if not isinstance(document, dict) or document.get("format") != FORMAT:
-        raise CorruptDataError(
-            f"stored signature is not a {FORMAT} document: {str(text)[:80]!r}"
-        )
-    if document.get("version") != FORMAT_VERSION:
-        raise CorruptDataError(
-            f"stored signature has format version {document.get('version')!r}; this varsync "
-            f"reads version {FORMAT_VERSION} (upgrade varsync to read newer tables)"
-        )
-    try:
-        return _decode(document["structure"])
-    except CorruptDataError:
-        raise
-    except (KeyError, TypeError, ValueError, AttributeError, RecursionError, SignatureError) as exc:
-        raise CorruptDataError(f"stored signature is malformed: {exc}") from None
-
-
-def _decode(node: Any) -> Any:
-    if not isinstance(node, dict) or len(node) != 1:
-        raise CorruptDataError(f"stored signature node is malformed: {str(node)[:80]!r}")
-    (kind, body), = node.items()
-    if kind == "spec":
-        return Spec(body["shape"], body["dtype"])
-    if kind == "dict":
-        decoded = {}
-        for key, child in body:
-            if not isinstance(key, (str, int)) or isinstance(key, bool):
-                raise CorruptDataError(f"stored dict key {key!r} is not a str or int")
-            decoded[key] = _decode(child)
-        return {k: decoded[k] for k in nest_lib.sorted_keys(decoded)}
-    if kind == "namedtuple":
-        made = _namedtuple_type(body["name"], body["fields"], body.get("module", "__varsync__"))
-        values = [_decode(v) for v in body["values"]]
-        if len(values) != len(made._fields):
-            raise CorruptDataError(f"stored namedtuple {body['name']} has the wrong field count")
-        return made(*values)
-    if kind == "list":
-        return [_decode(v) for v in body]
-    if kind == "tuple":
-        return tuple(_decode(v) for v in body)
-    raise CorruptDataError(f"stored signature has an unknown node kind {kind!r}")

@@ -32,17 +32,17 @@ Guarantees, and how:
   belongs to a :class:`~varsync_shm._fds.Descriptors` made before the ``try`` that
   closes it; those that outlive a call belong to ``mmap``/``FileIO`` objects.
 
-Pulls of more than :data:`MAP_ABOVE` bytes return read-only arrays viewing the segment
-(no copy), which keep its shared lock while any of them lives (:mod:`varsync_shm.mappings`);
-smaller pulls copy the segment in one ``pread``. :meth:`ShmBackend.block`, which the core's
-wait loop sleeps on, sleeps on an inotify watch of the table's directory
-(:mod:`varsync_shm._inotify`), or where there is none, for at most ``POLL_MAX`` (50 ms).
+Pulls (:mod:`varsync_shm.reading`) of more than :data:`MAP_ABOVE` bytes return read-only
+arrays viewing the segment (no copy), which keep its shared lock while any of them lives
+(:mod:`varsync_shm.mappings`); smaller pulls copy the segment in one ``pread``.
+:meth:`ShmBackend.block`, which the core's wait loop sleeps on, sleeps on an inotify watch
+of the table's directory (:mod:`varsync_shm._inotify`), or where there is none, for at
+most ``POLL_MAX`` (50 ms).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
 import stat
@@ -71,21 +71,18 @@ from varsync.backend import (
     reset_error,
     translate_errors,
 )
-from varsync_shm import _dirs, layout, segment, writing
+from varsync_shm import _dirs, layout, reading, writing
 from varsync_shm._fds import Descriptors
 from varsync_shm._inotify import Watch
 from varsync_shm.mappings import Mappings
-from varsync_shm.writing import CURRENT, LOCK, SIGNATURE, open_regular, token, try_lock
+from varsync_shm.reading import MAP_ABOVE
+from varsync_shm.writing import LOCK, SIGNATURE, token
 
 __all__ = ["ShmBackend", "MAP_ABOVE", "SPARES"]
 
-MAP_ABOVE = 1 << 20
-"""Segments larger than this many bytes are mapped by pulls instead of copied."""
 SPARES = writing.SPARES
 
-_SEGMENT = writing.SEGMENT
 _READ_ATTEMPTS = 1000
-_SIGNATURE_MAX = 64 << 20  # bytes: a signature.json larger than this is not one
 _ERRORS: ErrorMap = {PermissionError: AuthenticationError, OSError: BackendConnectionError}
 
 
@@ -153,7 +150,7 @@ class ShmBackend(Backend):
                 rel = self._rel(name)
                 lock = fds.open(f"{rel}/{LOCK}", os.O_RDWR | os.O_CREAT, 0o600, dir_fd=store)
                 fcntl.flock(lock, fcntl.LOCK_EX)
-                stored = self._read_signature(store, rel, fds)
+                stored = reading.read_signature(store, rel, fds, self._store_path)
                 if stored is None:
                     temporary = f"{rel}/.sig-{token()}"
                     made.append(temporary)
@@ -181,7 +178,7 @@ class ShmBackend(Backend):
                 if store < 0 or self._private_table(store, name, fds, create=False) is None:
                     return None
                 rel = self._rel(name)
-                text = self._read_signature(store, rel, fds)
+                text = reading.read_signature(store, rel, fds, self._store_path)
                 if text is not None and name not in self._known:
                     self._histories.adopt(name, self._remember(name, text, store, rel))
                 return text
@@ -223,7 +220,7 @@ class ShmBackend(Backend):
                         used += os.stat(f, dir_fd=directory, follow_symlinks=False).st_blocks
                 return {
                     "path": table,
-                    "current": self._pointer(store, rel),
+                    "current": reading.current_segment(store, rel, self._store_path),
                     "segments": sorted(f for f in files if f.startswith(writing.SEGMENTS)),
                     "bytes_in_shm": used * 512,
                 }
@@ -238,7 +235,7 @@ class ShmBackend(Backend):
     def version(self, name: str) -> int:
         with self._errors(self._table_path(name)):
             store, rel = self._table(name)
-            version = 0 if store < 0 else self._version_of(rel, self._pointer(store, rel))
+            version = 0 if store < 0 else reading.current_version(store, rel, self._store_path)
             self._seen[name] = version
             return version
 
@@ -267,15 +264,17 @@ class ShmBackend(Backend):
                 store, rel = self._table(name, held=newer_than)
                 if store < 0:
                     return 0, None  # vanished: reads as empty; holders get TableResetError
-                pointer = self._pointer(store, rel)
-                version = self._version_of(rel, pointer)
+                pointer = reading.current_segment(store, rel, self._store_path)
+                version = reading.version_of(rel, pointer, self._store_path)
                 self._seen[name] = version
                 if version <= newer_than:
                     return version, None
                 assert pointer is not None
                 fds = Descriptors()
                 try:
-                    arrays = self._open_version(store, rel, pointer, version, fds)
+                    arrays = reading.open_version(
+                        store, rel, pointer, version, fds, self._mappings, self._store_path
+                    )
                 finally:
                     fds.close()
                 if arrays is not None:
@@ -304,7 +303,7 @@ class ShmBackend(Backend):
                     raise TableNotFoundError(
                         f"table {name!r} in {self.url} was deleted ({table}) while waiting"
                     )
-                if self._version_of(rel, self._pointer(store, rel)) != newer_than:
+                if reading.current_version(store, rel, self._store_path) != newer_than:
                     return
             if watch is None:  # inotify missing or exhausted: the core's loop polls
                 time.sleep(min(seconds, POLL_MAX))
@@ -400,7 +399,7 @@ class ShmBackend(Backend):
         try:
             if self._private_table(store, name, fds, create=False) is None:
                 return
-            text = self._read_signature(store, rel, fds)
+            text = reading.read_signature(store, rel, fds, self._store_path)
             if text is None:
                 return
             known = self._known.get(name)
@@ -447,74 +446,6 @@ class ShmBackend(Backend):
     def _errors(self, where: str) -> Iterator[None]:
         with translate_errors(_ERRORS, f"shm store {where}"):
             yield
-
-    def _read_signature(self, store: int, rel: str, fds: Descriptors) -> Optional[str]:
-        path = f"{self._store_path}/{rel}/{SIGNATURE}"  # for messages
-        try:
-            fd = open_regular(f"{rel}/{SIGNATURE}", os.O_RDONLY, fds, dir_fd=store, where=path)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        size = os.fstat(fd).st_size
-        if size > _SIGNATURE_MAX:
-            raise CorruptDataError(f"{path} is {size} bytes, too large to be a signature")
-        data = os.pread(fd, size + 1, 0)
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise CorruptDataError(f"{path} is not text, so not a signature") from None
-
-    def _pointer(self, store: int, rel: str) -> Optional[str]:
-        """The segment ``current`` names, or ``None`` before the first push."""
-        try:
-            return os.readlink(f"{rel}/{CURRENT}", dir_fd=store)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        except OSError as exc:
-            if exc.errno == errno.EINVAL:  # not a link
-                raise CorruptDataError(
-                    f"{self._store_path}/{rel}/{CURRENT} is not a varsync-shm link"
-                ) from None
-            raise
-
-    def _version_of(self, rel: str, pointer: Optional[str]) -> int:
-        if pointer is None:
-            return 0
-        digits = pointer[len(_SEGMENT):]
-        if not pointer.startswith(_SEGMENT) or not digits.isdigit():
-            raise CorruptDataError(
-                f"{self._store_path}/{rel}/{CURRENT} points to {pointer!r}, not a segment"
-            )
-        return int(digits)
-
-    def _open_version(
-        self, store: int, rel: str, pointer: str, version: int, fds: Descriptors
-    ) -> Optional[List[np.ndarray]]:
-        """The arrays of segment ``pointer`` if it still holds ``version``, else ``None``
-        (it was retired and reused meanwhile: the caller reads the link again)."""
-        path = f"{self._store_path}/{rel}/{pointer}"  # for messages
-        try:
-            fd = open_regular(f"{rel}/{pointer}", os.O_RDONLY, fds, dir_fd=store, where=path)
-        except FileNotFoundError:
-            if self._pointer(store, rel) == pointer:
-                raise CorruptDataError(
-                    f"{self._store_path}/{rel}/{CURRENT} points to {pointer}, which is missing"
-                ) from None
-            return None
-        if not try_lock(fd, fcntl.LOCK_SH):
-            return None  # a writer is refilling it: it is no longer current
-        if segment.read_version(fd) != version:
-            return None
-        size = os.fstat(fd).st_size
-        buffer: Any
-        if size > MAP_ABOVE:  # a view that keeps fd's shared lock (a pin) while it lives
-            buffer = self._mappings.pinned(rel, fd, size, version)
-            memory = buffer
-        else:
-            buffer = os.pread(fd, size, 0)
-            memory = np.frombuffer(buffer, np.uint8, size)
-        parsed = segment.parse(buffer, size, path)
-        # Every pulled array is a view of `memory`: while one lives, so does its pin.
-        return segment.arrays_of(memory, parsed.leaves)
 
     def writable_mapping(self, rel: str, fd: int, size: int) -> Any:
         """A writable mapping of the file open as ``fd`` (kept for the next pushes)."""
