@@ -48,21 +48,21 @@ def run(plan: Plan, out: Dict[str, Any], log: Callable[[str], None],
         cases = [c for c in plan.cases + ([plan.big] if plan.big else []) if c.layout == "few"]
         tables = {case.name: signature_of(case.nbytes, case.leaves) for case in cases}
         tables["probe"] = signature_of(plan.probe_bytes, 4)
-        reverb = started(ReverbProcess(tables))
-        own = {case.name: started(ReverbProcess({case.name: signature_of(case.nbytes,
-                                                                       case.leaves)}))
-               for case in plan.cases if case.layout != "few"}
-        fanout = started(ReverbProcess({"fanout": signature_of(plan.fanout.nbytes, 4)}))
+        many = {case.name: {case.name: signature_of(case.nbytes, case.leaves)}
+                for case in plan.cases if case.layout != "few"}  # a server each
+        reverb = started(ReverbProcess({"sweep": tables, **many}))
+        fanout = started(ReverbProcess({"fanout": {"fanout": signature_of(plan.fanout.nbytes,
+                                                                          4)}}))
         readers = started(reader_processes(max(plan.fanout.counts + plan.reader_memory.counts)))
         probes = started(probe_processes())
         redis_server = stack.enter_context(running_redis_server())
         with stage("starting servers and child processes", log, out["stage_seconds"]):
             import_clients()
-            for server in [reverb, fanout, *own.values()]:
-                server.wait()
+            pid, addresses = reverb.wait()
+            fanout.wait()
             readers.wait_up()
             probes.wait_up()
-        _measure(plan, out, log, time_left, reverb.wait(), own, fanout, readers, probes,
+        _measure(plan, out, log, time_left, pid, addresses, fanout, readers, probes,
                  redis_server.url)
 
 
@@ -83,9 +83,11 @@ def import_clients() -> None:
 
 
 def _measure(plan: Plan, out: Dict[str, Any], log: Callable[[str], None],
-             time_left: Callable[[], float], reverb: Tuple[int, str],
-             own: Dict[str, ReverbProcess], fanout: ReverbProcess, readers: Children,
-             probes: Children, redis_url: str) -> None:
+             time_left: Callable[[], float], reverb_pid: int, reverb: Dict[str, str],
+             fanout: ReverbProcess, readers: Children, probes: Children,
+             redis_url: str) -> None:
+    """The stages, once everything is up. ``reverb``: the sweep's Reverb servers by name
+    ("sweep", and one per case of many arrays)."""
     import redis
 
     with redis.Redis.from_url(redis_url) as admin:
@@ -95,9 +97,9 @@ def _measure(plan: Plan, out: Dict[str, Any], log: Callable[[str], None],
         ("tensorflow-cpu", "tensorflow-cpu"), ("tf-agents", "tf-agents"),
         ("redis-py", "redis"), ("numpy", "numpy"))}
     out["versions"]["redis-server"] = redis_version
-    log(f"   Reverb server pid {reverb[0]} at {reverb[1]}; redis-server {redis_version} at "
-        f"{redis_url}")
-    sweep = Sweep(plan, reverb[1], redis_url, own, out, log)
+    log(f"   Reverb servers (pid {reverb_pid}) at {', '.join(reverb.values())}; "
+        f"redis-server {redis_version} at {redis_url}")
+    sweep = Sweep(plan, reverb, redis_url, out, log)
     with stage("size sweep", log, out["stage_seconds"]):
         for case in plan.cases:
             sweep.run_case(case)
@@ -109,7 +111,7 @@ def _measure(plan: Plan, out: Dict[str, Any], log: Callable[[str], None],
     stages += [
         ("fan-out and reader memory", 120, lambda: run_readers(plan, readers, fanout, out, log)),
         ("client memory", 45,
-         lambda: run_client_memory(plan, probes, reverb[1], redis_url, out, log)),
+         lambda: run_client_memory(plan, probes, reverb["sweep"], redis_url, out, log)),
     ]
     for name, needs, call in stages:
         if time_left() < needs:

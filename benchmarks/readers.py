@@ -51,7 +51,8 @@ def run_readers(plan: Plan, readers: "Children", reverb: ReverbProcess,
 
     fan, mem = plan.fanout, plan.reader_memory
     shm_name = f"bench-fanout-{uuid.uuid4().hex[:6]}"
-    reverb_pid, reverb_address = reverb.wait()
+    reverb_pid, addresses = reverb.wait()
+    reverb_address = addresses["fanout"]
     with contextlib.ExitStack() as stack:
         redis_server = stack.enter_context(running_redis_server())
         admin = stack.enter_context(redis.Redis.from_url(redis_server.url))

@@ -167,7 +167,8 @@ def plan_section(r: Results) -> List[str]:
                   f"Reverb); Redis `version` at the targets' sizes: {plan.get('versions')} calls."]
     lines += ["- Servers: one Reverb server (in a child process; every table made by "
               "`varsync.reverb.serve`, TF-Agents' layout) for the 4-array sizes and the "
-              "client-memory probe, one per 500-array case, one for the fan-out; one "
+              "client-memory probe, one per 500-array case (in the same process), one for the "
+              "fan-out (in a process of its own, whose memory is measured); one "
               "redis-server (no persistence, 127.0.0.1) for the sweep and one for the fan-out "
               "and reader memory (the redis-server binary the tests use). All started by the "
               "suite and stopped when it ends; the whole run in a network namespace with "

@@ -1,5 +1,5 @@
 """The servers a run needs, started here and stopped on the way out, every wait bounded:
-a Reverb server in a child process, a redis-server on 127.0.0.1; and the two helpers for
+Reverb servers in a child process, a redis-server on 127.0.0.1; and the two helpers for
 child processes (the next message from them, stopping them).
 
 The redis-server binary is found as the tests find theirs: ``$VARSYNC_REDIS_SERVER``,
@@ -59,46 +59,39 @@ def stop_children(children: List[Any], grace: float = 20) -> None:
 
 
 class ReverbProcess:
-    """A Reverb server in a child process serving one table per entry of ``tables`` (a
-    nest of ``varsync.Spec`` each), started at construction so that several can start at
-    once; ``wait`` returns (its pid, "localhost:port") once it serves. It stops after
-    ``lifetime`` seconds if nobody stops it before (its parent was killed)."""
+    """Reverb servers in one child process: one per entry of ``servers``, each on a port of
+    its own serving one table per entry of its ``{table: nest of varsync.Spec}`` (a server
+    answers for its own tables only: a 500-leaf table slows its own server, not the others).
+    Started at construction, so that several processes can start at once; ``wait`` returns
+    (the pid, {name: "localhost:port"}) once they serve. They stop after ``lifetime``
+    seconds if nobody stops them before (their parent was killed)."""
 
-    def __init__(self, tables: Dict[str, Any], lifetime: float = 3600) -> None:
+    def __init__(self, servers: Dict[str, Dict[str, Any]], lifetime: float = 3600) -> None:
         context = multiprocessing.get_context("spawn")
         self._ready, self._stop = context.Queue(), context.Event()
         self._child = context.Process(target=workers.serve_reverb,
-                                      args=(tables, self._ready, self._stop, lifetime),
+                                      args=(servers, self._ready, self._stop, lifetime),
                                       name="bench-reverb-server", daemon=True)
         self._child.start()
-        self._address: Optional[Tuple[int, str]] = None
+        self._addresses: Optional[Tuple[int, Dict[str, str]]] = None
 
-    def wait(self) -> Tuple[int, str]:
-        if self._address is None:
+    def wait(self) -> Tuple[int, Dict[str, str]]:
+        if self._addresses is None:
             kind, value = next_message(self._ready, [self._child], 300,
-                                       "starting the Reverb server")
-            if kind != "port":
-                raise RuntimeError(f"the Reverb server did not start:\n{value}")
-            self._address = int(self._child.pid or 0), f"localhost:{value}"
-        return self._address
+                                       "starting a Reverb server")
+            if kind != "ports":
+                raise RuntimeError(f"a Reverb server did not start:\n{value}")
+            self._addresses = (int(self._child.pid or 0),
+                               {name: f"localhost:{port}" for name, port in value.items()})
+        return self._addresses
 
     def request_stop(self) -> None:
         self._stop.set()
 
     def stop(self) -> None:
-        """Stop it (a second call does nothing more)."""
+        """Stop them (a second call does nothing more)."""
         self.request_stop()
         stop_children([self._child], 30)
-
-
-@contextlib.contextmanager
-def reverb_server(tables: Dict[str, Any], lifetime: float = 3600) -> Iterator[Tuple[int, str]]:
-    """A Reverb server (see ReverbProcess) for the length of a ``with``."""
-    server = ReverbProcess(tables, lifetime)
-    try:
-        yield server.wait()
-    finally:
-        server.stop()
 
 
 # -- redis-server -------------------------------------------------------------------------

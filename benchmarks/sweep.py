@@ -15,18 +15,16 @@ Every group also times ``pull_if_newer`` when nothing changed, call by call, aft
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from .common import GB, MB, nest_of, payload_of, size_label, timed
 from .plan import Case, Plan
-from .servers import ReverbProcess
 
 TABLE = "variables"
 REDIS_BULK_LIMIT = 512 * 2**20  # redis-server's default proto-max-bulk-len
@@ -50,31 +48,17 @@ class Group:
 
 
 class Sweep:
-    def __init__(self, plan: Plan, reverb_address: str, redis_url: str,
-                 own_servers: Dict[str, ReverbProcess], out: Dict[str, Any],
-                 log: Callable[[str], None]) -> None:
-        self.plan, self.reverb_address, self.redis_url = plan, reverb_address, redis_url
-        self.own_servers = own_servers
+    def __init__(self, plan: Plan, reverb: Dict[str, str], redis_url: str,
+                 out: Dict[str, Any], log: Callable[[str], None]) -> None:
+        self.plan, self.reverb, self.redis_url = plan, reverb, redis_url
         self.out, self.log = out, log
         self.tag = uuid.uuid4().hex[:6]
-        self.case_reverb = reverb_address
 
-    @contextlib.contextmanager
-    def reverb_for(self, case: Case) -> Iterator[None]:
-        """Point ``case_reverb`` at the shared server for the 4-array sweep, or at the server
-        of its own a case of many arrays has (stopped after the case): varsync reads versions
-        through Reverb's server_info, which carries every table's signature, so a 500-leaf
-        table would slow every other table's calls."""
-        if case.layout == "few":
-            yield
-            return
-        server = self.own_servers[case.name]
-        self.case_reverb = server.wait()[1]
-        try:
-            yield
-        finally:
-            self.case_reverb = self.reverb_address
-            server.request_stop()  # its memory goes as it exits; the suite joins it at the end
+    def reverb_address(self, case: Case) -> str:
+        """The shared server for the 4-array sweep; for a case of many arrays, the server of
+        its own: varsync reads versions through Reverb's server_info, which carries every
+        table's signature, so a 500-leaf table would slow every other table's calls."""
+        return self.reverb["sweep" if case.layout == "few" else case.name]
 
     # The groups: each returns None when its backend cannot take this case (recorded).
 
@@ -104,7 +88,7 @@ class Sweep:
         import varsync
         from varsync.backends.reverb import MAX_PUSH_BYTES
 
-        address = self.case_reverb
+        address = self.reverb_address(case)
         store = varsync.connect(f"reverb://{address}", timeout=300)
         if payload_of(nest) > MAX_PUSH_BYTES:
             try:
@@ -233,16 +217,15 @@ class Sweep:
         variables = ({name: tf.Variable(leaf) for name, leaf in nest.items()}
                      if case.update else None)
         self.out["cases"].append(asdict(case))
-        with self.reverb_for(case):
-            for make in (self.memory_group, self.reverb_group, self.redis_group, self.shm_group):
-                group = make(case, nest, variables, targets)
-                if group is None:
-                    continue
-                try:
-                    self.run_group(case, group)
-                finally:
-                    group.close()
-                gc.collect()
+        for make in (self.memory_group, self.reverb_group, self.redis_group, self.shm_group):
+            group = make(case, nest, variables, targets)
+            if group is None:
+                continue
+            try:
+                self.run_group(case, group)
+            finally:
+                group.close()
+            gc.collect()
         del nest, targets, variables
         gc.collect()
         self.log(f"   {case.layout} {size_label(case.nbytes)} ({case.leaves} arrays, "

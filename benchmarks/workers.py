@@ -1,11 +1,12 @@
 """Code that runs in the suite's child processes (started with ``spawn``): the Reverb
-server, the fan-out readers and the client-memory probes.
+servers, the fan-out readers and the client-memory probes.
 
 Every loop here is bounded: a child that hears nothing for ``IDLE_LIMIT`` seconds exits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import time
 import traceback
@@ -21,15 +22,19 @@ IDLE_LIMIT = 3600.0  # seconds a child waits for its next command before giving 
 # -- the Reverb server ------------------------------------------------------------------------
 
 
-def serve_reverb(tables: Dict[str, Any], ready: Any, stop: Any, lifetime: float) -> None:
-    """Serve one table per entry of ``tables`` (a nest of ``varsync.Spec`` each) until
-    ``stop`` is set, or ``lifetime`` seconds have passed (an orphan's end); put
-    ``("port", port)`` on ``ready``."""
+def serve_reverb(servers: Dict[str, Dict[str, Any]], ready: Any, stop: Any,
+                 lifetime: float) -> None:
+    """Run one Reverb server per entry of ``servers`` (each on a port of its own, serving
+    one table per entry of its ``{table: nest of varsync.Spec}``) until ``stop`` is set, or
+    ``lifetime`` seconds have passed (an orphan's end); put ``("ports", {name: port})`` on
+    ``ready``."""
     from varsync.reverb import serve
 
     try:
-        with serve(tables) as server:
-            ready.put(("port", server.port))
+        with contextlib.ExitStack() as stack:
+            ports = {name: stack.enter_context(serve(tables)).port
+                     for name, tables in servers.items()}
+            ready.put(("ports", ports))
             stop.wait(lifetime)
     except BaseException:
         ready.put(("error", traceback.format_exc()))

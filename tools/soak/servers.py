@@ -49,9 +49,10 @@ class Server:
             self.memory = lambda: rss_kib(server.pid)
             self.memory_name = "redis-server"
         else:
-            reverb = ReverbProcess({"variables": signature}, SERVER_LIFETIME)
+            reverb = ReverbProcess({"soak": {"variables": signature}}, SERVER_LIFETIME)
             self._stack.callback(reverb.stop)
-            pid, address = reverb.wait()
+            pid, addresses = reverb.wait()
+            address = addresses["soak"]
             self.url = f"reverb://{address}"
             self.address = ("127.0.0.1", int(address.rpartition(":")[2]))
             self.memory = lambda: rss_kib(pid)
