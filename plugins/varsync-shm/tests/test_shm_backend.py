@@ -352,10 +352,21 @@ def test_block_returns_at_once_when_the_version_already_differs(store):
     assert not thread.is_alive(), "block slept although the table was past version 0"
 
 
-def test_a_wait_on_a_table_deleted_meanwhile_is_table_not_found(store, store_name):
+def test_a_deleted_table_reads_as_empty_until_it_is_made_again(store, store_name, url):
+    store.push(filled(BIG, 1))
     varsync_shm.remove_store(store_name)
-    with pytest.raises(varsync.TableNotFoundError, match="deleted"):
-        store.wait_for(0, timeout=60)
+    with pytest.raises(varsync.TableResetError):  # a holder of version 1 is told at once
+        store.wait_for(1, timeout=60)
+    with pytest.raises(varsync.PullTimeoutError, match="stayed at version 0"):
+        store.wait_for(0, timeout=0.3)  # a wait for a first push waits, boundedly
+    with varsync.connect(url) as again:
+        again.create_table("variables", BIG)
+        waiter = threading.Thread(target=lambda: woken.append(store.wait_for(0, timeout=60)))
+        woken: list = []
+        waiter.start()
+        again.push(filled(BIG, 7))
+        waiter.join(60)
+    assert woken == [1]
 
 
 # -- stores, namespaces, files ---------------------------------------------------------------

@@ -64,7 +64,6 @@ from varsync.backend import (
     PullTimeoutError,
     Snapshot,
     Spec,
-    TableNotFoundError,
     deadline_after,
     refuse_unknown,
     remaining,
@@ -292,7 +291,11 @@ class ShmBackend(Backend):
     def block(self, name: str, newer_than: int, seconds: float) -> None:
         """Sleep on an inotify watch of the table's directory until a file is renamed into
         it (a push renames ``current``) or ``seconds`` pass; at once if the version is no
-        longer ``newer_than``. Without inotify, sleep at most ``POLL_MAX``."""
+        longer ``newer_than``. Without inotify, sleep at most ``POLL_MAX``.
+
+        A deleted table (its store removed) reads as empty, as a Redis table whose keys
+        vanished does: a holder of a version returns at once (the core reports the reset),
+        a wait for a first push polls until the table is made again or time is up."""
         table = self._table_path(name)
         fds = Descriptors()
         try:
@@ -300,9 +303,9 @@ class ShmBackend(Backend):
             with self._errors(table):
                 store, rel = self._table(name, held=newer_than)
                 if store < 0 or not _exists(store, rel):
-                    raise TableNotFoundError(
-                        f"table {name!r} in {self.url} was deleted ({table}) while waiting"
-                    )
+                    if newer_than == 0:  # nothing to watch until it is made again
+                        time.sleep(min(seconds, POLL_MAX))
+                    return
                 if reading.current_version(store, rel, self._store_path) != newer_than:
                     return
             if watch is None:  # inotify missing or exhausted: the core's loop polls
