@@ -18,7 +18,8 @@ import pytest
 
 import varsync
 from varsync.testing import ConformanceTests
-from varsync.testing.suite import SMALL, assert_bit_equal, check_consistent, filled
+from varsync.backend import assert_bit_equal, check_consistent, filled
+from varsync.testing._base import SMALL
 from redis_fixtures import command_calls, table_head
 
 redis = pytest.importorskip("redis")

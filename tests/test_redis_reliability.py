@@ -19,7 +19,8 @@ import pytest
 
 import varsync
 from varsync.testing.faults import open_fds, settled_fds
-from varsync.testing.suite import CONSISTENCY, SMALL, check_consistent, filled
+from varsync.backend import check_consistent, filled
+from varsync.testing._base import CONSISTENCY, SMALL
 from redis_fixtures import ReplyCutter, command_calls, table_head
 
 redis = pytest.importorskip("redis")
