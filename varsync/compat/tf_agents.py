@@ -81,6 +81,7 @@ class ReverbVariableContainer:
         self._wait_for_server = parse_wait_for_server(wait_for_server)
         self._wait_for_push = parse_wait_for_server(wait_for_push, "wait_for_push")
         self._reconnect_lock = threading.Lock()
+        self._lost = False  # a reconnect failed: the next call makes one first
         #: The full varsync API on this connection (a new one after a reconnect).
         self.container = self._connect(self._wait_for_server)
         self._signatures = {}
@@ -102,7 +103,7 @@ class ReverbVariableContainer:
         self._check_table(table)
         try:
             try:
-                self.container.push(values, table)
+                self._live().push(values, table)
             except BackendConnectionError as exc:
                 # Maybe restarted: one retry on a new connection if it answers now (a
                 # push that landed twice only repeats the latest value); if it does not,
@@ -121,7 +122,7 @@ class ReverbVariableContainer:
         """Pulls ``table``'s value as a nest of tensors shaped like its signature,
         waiting for a push while the table is empty (see ``wait_for_push``)."""
         self._check_table(table)
-        values = self._when_filled(table, lambda: self.container.pull(table, timeout=0))
+        values = self._when_filled(table, lambda: self._live().pull(table, timeout=0))
         return tf.nest.map_structure(_to_tensor, values)
 
     def update(self, variables: Any, table: str = DEFAULT_TABLE) -> None:
@@ -132,7 +133,9 @@ class ReverbVariableContainer:
         or dtypes do not match.
         """
         self._check_table(table)
-        self._when_filled(table, lambda: self.container.update(variables, table, timeout=0))
+        self._when_filled(
+            table, lambda: self._live().update(variables, table, timeout=0)
+        )
 
     def _check_table(self, table: str) -> None:
         if table not in self._signatures:
@@ -146,15 +149,27 @@ class ReverbVariableContainer:
     def _connect(self, bound: Optional[float]) -> varsync.VariableContainer:
         return varsync.connect(self._url, timeout=self._timeout, wait_for_server=bound)
 
+    def _live(self) -> varsync.VariableContainer:
+        """The connection, made again first (one attempt) if the last reconnect failed."""
+        if self._lost:
+            self._reconnect(bound=0)
+        return self.container
+
     def _reconnect(self, bound: Optional[float]) -> None:
-        """Replace the connection by a new one, waiting up to ``bound`` for the server:
-        a client whose server went away would retry only after gRPC's backoff."""
+        """Replace the connection by a new one, waiting up to ``bound`` for the server.
+
+        The old one is closed first. gRPC shares a connection to an address among the
+        clients of a process, and with it its reconnect backoff, which grows to seconds
+        while the server is down: a client made while the old one lives waits that out,
+        past a short ``timeout``, however long the server has been back. If connecting
+        fails, the next call connects again first (:meth:`_live`)."""
         with self._reconnect_lock:
-            old = self.container
             log.warning("lost the Reverb server at %s; connecting again (%s)",
                         self._address, describe_wait(bound))
+            self._lost = True
+            self.container.close()
             self.container = self._connect(bound)
-        old.close()
+            self._lost = False
 
     def _when_filled(self, table: str, read: Callable[[], T]) -> T:
         """``read()`` (a pull that does not wait for pushes) once the table holds a value:
@@ -169,7 +184,7 @@ class ReverbVariableContainer:
                 try:
                     return read()
                 except PullTimeoutError:
-                    if self.container.version(table) != 0:
+                    if self._live().version(table) != 0:
                         raise  # the table holds a value: a slow transfer, not a wait
                 left = remaining(deadline)
                 if left <= 0:
@@ -187,7 +202,7 @@ class ReverbVariableContainer:
                     )
                     logged_at = now
                 with contextlib.suppress(PullTimeoutError):
-                    self.container.wait_for(0, table, timeout=min(left, LOG_EVERY))
+                    self._live().wait_for(0, table, timeout=min(left, LOG_EVERY))
                 reconnects = 0
             except BackendConnectionError:
                 reconnects += 1

@@ -91,6 +91,9 @@ class ReverbBackend(Backend):
         A new client each attempt: one whose channel failed retries only after gRPC's
         backoff, which grows to minutes."""
         self._probe(limit=min(5.0, max(seconds_left, 0.1)))
+        # The failed attempt's client goes first: gRPC shares a connection among the live
+        # clients of an address, and a new one would wait out the old one's backoff.
+        self._client = None
         self._client = reverb.Client(self.address)
         limit = min(math.inf if self.timeout is None else self.timeout, max(seconds_left, 1.0))
         self._server_info(timeout=None if math.isinf(limit) else limit)
@@ -331,6 +334,9 @@ class ReverbBackend(Backend):
         for writer in writers:
             _close_quietly(writer)
         self._sampler.close()
+        # The gRPC channel too: while it lived, a new client of this address would share
+        # its connection, and wait out that connection's reconnect backoff.
+        self._client = None
 
     def describe_options(self) -> Dict[str, Any]:
         return {
