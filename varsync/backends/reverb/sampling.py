@@ -124,7 +124,16 @@ class SamplingPool:
 
 def _destroy_quietly(handle: Any) -> None:
     """Free a TensorFlow-side Reverb client (its gRPC channel); a sample still running on
-    it keeps it alive until the sample ends."""
+    it keeps it alive until the sample ends.
+
+    With Reverb 0.14 this frees nothing once the client has sampled: its sample op takes
+    a reference to the client on every call and never gives it back
+    (``reverb/cc/ops/client.cc``: ``LookupResource`` without ``Unref``), so the client and
+    its channel live until the process exits, and once their server is gone the channel
+    reconnects with backoff for ever, each attempt holding a socket for a moment (likely
+    the sockets the fault tests see closed late). Sharing clients between backends would
+    bound their number, but a client reused after its server restarted waits out its
+    channel's backoff: a pull right after a restart timed out."""
     try:
         tf.raw_ops.DestroyResourceOp(resource=handle, ignore_lookup_error=True)
     except Exception:  # pragma: no cover - best effort, at close
