@@ -162,11 +162,19 @@ class _Call:
 
 
 class _Worker:
-    """A daemon thread that runs submitted calls one at a time until retired."""
+    """A daemon thread that runs submitted calls one at a time until retired.
+
+    The thread holds only the queue of calls, never this object, and a finalizer retires
+    it when this object is collected: a worker dropped by an interrupt (between its
+    creation and the pool's record of it, or between the end of its call and its return
+    to the idle list) takes its thread with it instead of leaving it blocked for good.
+    """
 
     def __init__(self, name: str) -> None:
-        self._calls: "queue.SimpleQueue[Optional[_Call]]" = queue.SimpleQueue()
-        threading.Thread(target=self._run, name=name, daemon=True).start()
+        calls: "queue.SimpleQueue[Optional[_Call]]" = queue.SimpleQueue()
+        self._calls = calls
+        self._retire = weakref.finalize(self, calls.put, None)
+        threading.Thread(target=_run, args=(calls,), name=name, daemon=True).start()
 
     def submit(self, fn: Callable[[], Any]) -> _Call:
         call = _Call(fn)
@@ -175,16 +183,18 @@ class _Worker:
 
     def retire(self) -> None:
         """Stop after the call in progress (if any); the thread then exits."""
-        self._calls.put(None)
+        self._retire()  # once: a later collection of this object adds nothing
 
-    def _run(self) -> None:
-        while True:
-            call = self._calls.get()
-            if call is None:
-                return
-            try:
-                call.result = call.fn()
-            except BaseException as exc:  # handed to the caller, who re-raises it
-                call.error = exc
-            call.done.release()
-            call = None  # hold nothing of it while idle
+
+def _run(calls: "queue.SimpleQueue[Optional[_Call]]") -> None:
+    """A worker's thread: run each call until told to stop."""
+    while True:
+        call = calls.get()
+        if call is None:
+            return
+        try:
+            call.result = call.fn()
+        except BaseException as exc:  # handed to the caller, who re-raises it
+            call.error = exc
+        call.done.release()
+        call = None  # hold nothing of it while idle
