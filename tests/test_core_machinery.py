@@ -221,3 +221,32 @@ def test_read_gets_the_specs_where_it_takes_them() -> None:
     old = _OldRead([0], blocking=False)
     vb.read_snapshot(old, "t", 0, 1.0, specs)
     assert old.got == ("t", 0, 1.0)
+
+
+class _Held(_Scripted):
+    def version_within(self, name: str, timeout: Optional[float], held: int = 0) -> int:
+        self.looks = getattr(self, "looks", []) + [(timeout, held)]
+        return self.version(name)
+
+
+class _OldLook(_Scripted):
+    """A ``version_within`` from before ``held`` was passed."""
+
+    def version_within(self, name: str, timeout: Optional[float]) -> int:  # type: ignore[override]
+        self.looks = getattr(self, "looks", []) + [timeout]
+        return self.version(name)
+
+
+def test_the_wait_loop_tells_each_look_the_version_held_where_it_takes_it() -> None:
+    backend = _Held([3, 4], blocking=True)
+    assert backend.wait("t", 3, 10.0) == 4
+    assert [held for _, held in backend.looks] == [3, 3]
+    old = _OldLook([3, 4], blocking=True)
+    assert old.wait("t", 3, 10.0) == 4 and len(old.looks) == 2
+
+
+def test_a_wait_with_timeout_zero_looks_once_within_the_backends_own_timeout() -> None:
+    backend = _Held([3], blocking=True)
+    with pytest.raises(varsync.PullTimeoutError):
+        backend.wait("t", 3, 0)
+    assert backend.looks == [(None, 3)] and backend.blocks == []

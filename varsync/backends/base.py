@@ -37,7 +37,7 @@ from varsync.signature import Spec
 
 __all__ = [
     "Backend", "Snapshot", "remaining", "deadline_after", "wait_for_change", "read_snapshot",
-    "POLL_START", "POLL_MAX",
+    "POLL_START", "POLL_MAX", "BLOCK_SLICE",
 ]
 
 #: Seconds of the first and the longest sleep between two looks when :meth:`Backend.block`
@@ -159,11 +159,15 @@ class Backend(abc.ABC):
         """
         return wait_for_change(self, name, newer_than, timeout)
 
-    def version_within(self, name: str, timeout: Optional[float]) -> int:
+    def version_within(self, name: str, timeout: Optional[float], held: int = 0) -> int:
         """:meth:`version`, its request bounded by ``timeout`` seconds (``None``: the
-        backend's own ``timeout``); the default :meth:`wait` polls through it, so that a
-        hung server cannot hold a wait past its bound. Optional: this default calls
-        :meth:`version`, bounded by the backend's timeout only."""
+        backend's own ``timeout``); the core's wait loop looks through it, so that a hung
+        server cannot hold a wait past its bound. ``held`` is the version the waiting
+        caller holds (0: none): a backend whose numbers mean something only with an epoch
+        checks each answer against it (:class:`~varsync.history.Histories`), so a new
+        history at or past ``held`` is a reset, not "no change" or "newer". Optional:
+        this default calls :meth:`version`, bounded by the backend's timeout only; a
+        ``version_within(name, timeout)`` without ``held`` is called without it."""
         return self.version(name)
 
     def close(self) -> None:
@@ -196,9 +200,16 @@ def wait_for_change(
     until the backend is notified, or poll, until ``timeout`` (``None``: no bound)."""
     deadline = deadline_after(timeout)
     interval = POLL_START
+    takes_held = _takes(type(backend), "version_within", "held", 4)
     while True:
         left = remaining(deadline)
-        current = backend.version_within(name, None if math.isinf(left) else max(left, 0.001))
+        # timeout=0: one look, bounded by the backend's own timeout, as a read is then by
+        # the container's: "do not wait for a push" is not "give the server no time".
+        bound = None if math.isinf(left) or timeout == 0 else max(left, 0.001)
+        if takes_held:
+            current = backend.version_within(name, bound, newer_than)
+        else:
+            current = backend.version_within(name, bound)
         if current != newer_than:
             return current
         left = remaining(deadline)
@@ -214,7 +225,26 @@ def wait_for_change(
             interval = min(interval * 2, POLL_MAX)
 
 
-_TAKES_SPECS: Dict[Type[Any], bool] = {}
+_TAKES: Dict[Tuple[Type[Any], str], bool] = {}
+
+
+def _takes(cls: Type[Any], method: str, parameter: str, count: int) -> bool:
+    """Whether ``cls.method`` takes ``parameter``: by name, as its ``count``-th positional
+    parameter (``self`` included), or through ``*args``. Decided once per class, so a
+    backend written before ``parameter`` was added is called without it."""
+    key = (cls, method)
+    takes = _TAKES.get(key)
+    if takes is None:
+        try:
+            parameters = inspect.signature(getattr(cls, method)).parameters
+        except (TypeError, ValueError):  # no signature to inspect: assume the current one
+            takes = True
+        else:
+            takes = parameter in parameters or len(parameters) >= count or any(
+                p.kind is p.VAR_POSITIONAL for p in parameters.values()
+            )
+        _TAKES[key] = takes
+    return takes
 
 
 def read_snapshot(
@@ -226,18 +256,6 @@ def read_snapshot(
 ) -> Snapshot:
     """``backend.read(...)``, with ``specs`` where its ``read`` takes them (a backend of
     the first protocol's ``read(name, newer_than, timeout)`` is called without)."""
-    cls = type(backend)
-    takes = _TAKES_SPECS.get(cls)
-    if takes is None:
-        try:
-            parameters = inspect.signature(cls.read).parameters
-        except (TypeError, ValueError):  # no signature to inspect: assume the current one
-            takes = True
-        else:
-            takes = "specs" in parameters or len(parameters) >= 5 or any(
-                p.kind is p.VAR_POSITIONAL for p in parameters.values()
-            )
-        _TAKES_SPECS[cls] = takes
-    if takes:
+    if _takes(type(backend), "read", "specs", 5):
         return backend.read(name, newer_than, timeout, specs)
     return backend.read(name, newer_than, timeout)  # type: ignore[call-arg]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
-from typing import Any, ContextManager, Dict, List, Mapping, Optional, Sequence, cast
+from typing import Any, ContextManager, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 from redis import exceptions as rx
@@ -20,7 +20,6 @@ from varsync.backend import (
     Spec,
     TableNotFoundError,
     deadline_after,
-    wait_for_change,
 )
 from varsync.backends.redis import wire
 from varsync.backends.redis.errors import OutOfTime, translated
@@ -216,10 +215,17 @@ class RedisBackend(Backend):
             head = self._head(name)
         return 0 if head is None else head.version
 
-    def version_within(self, name: str, timeout: Optional[float]) -> int:
-        with self._errors(f"reading the version of table {name!r}"):
-            head = self._head(name, deadline=deadline_after(timeout))
-        return 0 if head is None else head.version
+    def version_within(self, name: str, timeout: Optional[float], held: int = 0) -> int:
+        # The core's wait loop looks through this: the head's epoch is checked against the
+        # version the caller holds (a version of another history is a reset, whatever its
+        # number), and the look may outlast the wait's deadline by _WAIT_GRACE.
+        deadline = deadline_after(timeout) + _WAIT_GRACE
+        with self._errors(f"waiting on table {name!r}"):
+            head = self._head(name, deadline=deadline)
+            if head is None:
+                return 0  # vanished: reads as empty; for a holder the core reports the reset
+            self._trusted(name, head, held, deadline)
+            return head.version
 
     def write(self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]) -> int:
         keys = self._keys(name)
@@ -417,9 +423,6 @@ class RedisBackend(Backend):
     # -- waiting -----------------------------------------------------------------------------
 
     def block(self, name: str, newer_than: int, seconds: float) -> None:
-        self._block(name, newer_than, seconds, deadline_after(seconds + _WAIT_GRACE))
-
-    def _block(self, name: str, newer_than: int, seconds: float, deadline: float) -> None:
         """``XREAD BLOCK`` on the table's stream after the entry of version
         ``newer_than``: it answers at once if a newer version is there already (the
         entry's id arms it), else when a push appends one, or after ``seconds``, at most
@@ -432,25 +435,8 @@ class RedisBackend(Backend):
         with self._errors(f"waiting on table {name!r}"):
             self._client.call(
                 "XREAD", "COUNT", 1, "BLOCK", milliseconds, "STREAMS", self._keys(name).events,
-                f"{newer_than}-1", deadline=deadline,
+                f"{newer_than}-1", deadline=deadline_after(seconds) + _WAIT_GRACE,
             )
-
-    def _look(self, name: str, held: int, deadline: float) -> int:
-        """The version, after checking the head's epoch for a caller holding ``held``."""
-        with self._errors(f"waiting on table {name!r}"):
-            head = self._head(name, deadline=deadline)
-            if head is None:
-                return 0  # vanished: reads as empty; for a holder the core reports the reset
-            self._trusted(name, head, held, deadline)
-            return head.version
-
-    def wait(self, name: str, newer_than: int, timeout: Optional[float]) -> int:
-        # The core's loop, over a view of this backend for this one wait (_Waiting): the
-        # loop compares bare numbers, but here a number means something only with the
-        # head's epoch, which must be checked against the version held at every look; and
-        # the loop does not pass on the wait's deadline, which bounds every request.
-        view = _Waiting(self, newer_than, timeout)
-        return wait_for_change(cast(Backend, view), name, newer_than, timeout)
 
     # -- the rest ----------------------------------------------------------------------------
 
@@ -463,27 +449,3 @@ class RedisBackend(Backend):
 
     def __repr__(self) -> str:
         return f"<RedisBackend {self.address} prefix={self.key_base!r}>"
-
-
-class _Waiting:
-    """A :class:`RedisBackend` as the core's wait loop sees it during one ``wait`` by a
-    caller holding ``held``: each look checks the head's epoch (a version of another
-    history raises the reset, whatever its number) and is bounded by the wait's deadline
-    plus ``_WAIT_GRACE`` (``timeout=0``: by the backend's own timeout; the loop then never
-    blocks); each block's ``XREAD`` too."""
-
-    supports_blocking_wait = True
-
-    def __init__(self, backend: RedisBackend, held: int, timeout: Optional[float]) -> None:
-        self.url = backend.url
-        self._backend = backend
-        self._held = held
-        deadline = deadline_after(timeout) + _WAIT_GRACE
-        self._looks = deadline_after(backend.timeout) if timeout == 0 else deadline
-        self._blocks = deadline
-
-    def version_within(self, name: str, timeout: Optional[float]) -> int:
-        return self._backend._look(name, self._held, self._looks)
-
-    def block(self, name: str, newer_than: int, seconds: float) -> None:
-        self._backend._block(name, newer_than, seconds, self._blocks)

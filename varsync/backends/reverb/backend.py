@@ -78,8 +78,6 @@ class ReverbBackend(Backend):
         self._writers: Dict[str, Any] = {}
         self._writer_lock = threading.Lock()
         self._incarnations = Incarnations()
-        # The version a wait on this thread holds, for version_within; see wait.
-        self._waits = threading.local()
         self._sampler = SamplingPool(self.address)
         self._client = retry_until_up(  # fail now, with the address, if nothing answers
             self._connect, address=self.address, bound=self.wait_for_server,
@@ -292,25 +290,16 @@ class ReverbBackend(Backend):
         # before its sample, never older (docs/guarantees.md, Reverb).
         return sampled_as, arrays
 
-    def wait(self, name: str, newer_than: int, timeout: Optional[float]) -> int:
-        # The core's loop (wait_for_change over version_within and the default block, a
-        # sleep: Reverb has no change notification, so the core polls). Overridden only to
-        # hand version_within the version this wait holds, which the loop does not pass
-        # on: a restarted server whose count is at or past ``newer_than`` looks like no
-        # change or a newer version, and only the server's start, compared with that of
-        # the run ``newer_than`` was read from, shows it (TableResetError; a count below
-        # ``newer_than`` the core reports itself). Every poll checks, on the answer it
-        # has already: a restart before, during or at the end of the wait is told.
-        self._waits.held = newer_than
-        try:
-            return super().wait(name, newer_than, timeout)
-        finally:
-            self._waits.held = 0
-
-    def version_within(self, name: str, timeout: Optional[float]) -> int:
+    def version_within(self, name: str, timeout: Optional[float], held: int = 0) -> int:
+        # The core's wait loop looks through this (with the default block, a sleep: Reverb
+        # has no change notification, so the core polls). A restarted server whose count
+        # is at or past ``held`` looks like no change or a newer version; only the server's
+        # start, compared with that of the run ``held`` was read from, shows it
+        # (TableResetError; a count below ``held`` the core reports itself). Every look
+        # checks, on the answer it has already: a restart before, during or at the end of
+        # the wait is told.
         asked_at = time.monotonic()
         info = self._checked_info(name, timeout)
-        held = getattr(self._waits, "held", 0)
         if held:
             self._check_same_server(name, info, asked_at, held)
         return version_of(info)
