@@ -82,4 +82,3 @@ def test_the_plugin_of_the_guide_passes_its_tests(tmp_path: pathlib.Path) -> Non
     )
     passed = re.search(r"(\d+) passed", done.stdout)
     assert passed and int(passed[1]) > 50, f"too few tests ran:\n{tail}"
-    print(done.stdout.splitlines()[-1])
