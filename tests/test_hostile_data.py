@@ -28,8 +28,8 @@ import varsync
 
 ROOT = Path(__file__).resolve().parent.parent
 VALUES = {"w": np.arange(40_000, dtype=np.float32)}  # 160 KB: 3 chunks of 64 KiB in Redis
-SIGNATURE_V2 = json.dumps({
-    "format": "varsync.signature", "version": 2,
+SIGNATURE_FUTURE = json.dumps({
+    "format": "varsync.signature", "version": 99,  # a version no varsync writes yet
     "structure": {"dict": [["w", {"spec": {"dtype": "float32", "shape": [40000]}}]]},
 })
 
@@ -151,8 +151,8 @@ REDIS_DAMAGE: Dict[str, Tuple[Callable[[Any], None], str]] = {
     "signature claiming another dtype": (
         lambda a: a.hset(HEAD, "sig", a.hget(HEAD, "sig").replace(b"float32", b"float64")),
         "its signature needs"),
-    "signature record of format version 2": (
-        lambda a: a.hset(HEAD, "sig", SIGNATURE_V2), "format version 2"),
+    "signature record of a future format version": (
+        lambda a: a.hset(HEAD, "sig", SIGNATURE_FUTURE), "format version 99"),
     "version beyond 2**53": (lambda a: a.hset(HEAD, "version", str(2**53 + 1)), "version"),
     "version that is not digits": (lambda a: a.hset(HEAD, "version", " 1"), "version"),
     "stream key of another type": (
@@ -306,8 +306,8 @@ SHM_DAMAGE: Dict[str, Tuple[Callable[[Path, bytes], None], str]] = {
         lambda p, d: (p.unlink(), p.mkdir()), "not a regular file"),
     "a FIFO in the segment's place": (
         lambda p, d: (p.unlink(), os.mkfifo(p)), "not a regular file"),
-    "signature record of format version 2": (
-        lambda p, d: (p.parent / "signature.json").write_text(SIGNATURE_V2), "format version 2"),
+    "signature record of a future format version": (
+        lambda p, d: (p.parent / "signature.json").write_text(SIGNATURE_FUTURE), "format version 99"),
     "signature record that is not text": (
         lambda p, d: (p.parent / "signature.json").write_bytes(b"\xff\xfe\x00"), "not text"),
     "signature record that is a directory": (
@@ -364,14 +364,14 @@ def test_nothing_varsync_reads_from_shm_files_is_unpickled(
 # -- memory and Reverb ---------------------------------------------------------------------------------
 
 
-def test_a_memory_table_whose_signature_record_is_of_format_version_2_is_corrupt_data() -> None:
+def test_a_memory_table_whose_signature_record_is_of_a_future_format_version_is_corrupt_data() -> None:
     from varsync.backends import memory
 
     name = f"hostile-{uuid.uuid4().hex}"
     with varsync.connect(f"memory://{name}") as store:
         store.create_table("variables", VALUES)
         store.push(VALUES)
-        memory._STORES[name].tables[("", "variables")].signature = SIGNATURE_V2  # planted
+        memory._STORES[name].tables[("", "variables")].signature = SIGNATURE_FUTURE  # planted
     with varsync.connect(f"memory://{name}") as store:
         for call in (store.pull, store.version, lambda: store.push(VALUES)):
             with pytest.raises(varsync.CorruptDataError, match="upgrade varsync"):

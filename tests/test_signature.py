@@ -253,7 +253,7 @@ def _document(structure, version=1, fmt="varsync.signature"):
 SPEC_NODE = {"spec": {"shape": [2], "dtype": "float32"}}
 
 
-@pytest.mark.parametrize("version", [2, 0, "1", None])
+@pytest.mark.parametrize("version", [3, 0, "1", "2", None, True])
 def test_from_json_rejects_unknown_format_versions(version):
     with pytest.raises(CorruptDataError, match="version"):
         sig.from_json(_document(SPEC_NODE, version=version))

@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from varsync import adapters
 from varsync import nest as nest_lib
 from varsync import signature as sig
 from varsync.backends.base import Backend, deadline_after, read_snapshot, remaining
@@ -129,21 +130,34 @@ class VariableContainer:
         self._table(table)
         return self._backend_call().version(table)
 
-    def pull(self, table: str = DEFAULT_TABLE, *, timeout: Any = None) -> Any:
+    def pull(self, table: str = DEFAULT_TABLE, *, timeout: Any = None, like: Any = None) -> Any:
         """The table's latest value as a nest of numpy arrays in its signature's
         structure. On an empty table, waits up to ``timeout`` seconds (default: the
-        container's) for a first push, then raises :class:`PullTimeoutError`."""
-        return self._nest(table, self._pull_flat(table, timeout)[1])
+        container's) for a first push, then raises :class:`PullTimeoutError`.
+
+        ``like``: a nest of the table's structure whose leaves say what to return (a
+        torch module or ``state_dict``: an ``OrderedDict`` of tensors on its devices; a
+        JAX pytree: the same pytree type with ``jax.Array`` leaves; numpy leaves: numpy).
+        It is checked before anything is fetched and never modified."""
+        shaped = None if like is None else sig.flatten_like(self._table(table)[0], like)
+        return self._nest(table, self._pull_flat(table, timeout)[1], like, shaped)
 
     def pull_if_newer(
-        self, version: int, table: str = DEFAULT_TABLE, *, timeout: Any = None
+        self,
+        version: int,
+        table: str = DEFAULT_TABLE,
+        *,
+        timeout: Any = None,
+        like: Any = None,
     ) -> Optional[Tuple[int, Any]]:
         """``(new_version, nest)`` if the table holds a version greater than ``version``,
         else ``None`` at once. Learning that nothing changed costs one small request,
         whatever the size of the table. ``timeout`` bounds the whole call, every request
-        included (0: the container's timeout bounds the transfer of a newer value)."""
+        included (0: the container's timeout bounds the transfer of a newer value).
+        ``like`` as for :meth:`pull`."""
         version = self._check_version(version)
-        specs = self._table(table)[1]
+        signature, specs = self._table(table)
+        shaped = None if like is None else sig.flatten_like(signature, like)
         limit = self._timeout(timeout)
         current, arrays = read_snapshot(
             self._backend_call(), table, version, self._transfer_bound(limit), specs
@@ -152,7 +166,7 @@ class VariableContainer:
             self._check_not_reset(table, current, version)
             return None
         current, arrays = self._checked(table, current, arrays)
-        return current, self._nest(table, arrays)
+        return current, self._nest(table, arrays, like, shaped)
 
     def wait_for(self, version: int, table: str = DEFAULT_TABLE, *, timeout: Any = None) -> int:
         """Block until the table's version is greater than ``version``; return it.
@@ -165,14 +179,14 @@ class VariableContainer:
         return current
 
     def update(self, variables: Any, table: str = DEFAULT_TABLE, *, timeout: Any = None) -> int:
-        """Pull the table and assign the values into ``variables`` in place (writable
-        numpy arrays or, with TensorFlow, ``tf.Variable``s); return the version. The
+        """Pull the table and assign the values into ``variables`` in place; return the
+        version. ``variables``: writable numpy arrays, ``tf.Variable``s, torch tensors or a
+        ``torch.nn.Module`` (its parameters and buffers, under ``torch.no_grad()``). The
         variables are all checked before any is assigned. ``timeout`` as for :meth:`pull`."""
         signature, _ = self._table(table)
         targets = sig.flatten_targets(signature, variables)
         version, arrays = self._pull_flat(table, timeout)
-        for target, array in zip(targets, arrays):
-            sig.assign(target, array)
+        sig.assign_all(targets, arrays)
         return version
 
     # -- life cycle ------------------------------------------------------------------
@@ -264,8 +278,14 @@ class VariableContainer:
             if limit:  # what is left of the call bounds the transfer of the first push
                 bound = max(remaining(deadline), 0.001)
 
-    def _nest(self, table: str, arrays: List[np.ndarray]) -> Any:
-        return nest_lib.unflatten(self._table(table)[0], arrays)
+    def _nest(
+        self, table: str, arrays: List[np.ndarray], like: Any = None, shaped: Any = None
+    ) -> Any:
+        if shaped is None:
+            return nest_lib.unflatten(self._table(table)[0], arrays)
+        plain_like, like_leaves = shaped
+        leaves = [adapters.from_numpy(a, leaf) for a, leaf in zip(arrays, like_leaves)]
+        return adapters.rebuild(like, plain_like, leaves)
 
     def _check_not_reset(self, table: str, current: int, held: int) -> None:
         if current < held:

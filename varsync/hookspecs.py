@@ -14,7 +14,9 @@ A plugin is a module or object with ``@hookimpl`` functions, published through t
     def varsync_register_backends(registry):
         registry.add("mine", "varsync_mybackend.backend:MyBackend", requires=["mydriver"])
 
-varsync's built-in backends register through this same hook.
+varsync's built-in backends register through this same hook. Framework adapters
+(how to read and assign a framework's tensors) register through
+``varsync_register_adapters`` in the same way.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
+    from varsync.adapters import AdapterRegistry
     from varsync.registry import BackendRegistry
 
 PROJECT = "varsync"
@@ -39,4 +42,17 @@ def varsync_register_backends(registry: "BackendRegistry") -> None:
     with its scheme is first connected to, so registering costs nothing and an uninstalled
     optional dependency only matters to those who use it. Do not import the storage
     engine's client here.
+    """
+
+
+@hookspec
+def varsync_register_adapters(registry: "AdapterRegistry") -> None:
+    """Add framework adapters to ``registry`` with
+    ``registry.add(name, "module:ATTRIBUTE", modules=["myframework"])``.
+
+    ``ATTRIBUTE`` is an object with the methods of :class:`varsync.adapters.Adapter`;
+    ``modules`` are the top-level modules of the framework's types. The adapter module is
+    imported only once one of those is imported and a value the core does not know is
+    seen: do not import the framework here. varsync's TensorFlow, PyTorch and JAX adapters
+    register through this same hook (``varsync/adapters/builtin.py``).
     """

@@ -5,6 +5,11 @@ of nests.
 Mapping values come in sorted key order (``tf.nest`` sorts every mapping's keys, even an
 ``OrderedDict``'s); the others come in their own order. Strings, bytes, numpy arrays,
 sets and ``None`` are leaves, as in ``tf.nest``.
+
+Two nodes come from framework adapters, never from ``tf.nest`` nests: :class:`Ordered`, a
+mapping whose flat order is its own (a PyTorch ``state_dict``, a JAX ``OrderedDict``:
+both frameworks keep that order), and :data:`EMPTY`, a node with no leaves (JAX's
+``None``). Rebuilt, they are a ``collections.OrderedDict`` and ``None``.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import collections.abc
 from typing import Any, Callable, Iterator, List, Sequence, Tuple
 
 __all__ = [
+    "Ordered",
+    "EMPTY",
     "is_nested",
     "flatten",
     "flatten_with_paths",
@@ -26,6 +33,39 @@ PathEntry = Tuple[str, Any]  # ("key", k) for mappings, ("index", i) or ("field"
 Path = Tuple[PathEntry, ...]
 
 
+class Ordered(dict):
+    """A mapping whose leaves come in its own key order, not sorted (see the module doc).
+
+    Framework adapters make these; a signature holds one where the table was created from
+    one, and its flat order is the order of its keys."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"Ordered({list(self.items())!r})"
+
+
+class _Empty:
+    """The node with no leaves: JAX's ``None`` (a subtree without leaves, not a value)."""
+
+    __slots__ = ()
+    _instance = None
+
+    def __new__(cls) -> "_Empty":
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "EMPTY"
+
+    def __reduce__(self) -> str:
+        return "EMPTY"
+
+
+EMPTY = _Empty()
+
+
 def is_namedtuple(value: Any) -> bool:
     return isinstance(value, tuple) and hasattr(type(value), "_fields")
 
@@ -37,7 +77,7 @@ def is_attrs(value: Any) -> bool:
 def is_nested(value: Any) -> bool:
     """True for the containers ``tf.nest`` descends into: mappings, attrs instances and
     sequences other than str and bytes."""
-    if isinstance(value, (collections.abc.Mapping, list, tuple)):
+    if isinstance(value, (collections.abc.Mapping, list, tuple)) or value is EMPTY:
         return True
     if isinstance(value, collections.abc.Sequence):
         return not isinstance(value, (str, bytes))
@@ -58,8 +98,12 @@ def sorted_keys(mapping: collections.abc.Mapping) -> List[Any]:
 
 def children(value: Any) -> List[Tuple[PathEntry, Any]]:
     """The (path entry, child) pairs of one nested container, in flatten order."""
+    if isinstance(value, Ordered):
+        return [(("key", k), v) for k, v in value.items()]
     if isinstance(value, collections.abc.Mapping):
         return [(("key", k), value[k]) for k in sorted_keys(value)]
+    if value is EMPTY:
+        return []
     if is_namedtuple(value):
         return [(("field", f), v) for f, v in zip(type(value)._fields, value)]
     if is_attrs(value):
@@ -106,6 +150,10 @@ def _rebuild(structure: Any, leaves: Iterator[Any]) -> Any:
             return next(leaves)
         except StopIteration:
             raise ValueError("unflatten got fewer leaves than the structure has") from None
+    if structure is EMPTY:
+        return None
+    if isinstance(structure, Ordered):
+        return collections.OrderedDict((k, _rebuild(v, leaves)) for k, v in structure.items())
     if isinstance(structure, collections.abc.Mapping):
         rebuilt = {k: _rebuild(structure[k], leaves) for k in sorted_keys(structure)}
         return _like_mapping(structure, rebuilt)

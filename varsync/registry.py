@@ -33,6 +33,7 @@ __all__ = [
 ]
 
 BUILTIN = "built-in"
+BUILTIN_ADAPTERS = "built-in adapters"
 
 
 class PluginWarning(UserWarning):
@@ -166,13 +167,19 @@ def _source_of(entry_point: importlib.metadata.EntryPoint) -> str:
     return f"{dist.metadata['Name']} {dist.version}"
 
 
-def _build_registry() -> BackendRegistry:
+def _plugin_manager() -> Tuple[pluggy.PluginManager, Dict[str, str]]:
+    """The plugin manager with the built-ins and every entry point's plugin registered,
+    and each plugin's source (distribution and version), built once per registry reset."""
+    global _MANAGER
+    if _MANAGER is not None:
+        return _MANAGER
     from varsync import backends as builtin
 
     manager = pluggy.PluginManager(hookspecs.PROJECT)
     manager.add_hookspecs(hookspecs)
     manager.register(builtin, name=BUILTIN)
-    sources = {BUILTIN: BUILTIN}
+    manager.register(importlib.import_module("varsync.adapters.builtin"), name=BUILTIN_ADAPTERS)
+    sources = {BUILTIN: BUILTIN, BUILTIN_ADAPTERS: BUILTIN}
     for entry_point in _entry_points():
         source = _source_of(entry_point)
         name = f"{source}: {entry_point.name}"
@@ -183,18 +190,38 @@ def _build_registry() -> BackendRegistry:
             sources[name] = source
         except Exception as exc:  # a broken plugin must not break the others
             _warn_broken(entry_point.name, source, exc)
+    _MANAGER = (manager, sources)
+    return _MANAGER
 
-    registry = BackendRegistry()
-    # Built-ins first, so they keep their schemes: get_hookimpls() keeps registration
-    # order only among plain hookimpls (pluggy puts trylast ones first).
-    impls = manager.hook.varsync_register_backends.get_hookimpls()
-    for impl in sorted(impls, key=lambda impl: impl.plugin_name != BUILTIN):
+
+def _call_in_order(hook_name: str, registry: Any) -> None:
+    """Call each implementation of the hook ``hook_name`` with ``registry``, built-ins
+    first (so they keep their names: get_hookimpls() keeps registration order only among
+    plain hookimpls, pluggy puts trylast ones first), telling the registry whose it is."""
+    with _MANAGER_LOCK:
+        manager, sources = _plugin_manager()
+    impls = getattr(manager.hook, hook_name).get_hookimpls()
+    for impl in sorted(impls, key=lambda impl: sources[impl.plugin_name] != BUILTIN):
         registry._source = sources[impl.plugin_name]
         try:
             impl.function(registry=registry)
         except Exception as exc:
             _warn_broken(impl.plugin_name, registry._source, exc)
     registry._source = BUILTIN
+
+
+def _build_registry() -> BackendRegistry:
+    registry = BackendRegistry()
+    _call_in_order("varsync_register_backends", registry)
+    return registry
+
+
+def build_adapter_registry() -> Any:
+    """The framework adapters every plugin registers (``varsync_register_adapters``)."""
+    from varsync.adapters import AdapterRegistry
+
+    registry = AdapterRegistry()
+    _call_in_order("varsync_register_adapters", registry)
     return registry
 
 
@@ -208,7 +235,9 @@ def _warn_broken(name: str, source: str, exc: Exception) -> None:
 
 
 _REGISTRY: Optional[BackendRegistry] = None
+_MANAGER: Optional[Tuple[pluggy.PluginManager, Dict[str, str]]] = None
 _REGISTRY_LOCK = threading.Lock()
+_MANAGER_LOCK = threading.Lock()
 
 
 def get_registry() -> BackendRegistry:
@@ -221,10 +250,15 @@ def get_registry() -> BackendRegistry:
 
 
 def reset_registry() -> None:
-    """Forget the registry so the next use scans the entry points again."""
-    global _REGISTRY
-    with _REGISTRY_LOCK:
+    """Forget the registries (backends and framework adapters) so the next use scans the
+    entry points again."""
+    global _REGISTRY, _MANAGER
+    with _REGISTRY_LOCK, _MANAGER_LOCK:
         _REGISTRY = None
+        _MANAGER = None
+    from varsync.adapters import reset_adapter_registry
+
+    reset_adapter_registry()
 
 
 def available_backends() -> List[BackendEntry]:

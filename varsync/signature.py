@@ -35,7 +35,9 @@ __all__ = [
     "signature_of",
     "flatten_values",
     "flatten_targets",
+    "flatten_like",
     "assign",
+    "assign_all",
     "flat_specs",
     "same_structure",
     "to_json",
@@ -56,6 +58,7 @@ def signature_of(example: Any) -> Any:
     installed ``tf.TensorSpec``, ``tf.Variable`` and tensors.
     """
     try:
+        example = adapters.structure(example)
         with_paths = nest_lib.flatten_with_paths(example)
     except TypeError as exc:
         raise SignatureError(f"cannot build a signature: {exc}") from None
@@ -91,6 +94,8 @@ def _plain_structure(structure: Any, leaves: List[Any]) -> Any:
     def build(node: Any) -> Any:
         if not nest_lib.is_nested(node):
             return next(items)
+        if node is nest_lib.EMPTY:
+            return node
         if isinstance(node, collections.abc.Mapping):
             for key in node:
                 if not isinstance(key, (str, int)) or isinstance(key, bool):
@@ -98,6 +103,8 @@ def _plain_structure(structure: Any, leaves: List[Any]) -> Any:
                         f"dict key {key!r} ({type(key).__name__}) cannot be stored in a "
                         "signature; expected str or int keys"
                     )
+            if isinstance(node, nest_lib.Ordered):
+                return nest_lib.Ordered((k, build(v)) for k, v in node.items())
             return {k: build(node[k]) for k in nest_lib.sorted_keys(node)}
         kids = [build(child) for _, child in nest_lib.children(node)]
         if nest_lib.is_namedtuple(node) or nest_lib.is_attrs(node):
@@ -125,25 +132,39 @@ def flatten_values(signature: Any, values: Any) -> List[np.ndarray]:
     difference, before anything else happens.
     """
     out: List[np.ndarray] = []
-    _check(signature, values, (), out, _leaf_array)
+    _check(signature, adapters.structure(values), (), out, _leaf_array)
     return out
 
 
 def flatten_targets(signature: Any, variables: Any) -> List[Any]:
     """Check that ``variables`` can receive a value of ``signature`` in place; return
-    them in flat order. Each must be a writable numpy array (or, with TensorFlow, a
-    ``tf.Variable``) of its spec's dtype and shape; else :class:`SignatureMismatchError`."""
+    them in flat order. Each must be a writable numpy array (or a framework's variable:
+    a ``tf.Variable``, a torch tensor, a ``torch.nn.Module``'s state) of its spec's dtype
+    and shape; else :class:`SignatureMismatchError`."""
     out: List[Any] = []
-    _check(signature, variables, (), out, _leaf_target)
+    _check(signature, adapters.structure(variables, targets=True), (), out, _leaf_target)
     return out
+
+
+def flatten_like(signature: Any, like: Any) -> Any:
+    """Check that ``like`` has ``signature``'s structure (its leaves are not looked at:
+    they say only what kind of value to return); return ``like`` made plain
+    (:func:`varsync.adapters.structure`) and its leaves in flat order."""
+    plain = adapters.structure(like)
+    leaves: List[Any] = []
+    _check(signature, plain, (), leaves, lambda spec, value, path: value)
+    return plain, leaves
 
 
 def assign(target: Any, array: np.ndarray) -> None:
     """Copy ``array`` into ``target``, one of :func:`flatten_targets`' results."""
-    if isinstance(target, np.ndarray):
-        np.copyto(target, array)
-    else:
-        adapters.adapter_for(target).assign(target, array)  # type: ignore[union-attr]
+    adapters.assign_all([target], [array])
+
+
+def assign_all(targets: List[Any], arrays: List[np.ndarray]) -> None:
+    """Copy each array into its target (:func:`flatten_targets`' results), framework
+    variables in one batch per framework."""
+    adapters.assign_all(targets, arrays)
 
 
 LeafCheck = Callable[[Spec, Any, nest_lib.Path], Any]
@@ -170,8 +191,15 @@ def _check(
                 f"structure differs at {where}: expected keys {sorted(expected)!r}, got keys "
                 f"{_safe_sorted(got)!r} (missing {missing!r}, unexpected {extra!r})"
             )
-        for key in nest_lib.sorted_keys(expected):  # flat order, even for a hand-made dict
-            _check(expected[key], got[key], path + (("key", key),), out, leaf)
+        for (_, key), child in nest_lib.children(expected):  # flat order, hand-made or not
+            _check(child, got[key], path + (("key", key),), out, leaf)
+        return
+    if expected is nest_lib.EMPTY:
+        if got is not None and got is not nest_lib.EMPTY:
+            raise SignatureMismatchError(
+                f"structure differs at {where}: expected None (a node without leaves), got "
+                f"{_describe_value(got)}"
+            )
         return
     if not _is_sequence(got) or len(nest_lib.children(got)) != len(expected):
         raise SignatureMismatchError(
@@ -224,11 +252,11 @@ def _leaf_target(spec: Spec, target: Any, path: nest_lib.Path) -> Any:
         shape, dtype = target.shape, native_dtype(target.dtype)
         got = _describe_value(target)
     else:
+        reason = getattr(adapter, "not_assignable", None) or (
+            "expected a writable numpy array, a tf.Variable or a torch tensor"
+        )
         raise _mismatch(
-            spec,
-            path,
-            f"{_describe_value(target)}, which cannot be assigned in place (expected a "
-            "writable numpy array or a tf.Variable)",
+            spec, path, f"{_describe_value(target)}, which cannot be assigned in place ({reason})"
         )
     if tuple(shape) != spec.shape or np.dtype(dtype) != spec.dtype:
         raise _mismatch(spec, path, got)
@@ -336,6 +364,10 @@ def same_structure(a: Any, b: Any) -> bool:
 def _structure_key(node: Any) -> Any:
     if isinstance(node, Spec):
         return ("spec", node.shape, node.dtype.str)
+    if node is nest_lib.EMPTY:
+        return ("none",)
+    if isinstance(node, nest_lib.Ordered):
+        return ("odict", tuple((k, _structure_key(v)) for k, v in node.items()))
     if isinstance(node, collections.abc.Mapping):
         return ("dict", tuple((k, _structure_key(node[k])) for k in nest_lib.sorted_keys(node)))
     return ("seq", tuple(_structure_key(child) for _, child in nest_lib.children(node)))

@@ -1,5 +1,12 @@
-"""The portable form of a signature: JSON text (format ``varsync.signature``, version 1),
-versioned and never pickled (:func:`to_json` / :func:`from_json`).
+"""The portable form of a signature: JSON text (format ``varsync.signature``), versioned
+and never pickled (:func:`to_json` / :func:`from_json`).
+
+Version 1 has the node kinds ``spec``, ``dict`` (sorted keys), ``list``, ``tuple`` and
+``namedtuple``. Version 2 adds ``odict`` (a mapping in its own key order: a PyTorch
+``state_dict``) and ``none`` (a node without leaves: JAX's ``None``). A signature that
+needs neither is still written as version 1, so older varsync readers keep reading
+every table they could read before; one that needs them is version 2, which those
+readers refuse with a message saying to upgrade, rather than misread.
 
 Stored text is untrusted: anything that is not such a document is ``CorruptDataError``,
 and a stored namedtuple becomes a class only of names already imported, never an import.
@@ -20,18 +27,28 @@ from varsync.spec import Spec
 __all__ = ["to_json", "from_json", "namedtuple_type", "FORMAT", "FORMAT_VERSION"]
 
 FORMAT = "varsync.signature"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the newest version this module reads and writes
+_READS = (1, 2)
+_VERSION_2_KINDS = ("odict", "none")
 
 
 def to_json(signature: Any) -> str:
-    """The signature as portable JSON text (format ``varsync.signature``, version 1)."""
-    document = {"format": FORMAT, "version": FORMAT_VERSION, "structure": _encode(signature)}
+    """The signature as portable JSON text (format ``varsync.signature``; version 1 unless
+    it holds an ordered mapping or an empty node)."""
+    structure = _encode(signature)
+    text = json.dumps(structure, separators=(",", ":"), sort_keys=True)
+    version = 2 if any(f'{{"{kind}":' in text for kind in _VERSION_2_KINDS) else 1
+    document = {"format": FORMAT, "version": version, "structure": structure}
     return json.dumps(document, separators=(",", ":"), sort_keys=True)
 
 
 def _encode(node: Any) -> Any:
     if isinstance(node, Spec):
         return {"spec": {"shape": list(node.shape), "dtype": node.dtype.name}}
+    if node is nest_lib.EMPTY:
+        return {"none": None}
+    if isinstance(node, nest_lib.Ordered):
+        return {"odict": [[k, _encode(v)] for k, v in node.items()]}
     if isinstance(node, collections.abc.Mapping):
         return {"dict": [[k, _encode(node[k])] for k in nest_lib.sorted_keys(node)]}
     if nest_lib.is_namedtuple(node):
@@ -59,10 +76,12 @@ def from_json(text: str) -> Any:
         raise CorruptDataError(
             f"stored signature is not a {FORMAT} document: {str(text)[:80]!r}"
         )
-    if document.get("version") != FORMAT_VERSION:
+    version = document.get("version")
+    if isinstance(version, bool) or version not in _READS:
         raise CorruptDataError(
             f"stored signature has format version {document.get('version')!r}; this varsync "
-            f"reads version {FORMAT_VERSION} (upgrade varsync to read newer tables)"
+            f"reads versions {', '.join(map(str, _READS))} (upgrade varsync to read newer "
+            "tables)"
         )
     try:
         return _decode(document["structure"])
@@ -78,13 +97,21 @@ def _decode(node: Any) -> Any:
     (kind, body), = node.items()
     if kind == "spec":
         return Spec(body["shape"], body["dtype"])
-    if kind == "dict":
+    if kind in ("dict", "odict"):
         decoded = {}
         for key, child in body:
             if not isinstance(key, (str, int)) or isinstance(key, bool):
                 raise CorruptDataError(f"stored dict key {key!r} is not a str or int")
+            if key in decoded:
+                raise CorruptDataError(f"stored dict key {key!r} appears twice")
             decoded[key] = _decode(child)
+        if kind == "odict":
+            return nest_lib.Ordered(decoded)
         return {k: decoded[k] for k in nest_lib.sorted_keys(decoded)}
+    if kind == "none":
+        if body is not None:
+            raise CorruptDataError(f"stored empty node carries {str(body)[:40]!r}")
+        return nest_lib.EMPTY
     if kind == "namedtuple":
         made = namedtuple_type(body["name"], body["fields"], body.get("module", "__varsync__"))
         values = [_decode(v) for v in body["values"]]

@@ -1,30 +1,71 @@
-"""Framework adapters: values from TensorFlow (and later others) beside the core.
+"""Framework adapters: TensorFlow, PyTorch, JAX (and any plugin's) values beside numpy.
 
-The core asks :func:`adapter_for` about each leaf it does not recognise. An adapter is
-imported only when a value of its framework shows up, and a framework's values can only
-show up once the framework itself is imported, so ``import varsync`` imports none of them.
+Adapters register through the ``varsync_register_adapters`` hook (:mod:`varsync.hookspecs`)
+as ``"module:ATTRIBUTE"`` strings with the top-level modules of their framework. An
+adapter is imported only when one of those modules is already imported *and* a value the
+core does not know turns up, so ``import varsync`` imports no framework, and a framework's
+values can only exist once it is imported.
+
+What the core asks of an adapter is :class:`Adapter`; the optional parts have defaults
+here (:func:`assign_all`, :func:`structure`, :func:`rebuild`, :func:`from_numpy`).
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
-from typing import Any, Dict, Optional, Protocol, Tuple
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
 
-__all__ = ["Adapter", "adapter_for"]
+import numpy as np
+
+from varsync import nest as nest_lib
+from varsync.errors import ConfigurationError
+
+__all__ = [
+    "Adapter",
+    "AdapterEntry",
+    "AdapterRegistry",
+    "adapter_for",
+    "assign_all",
+    "from_numpy",
+    "get_adapter_registry",
+    "rebuild",
+    "reset_adapter_registry",
+    "structure",
+]
 
 
 class Adapter(Protocol):
-    """What the core needs from a framework's values, variables and specs."""
+    """What the core needs from a framework's values, variables and specs.
+
+    Required: :meth:`handles`, :meth:`shape_and_dtype`, :meth:`to_numpy`,
+    :meth:`is_assignable`, :meth:`assign`. Optional (the core checks with ``getattr``):
+
+    - ``assign_all(targets, arrays)``: assign many at once (one ``no_grad`` block, one
+      batched copy); default: :meth:`assign` for each.
+    - ``structure(nest, targets=False)``: the nest with the framework's containers turned
+      into plain ones (a ``torch.nn.Module`` into its ``state_dict``, a JAX pytree into
+      dicts, :class:`~varsync.nest.Ordered` mappings, tuples and namedtuples, ``None``
+      into :data:`~varsync.nest.EMPTY`), in the framework's own flatten order. Called on
+      any nest one of whose leaves the adapter handles; default: the nest as it is.
+    - ``from_numpy(array, like)``: a pulled array as a value of the kind ``like`` is, for
+      ``pull(..., like=...)``; default: the array.
+    - ``rebuild(like, leaves)``: the nest ``like`` is, rebuilt from converted leaves in
+      flat order; default: ``like``'s plain structure (``structure(like)``) rebuilt.
+    """
 
     def handles(self, value: Any) -> bool:
-        """True for the framework's tensors, variables and specs."""
+        """True for the framework's tensors, variables, specs and containers."""
 
     def shape_and_dtype(self, value: Any) -> Tuple[Tuple[int, ...], Any]:
         """The shape and numpy dtype of a value, variable or spec."""
 
     def to_numpy(self, value: Any) -> Any:
-        """A value or variable's current contents as a numpy array (specs: ``TypeError``)."""
+        """A value or variable's current contents as a numpy array, without copying where
+        the memory allows it (specs: ``TypeError``)."""
 
     def is_assignable(self, target: Any) -> bool:
         """True when ``update`` can assign into ``target`` in place."""
@@ -33,24 +74,198 @@ class Adapter(Protocol):
         """Assign ``array`` into the variable ``target``."""
 
 
-# top-level module of the framework's types -> (framework module, adapter module)
-_FRAMEWORKS: Dict[str, Tuple[str, str]] = {
-    "tensorflow": ("tensorflow", "varsync.adapters.tensorflow"),
-    "keras": ("tensorflow", "varsync.adapters.tensorflow"),
-    "tf_keras": ("tensorflow", "varsync.adapters.tensorflow"),
-}
-_LOADED: Dict[str, Adapter] = {}
+@dataclass(frozen=True)
+class AdapterEntry:
+    """One registered adapter: ``target`` is ``"module:ATTRIBUTE"`` (an object with the
+    :class:`Adapter` methods); ``modules`` the top-level modules of its framework."""
+
+    name: str
+    target: str
+    modules: Tuple[str, ...]
+    source: str
+
+
+class AdapterRegistry:
+    """Adapters by framework. Plugins receive one in ``varsync_register_adapters``."""
+
+    def __init__(self) -> None:
+        self._entries: Dict[str, AdapterEntry] = {}
+        self._by_module: Dict[str, AdapterEntry] = {}
+        self._loaded: Dict[str, Any] = {}
+        self._failed: Dict[str, str] = {}
+        self._source = "built-in"
+        self._lock = threading.Lock()
+
+    def add(self, name: str, target: str, *, modules: Sequence[str]) -> None:
+        """Register the adapter ``target`` (``"module:ATTRIBUTE"``) for the values of the
+        framework whose top-level modules are ``modules``: the framework itself first,
+        then any others its types live in (``["jax", "jaxlib", "flax"]``: ``__module__``
+        up to the first dot). It is imported the first time such a value is seen, never
+        before the framework (``modules[0]``) is. The first adapter registered for a
+        module keeps it."""
+        if target.count(":") != 1:
+            raise ConfigurationError(f"adapter target {target!r} must be 'module:ATTRIBUTE'")
+        if isinstance(modules, str) or not modules:
+            raise ConfigurationError(
+                f"adapter {name!r} must name its framework's modules as a list, got {modules!r}"
+            )
+        entry = AdapterEntry(name, target, tuple(modules), self._source)
+        if name in self._entries:
+            warnings.warn(
+                f"{entry.source} registers the {name!r} adapter again; keeping "
+                f"{self._entries[name].target} from {self._entries[name].source}",
+                stacklevel=2,
+            )
+            return
+        self._entries[name] = entry
+        for module in entry.modules:
+            self._by_module.setdefault(module, entry)
+
+    @property
+    def entries(self) -> Dict[str, AdapterEntry]:
+        return dict(self._entries)
+
+    def adapter_for(self, value: Any) -> Optional[Adapter]:
+        """The adapter that handles ``value``, or ``None`` (numpy, Python scalars, ...)."""
+        kind = type(value)
+        if kind in _PLAIN:
+            return None
+        entry = self._by_module.get(kind.__module__.partition(".")[0])
+        if entry is not None:
+            adapter = self._load(entry)
+            if adapter is not None and adapter.handles(value):
+                return adapter
+        # A type defined outside the framework (a torch.nn.Module subclass, a dataclass
+        # registered as a JAX pytree): ask each adapter whose framework is imported.
+        for other in self._entries.values():
+            if other is entry:
+                continue
+            adapter = self._load(other)
+            if adapter is not None and adapter.handles(value):
+                return adapter
+        return None
+
+    def active(self) -> bool:
+        """True once any registered framework is imported (before that, no value can be
+        one of theirs)."""
+        return any(e.modules[0] in sys.modules for e in self._entries.values())
+
+    def _load(self, entry: AdapterEntry) -> Optional[Any]:
+        adapter = self._loaded.get(entry.name)
+        if adapter is not None:
+            return adapter
+        if entry.name in self._failed or entry.modules[0] not in sys.modules:
+            return None
+        with self._lock:
+            if entry.name not in self._loaded:
+                module_name, _, attribute = entry.target.partition(":")
+                try:
+                    self._loaded[entry.name] = getattr(
+                        importlib.import_module(module_name), attribute
+                    )
+                except Exception as exc:  # a broken adapter must not break the others
+                    self._failed[entry.name] = f"{type(exc).__name__}: {exc}"
+                    warnings.warn(
+                        f"varsync adapter {entry.name!r} ({entry.target}, from "
+                        f"{entry.source}) failed to load and is skipped: {exc}",
+                        stacklevel=3,
+                    )
+                    return None
+            return self._loaded[entry.name]
+
+
+_PLAIN = frozenset(
+    {np.ndarray, bool, int, float, complex, str, bytes, type(None), dict, list, tuple}
+) | frozenset(np.sctypeDict.values())
+
+_REGISTRY: Optional[AdapterRegistry] = None
+_REGISTRY_LOCK = threading.Lock()
+
+
+def get_adapter_registry() -> AdapterRegistry:
+    """The process-wide adapter registry, built from the plugins on first use."""
+    global _REGISTRY
+    with _REGISTRY_LOCK:
+        if _REGISTRY is None:
+            from varsync.registry import build_adapter_registry
+
+            _REGISTRY = build_adapter_registry()
+        return _REGISTRY
+
+
+def reset_adapter_registry() -> None:
+    """Forget the adapter registry so the next use scans the entry points again."""
+    global _REGISTRY
+    with _REGISTRY_LOCK:
+        _REGISTRY = None
 
 
 def adapter_for(value: Any) -> Optional[Adapter]:
     """The adapter for ``value``'s framework, or ``None`` for anything else."""
-    top = type(value).__module__.partition(".")[0]
-    framework = _FRAMEWORKS.get(top)
-    if framework is None or framework[0] not in sys.modules:
+    kind = type(value)
+    if kind in _PLAIN:  # the common case, before any lock or registry
         return None
-    module_name = framework[1]
-    adapter = _LOADED.get(module_name)
-    if adapter is None:
-        adapter = importlib.import_module(module_name).ADAPTER
-        _LOADED[module_name] = adapter
-    return adapter if adapter.handles(value) else None
+    return get_adapter_registry().adapter_for(value)
+
+
+def _owner(nest: Any) -> Optional[Any]:
+    """The adapter of the first leaf of ``nest`` that one handles and that has a
+    ``structure``; ``None`` when no framework is imported or none is found."""
+    if type(nest) in _PLAIN and not isinstance(nest, (dict, list, tuple)):
+        return None
+    registry = get_adapter_registry()
+    if not registry.active():
+        return None
+    for leaf in nest_lib.flatten(nest):
+        adapter = adapter_for(leaf)
+        if adapter is not None and hasattr(adapter, "structure"):
+            return adapter
+    return None
+
+
+def structure(nest: Any, *, targets: bool = False) -> Any:
+    """``nest`` with framework containers made plain, in the framework's flatten order
+    (see :class:`Adapter`); a nest of numpy values and Python scalars as it is."""
+    owner = _owner(nest)
+    return nest if owner is None else owner.structure(nest, targets=targets)
+
+
+def assign_all(targets: Sequence[Any], arrays: Sequence[np.ndarray]) -> None:
+    """Assign each array into its target (checked before by
+    :func:`varsync.signature.flatten_targets`): numpy arrays by ``np.copyto``, framework
+    variables in one batch per adapter."""
+    batches: Dict[int, Tuple[Any, List[Any], List[np.ndarray]]] = {}
+    for target, array in zip(targets, arrays):
+        if isinstance(target, np.ndarray):
+            np.copyto(target, array)
+            continue
+        adapter = adapter_for(target)
+        if adapter is None:  # pragma: no cover - flatten_targets accepted it
+            raise TypeError(f"cannot assign into {type(target).__name__}")
+        batch = batches.setdefault(id(adapter), (adapter, [], []))
+        batch[1].append(target)
+        batch[2].append(array)
+    for adapter, batch_targets, batch_arrays in batches.values():
+        bulk = getattr(adapter, "assign_all", None)
+        if bulk is not None:
+            bulk(batch_targets, batch_arrays)
+        else:
+            for target, array in zip(batch_targets, batch_arrays):
+                adapter.assign(target, array)
+
+
+def from_numpy(array: np.ndarray, like: Any) -> Any:
+    """``array`` as a value of ``like``'s kind (a torch tensor, a jax.Array), or itself."""
+    adapter = adapter_for(like)
+    convert = getattr(adapter, "from_numpy", None)
+    return array if convert is None else convert(array, like)
+
+
+def rebuild(like: Any, plain_like: Any, leaves: Sequence[Any]) -> Any:
+    """The nest ``like`` is, rebuilt from ``leaves`` (flat order); ``plain_like`` is
+    :func:`structure` of ``like``."""
+    owner = _owner(like)
+    custom = getattr(owner, "rebuild", None)
+    if custom is not None:
+        return custom(like, list(leaves))
+    return nest_lib.unflatten(plain_like, leaves)

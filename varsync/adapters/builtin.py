@@ -1,0 +1,22 @@
+"""varsync's own framework adapters, registered through the same hook as a plugin's."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from varsync.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from varsync.adapters import AdapterRegistry
+
+
+@hookimpl
+def varsync_register_adapters(registry: "AdapterRegistry") -> None:
+    registry.add(
+        "tensorflow", "varsync.adapters.tensorflow:ADAPTER",
+        modules=["tensorflow", "keras", "tf_keras"],
+    )
+    registry.add("torch", "varsync.adapters.torch:ADAPTER", modules=["torch"])
+    registry.add(
+        "jax", "varsync.adapters.jax:ADAPTER", modules=["jax", "jaxlib", "flax", "optax"]
+    )
