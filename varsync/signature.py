@@ -26,7 +26,7 @@ from varsync.errors import SignatureError, SignatureMismatchError
 from varsync.signature_json import FORMAT as FORMAT
 from varsync.signature_json import FORMAT_VERSION as FORMAT_VERSION
 from varsync.signature_json import from_json, namedtuple_type, to_json
-from varsync.spec import SUPPORTED_DTYPES, Spec, native_dtype
+from varsync.spec import ML_DTYPE_NAMES, SUPPORTED_DTYPES, Spec, native_dtype
 from varsync.spec import canonical_dtype as canonical_dtype
 
 __all__ = [
@@ -283,7 +283,7 @@ def _leaf_array(spec: Spec, value: Any, path: nest_lib.Path) -> np.ndarray:
         array = np.asarray(value)
     except Exception as exc:  # arbitrary objects may fail in arbitrary ways
         raise mismatch(f"{_describe_value(value)}, which is not an array ({exc})") from None
-    if array.dtype.kind in "OUSVMm":
+    if array.dtype.kind in "OUSVMm" and array.dtype.name not in ML_DTYPE_NAMES:
         raise mismatch(
             f"{_describe_value(given)}, which cannot be an array of a fixed numeric dtype"
         )
