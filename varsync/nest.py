@@ -22,6 +22,7 @@ __all__ = [
     "EMPTY",
     "is_nested",
     "flatten",
+    "iter_leaves",
     "flatten_with_paths",
     "unflatten",
     "map_structure",
@@ -126,6 +127,15 @@ def _walk(value: Any, path: Path, out: List[Tuple[Path, Any]]) -> None:
         return
     for entry, child in children(value):
         _walk(child, path + (entry,), out)
+
+
+def iter_leaves(nest: Any) -> Iterator[Any]:
+    """The leaves of ``nest`` in flatten order, one at a time (a search can stop early)."""
+    if not is_nested(nest):
+        yield nest
+        return
+    for _, child in children(nest):
+        yield from iter_leaves(child)
 
 
 def flatten(nest: Any) -> List[Any]:

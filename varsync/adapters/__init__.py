@@ -23,8 +23,10 @@ import numpy as np
 
 from varsync import nest as nest_lib
 from varsync.errors import ConfigurationError
+from varsync.nest import EMPTY, Ordered
 
 __all__ = [
+    "EMPTY", "Ordered",
     "Adapter",
     "AdapterEntry",
     "AdapterRegistry",
@@ -216,7 +218,7 @@ def _owner(nest: Any) -> Optional[Any]:
     registry = get_adapter_registry()
     if not registry.active():
         return None
-    for leaf in nest_lib.flatten(nest):
+    for leaf in nest_lib.iter_leaves(nest):
         adapter = adapter_for(leaf)
         if adapter is not None and hasattr(adapter, "structure"):
             return adapter
