@@ -262,3 +262,18 @@ def test_a_mismatched_like_is_refused_before_anything_is_fetched(
         store.pull("policy", like=torch.nn.Linear(2, 2), timeout=0)
 
 
+
+
+def test_autograd_sees_an_update_as_an_in_place_change(store: varsync.VariableContainer) -> None:
+    """update writes CPU tensors through numpy, then bumps their version counters as
+    copy_ would: a graph that saved the old values refuses to backpropagate."""
+    learner, actor = filled(Net(), 1), filled(Net(), 2)
+    store.create_table("policy", learner)
+    store.push(learner, "policy")
+    weight = actor.layer2.weight
+    before = weight._version
+    loss = (weight * weight).sum()  # saves weight for backward
+    store.update(actor, "policy")
+    assert weight._version > before
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()

@@ -11,9 +11,10 @@ loaded by then.
   ``bfloat16`` and the float8 types are viewed as ``ml_dtypes``' types of the same width,
   also without copying. A tensor on another device (CUDA) is copied to the host once;
   :func:`_to_host` is the only place that happens.
-- ``update`` copies into the existing tensors in place under ``torch.no_grad()``, so
-  parameters stay ``Parameter``s with their ``requires_grad``, and optimisers holding them
-  keep working. A CUDA target receives the host array with one copy to its device.
+- ``update`` copies into the existing tensors' memory in place (``np.copyto``, then the
+  version counter bumped as ``copy_`` would), so parameters stay ``Parameter``s with
+  their ``requires_grad``, and optimisers holding them keep working. A CUDA target
+  receives the host array with one ``copy_`` to its device under ``torch.no_grad()``.
 - ``pull(..., like=...)`` returns tensors on ``like``'s devices: over a backend whose
   pulled arrays are writable (Redis) they share the pulled memory; over one whose arrays
   are read-only views of the store (memory://, shm://) they are copies, because a tensor
@@ -99,12 +100,17 @@ def _tensor_of(array: np.ndarray) -> Any:
     return torch.from_numpy(array.view(width)).view(dtype)
 
 
-def _source_tensor(array: np.ndarray) -> Any:
-    """A tensor to copy from: over ``array`` itself when it is writable, else over a copy
-    (``copy_`` only reads it, but torch has no read-only tensors to say so)."""
-    if not array.flags.writeable:
-        array = array.copy()
-    return _tensor_of(np.asarray(array, order="C"))
+def _writable_view(tensor: Any) -> np.ndarray:
+    """A CPU tensor's own memory as a writable numpy array (ml_dtypes types through a
+    same-width view)."""
+    tensor = tensor.detach()
+    viewed = _VIEWED.get(tensor.dtype)
+    if viewed is None:
+        return tensor.numpy()
+    return tensor.view(viewed[0]).numpy().view(_numpy_dtype(tensor.dtype))
+
+
+_bump_version = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)
 
 
 class TorchAdapter:
@@ -136,9 +142,24 @@ class TorchAdapter:
         self.assign_all([target], [array])
 
     def assign_all(self, targets: Sequence[Any], arrays: Sequence[np.ndarray]) -> None:
-        with torch.no_grad():
-            for target, array in zip(targets, arrays):
-                target.copy_(_source_tensor(array))  # to the target's device, in place
+        """Copy each array into its tensor, in place. CPU tensors: ``np.copyto`` into the
+        tensor's memory, straight from the pulled array (read-only or not: no copy of
+        it; faster than ``copy_`` for large tensors), then the tensor's version counter
+        is bumped as ``copy_`` would, so autograd still sees the change. Other devices:
+        ``copy_`` under ``no_grad``, one host-to-device copy each."""
+        elsewhere = []
+        for target, array in zip(targets, arrays):
+            if target.device.type == "cpu":
+                np.copyto(_writable_view(target), array)
+                if _bump_version is not None:
+                    _bump_version(target)
+            else:
+                elsewhere.append((target, array))
+        if elsewhere:
+            with torch.no_grad():
+                for target, array in elsewhere:
+                    source = array if array.flags.writeable else array.copy()
+                    target.copy_(_tensor_of(np.asarray(source, order="C")))
 
     def from_numpy(self, array: np.ndarray, like: Any) -> Any:
         if not array.flags.writeable:
