@@ -79,7 +79,10 @@ def _spec_of_leaf(path: nest_lib.Path, leaf: Any) -> Spec:
             raise SignatureError("None is not a value")
         if isinstance(leaf, (str, bytes)):
             raise SignatureError(f"{type(leaf).__name__} is not a numeric value")
-        array = np.asarray(leaf)
+        try:
+            array = np.asarray(leaf)
+        except Exception as exc:  # arbitrary objects may fail in arbitrary ways
+            raise SignatureError(f"it is not an array ({type(exc).__name__}: {exc})") from None
         return Spec(array.shape, array.dtype)
     except SignatureError as exc:
         raise SignatureError(

@@ -24,6 +24,7 @@ import numpy as np
 from varsync import nest as nest_lib
 from varsync.errors import ConfigurationError
 from varsync.nest import EMPTY, Ordered
+from varsync.registry import PluginWarning
 
 __all__ = [
     "EMPTY", "Ordered",
@@ -116,6 +117,7 @@ class AdapterRegistry:
             warnings.warn(
                 f"{entry.source} registers the {name!r} adapter again; keeping "
                 f"{self._entries[name].target} from {self._entries[name].source}",
+                PluginWarning,
                 stacklevel=2,
             )
             return
@@ -170,6 +172,7 @@ class AdapterRegistry:
                     warnings.warn(
                         f"varsync adapter {entry.name!r} ({entry.target}, from "
                         f"{entry.source}) failed to load and is skipped: {exc}",
+                        PluginWarning,
                         stacklevel=3,
                     )
                     return None
