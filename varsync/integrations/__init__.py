@@ -1,0 +1,7 @@
+"""Integrations of varsync with other libraries' extension points.
+
+Each submodule imports its library, and is imported only by those who use it:
+``import varsync`` imports none of them.
+
+- :mod:`varsync.integrations.torchrl`: a TorchRL weight-sync scheme over a varsync URL.
+"""
