@@ -150,3 +150,19 @@ def test_flax_nnx_state_and_optax_state_round_trip(store: varsync.VariableContai
     store.push(opt_state, "opt")
     back = store.pull("opt", like=opt_state)
     assert jax.tree_util.tree_structure(back) == jax.tree_util.tree_structure(opt_state)
+
+
+def test_pulled_leaves_keep_the_like_leaves_placement(store: varsync.VariableContainer) -> None:
+    """Uncommitted like leaves give uncommitted arrays (a jitted function compiled for the
+    tree it held needs no new compilation); committed ones are placed where they are."""
+    params = {"w": jnp.ones((8, 4)), "b": jax.device_put(jnp.zeros(4), jax.devices()[0])}
+    assert not params["w"].committed and params["b"].committed
+    store.create_table("params", params)
+    store.push(params, "params")
+    total = jax.jit(lambda t: t["w"].sum() + t["b"].sum())
+    total(params)
+    compiled = total._cache_size()
+    pulled = store.pull("params", like=params)
+    assert not pulled["w"].committed and pulled["b"].committed
+    assert pulled["b"].sharding == params["b"].sharding
+    assert float(total(pulled)) == 32.0 and total._cache_size() == compiled

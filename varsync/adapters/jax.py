@@ -71,8 +71,12 @@ class JaxAdapter:
         raise TypeError(self.not_assignable)
 
     def from_numpy(self, array: np.ndarray, like: Any) -> Any:
-        sharding = getattr(like, "sharding", None)
-        return jax.device_put(array, sharding)
+        # Keep the like leaf's placement, and its committedness: an array placed on the
+        # default device without being committed to it is not the same input to a jitted
+        # function as a committed one (each pulled tree would cost every such function a
+        # new compilation the first time it sees one).
+        committed = getattr(like, "committed", False)
+        return jax.device_put(array, like.sharding if committed else None)
 
     def structure(self, nest: Any, targets: bool = False) -> Any:
         return _plain(nest)
