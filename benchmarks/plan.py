@@ -6,7 +6,7 @@ every backend, tiny sizes, one or two rounds).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
 from .common import GB, KB, MB
@@ -43,6 +43,17 @@ class Readers:
 
 
 @dataclass
+class Frameworks:
+    """The framework group (frameworks.py): a policy of ``tensors`` float32 tensors,
+    ``nbytes`` in all, ``rounds`` timed rounds after ``warm`` untimed ones."""
+
+    nbytes: int
+    tensors: int
+    rounds: int
+    warm: int = 2
+
+
+@dataclass
 class Plan:
     cases: List[Case]
     big: Optional[Case]  # the run above 2 GiB
@@ -52,6 +63,8 @@ class Plan:
     polls: int = 1000
     reverb_polls: int = 300
     versions: int = 1000  # `version` calls timed at a target size (Redis)
+    # issue 14.8: a 100 MB state_dict of 50 tensors
+    frameworks: Frameworks = field(default_factory=lambda: Frameworks(100 * MB, 50, 15))
 
     def summary(self) -> Dict[str, Any]:
         """What results.json and RESULTS.md record of the plan."""
@@ -98,6 +111,7 @@ def quick_plan() -> Plan:
         polls=200,
         reverb_polls=100,
         versions=200,
+        frameworks=Frameworks(10 * MB, 50, 5),
     )
 
 
@@ -114,4 +128,5 @@ def smoke_plan() -> Plan:
         polls=20,
         reverb_polls=20,
         versions=20,
+        frameworks=Frameworks(100 * KB, 50, 2, warm=1),
     )

@@ -6,7 +6,9 @@
   backend beside its baselines (the headline picture);
 - ``poll_latency.png``: ``pull_if_newer`` when nothing changed, vs nest size;
 - ``fanout.png``: 1-8 reader processes pulling one table: aggregate throughput, server memory;
-- ``client_memory.png``: client peak memory above baseline per push / pull, x payload.
+- ``client_memory.png``: client peak memory above baseline per push / pull, x payload;
+- ``frameworks.png``: PyTorch and JAX through varsync beside their hand-written baselines
+  (plots_frameworks.py).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import sys
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import matplotlib
 
@@ -258,14 +260,20 @@ def client_memory(results: Dict[str, Any], path: Path) -> Path:
     return path
 
 
-def draw_all(results: Dict[str, Any], folder: Path) -> Dict[str, Path]:
+def draw_all(results: Dict[str, Any], folder: Path,
+             groups: Sequence[str] = ("cross-backend", "frameworks")) -> Dict[str, Path]:
+    """The PNGs of ``groups`` that ``results`` has data for."""
     folder.mkdir(parents=True, exist_ok=True)
     drawn = {}
     for name, draw in (("throughput", throughput), ("poll_latency", poll_latency),
                        ("fanout", fanout), ("client_memory", client_memory)):
         wanted = {"fanout": "fanout", "client_memory": "client_memory"}.get(name, "sweep")
-        if results.get(wanted):
+        if "cross-backend" in groups and results.get(wanted):
             drawn[name] = draw(results, folder / f"{name}.png")
+    if "frameworks" in groups and results.get("frameworks", {}).get("records"):
+        from . import plots_frameworks
+
+        drawn["frameworks"] = plots_frameworks.draw(results, folder / "frameworks.png")
     return drawn
 
 

@@ -4,7 +4,8 @@
 
 Every figure is computed from the raw samples: medians, interquartile ranges, and ratios
 taken round by round between operations timed side by side. The sections live by topic:
-report_sweep.py (1-4), report_readers.py (5-6), report_targets.py (the targets and 7).
+report_sweep.py (1-4), report_readers.py (5-6), report_targets.py (the targets and 7),
+report_frameworks.py (8: PyTorch and JAX, from a run in the modern environment).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, Dict, List
 
 from .common import GB, LABELS, MB, seconds_text, size_label, summary
 from .report_base import Results, rate, rel, table
+from .report_frameworks import frameworks_section
 from .report_readers import fanout_section, memory_section, reader_memory_section
 from .report_sweep import big_section, many_section, poll_section, throughput_section
 from .report_targets import backends_section, targets
@@ -48,6 +50,8 @@ def header(r: Results, images: Dict[str, Path], out: Path, json_path: Path) -> L
     elif raw.get("quick"):
         lines += ["**Quick run (`--quick`): small sizes and few rounds, for trying the suite "
                   "out; not figures to quote.**", ""]
+    if "cross-backend" in raw.get("groups_skipped", {}):
+        lines += [f"**Sections 1-7 not run**: {raw['groups_skipped']['cross-backend']}.", ""]
     if "throughput" in images:
         lines += [f"![Throughput vs nest size]({rel(images['throughput'], out.parent)})", ""]
     return lines
@@ -198,8 +202,32 @@ def write(results: Dict[str, Any], out: Path, images: Dict[str, Path], json_path
     lines += reader_memory_section(r)
     lines += memory_section(r, images, out)
     lines += backends_section(r)
-    lines += plan_section(r)
+    lines += frameworks_section(results, images, out)
+    if "cross-backend" not in results.get("groups_skipped", {}):
+        lines += plan_section(r)
     out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines).rstrip() + "\n")
+
+
+def splice(results: Dict[str, Any], out: Path, images: Dict[str, Path]) -> None:
+    """Write section 8 (the frameworks group) into the RESULTS.md already at ``out``, in
+    place of its previous text (up to the next ``## `` heading) or before "## What was
+    run", leaving every other section as it is: a run of the frameworks group alone (in
+    the modern environment) does not rewrite the cross-backend group's report, which a run
+    of that group regenerates, section 8 included, from results.json."""
+    section = frameworks_section(results, images, out)
+    if not out.exists():
+        write(results, out, images, out.parent / "results.json")
+        return
+    lines = out.read_text().rstrip("\n").split("\n")
+    heads = [i for i, line in enumerate(lines) if line.startswith("## ")]
+    mine = [i for i in heads if lines[i] == section[0]] if section else []
+    if mine:
+        end = next((i for i in heads if i > mine[0]), len(lines))
+        lines[mine[0]:end] = section
+    else:
+        before = next((i for i in heads if lines[i].startswith("## What was run")), len(lines))
+        lines[before:before] = section
     out.write_text("\n".join(lines).rstrip() + "\n")
 
 

@@ -2,13 +2,25 @@
 
     scripts/loopback-only .venv/bin/python -m benchmarks.suite [--quick | --smoke] [--budget S]
 
-1. ``cross_backend.py``: every backend beside its baselines from 1 KB to above 2 GiB,
+1. ``cross_backend.py`` (group ``cross-backend``, needs TensorFlow, Reverb, TF-Agents:
+   the TF env, .venv): every backend beside its baselines from 1 KB to above 2 GiB,
    with the sizes of the backend issues' targets (40 MB, 400 MB), 500 small arrays vs 4
    large ones, fan-out to 8 reader processes, redis-server's memory under readers, client
    memory.
-2. ``benchmarks/results.json`` (every sample), ``benchmarks/RESULTS.md`` (report.py) and
+2. ``frameworks.py`` (group ``frameworks``, needs torch and/or jax: the modern env): a
+   100 MB PyTorch state_dict over shm:// and redis:// and a JAX pytree over shm://, beside
+   what their users write by hand (issue 14.8).
+3. ``benchmarks/results.json`` (every sample), ``benchmarks/RESULTS.md`` (report.py) and
    the PNGs under ``docs/img/`` (plots.py; ``python -m benchmarks.plots results.json``
    redraws them).
+
+A group whose frameworks do not import here is skipped with the reason printed (not a
+failure, also under ``--smoke``). ``--group NAME`` runs only that group; a full run (not
+``--quick``/``--smoke``) keeps the sections of results.json of the groups it did not run
+and regenerates RESULTS.md from every group present, so the two environments' runs merge:
+
+    scripts/loopback-only .venv/bin/python -m benchmarks.suite                 # TF env
+    scripts/loopback-only .tox/modern/bin/python -m benchmarks.suite --group frameworks
 
 ``--smoke`` (in ``make test``): every group and stage on every backend with tiny sizes and
 one or two rounds, in well under a minute; prints RESULTS.md as it would be, checks that
@@ -22,6 +34,8 @@ on every interface: run this under ``scripts/loopback-only`` (``make bench`` doe
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -31,11 +45,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .common import machine, machine_line, stage
 
 HERE = Path(__file__).resolve().parent
+GROUPS = ("cross-backend", "frameworks")
+CROSS_BACKEND_MODULES = ("tensorflow", "reverb", "tf_agents")
+FRAMEWORKS_SECONDS = 150  # the frameworks group at 100 MB, about (15 rounds)
 ROOT = HERE.parent
 
 
@@ -54,6 +71,9 @@ def arguments(argv: Optional[List[str]]) -> argparse.Namespace:
                        help="every group on every backend, tiny sizes, one or two rounds: "
                        "prints the report and checks every figure is in it; writes nothing "
                        "but a temporary directory, removed after")
+    parser.add_argument("--group", action="append", choices=GROUPS,
+                        help="run only this group (repeatable; default: every group); a full "
+                        "run keeps the other groups' results from results.json")
     parser.add_argument("--budget", type=float, default=840,
                         help="seconds the whole suite may take (default 840); stages that no "
                         "longer fit are skipped and RESULTS.md says so")
@@ -88,7 +108,7 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's chatter, in every process
     signal.signal(signal.SIGTERM, terminate)
     signal.signal(signal.SIGHUP, terminate)
-    from . import cross_backend, plan  # after the signal handlers: they import numpy
+    from . import plan  # after the signal handlers: it imports numpy
 
     started = time.monotonic()
     chosen = (plan.smoke_plan() if args.smoke else plan.quick_plan() if args.quick
@@ -100,24 +120,26 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
     def time_left() -> float:
         return args.budget - (time.monotonic() - started) - 45  # 45 s to write and draw
 
+    ran: List[str] = []
     try:
-        with stage("cross-backend measurements", log, results["stage_seconds"]):
-            cross_backend.run(chosen, results, log, time_left)
+        run_groups(args.group or list(GROUPS), chosen, results, time_left, ran)
     finally:
-        for child in multiprocessing.active_children():  # none should be left; be sure
-            child.kill()
-            child.join(5)
         results["seconds"] = time.monotonic() - started
         (scratch / "results.json").write_text(json.dumps(results, default=str))
         if not args.smoke:
             log(f"raw results (also of an interrupted run): {scratch / 'results.json'}")
+    if not trial:
+        results = merged(results, json_path, ran)
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(results, default=str))
     from . import report
 
     with stage("plots and RESULTS.md", log):
-        images = draw(results, img_dir, required=not args.smoke)
-        report.write(results, out_path, images, json_path)
+        images = draw(results, img_dir, required=not args.smoke, groups=ran)
+        if trial or "cross-backend" in ran:
+            report.write(results, out_path, images, json_path)
+        else:  # only section 8 is new: the rest of RESULTS.md stays as it was written
+            report.splice(results, out_path, images)
     if args.smoke:
         return smoke_verdict(results, out_path.read_text(), started)
     log(f"done in {(time.monotonic() - started) / 60:.1f} min: {out_path}, {json_path}, "
@@ -125,8 +147,105 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
     return 0
 
 
-def draw(results: Dict[str, Any], folder: Path, required: bool) -> Dict[str, Path]:
-    """The PNGs; a smoke run without matplotlib (not in ``make test``'s extras) skips them."""
+def missing_modules(names: Sequence[str]) -> List[str]:
+    return [name for name in names if importlib.util.find_spec(name) is None]
+
+
+def run_groups(groups: List[str], chosen: Any, results: Dict[str, Any],
+               time_left: Callable[[], float], ran: List[str]) -> None:
+    """Run the groups that can run here, in order; append their names to ``ran``. A group
+    that cannot is recorded in ``results["groups_skipped"]`` with the reason, and printed."""
+    results["groups_skipped"] = {}
+    try:
+        for group in GROUPS:
+            if group not in groups:
+                continue
+            if group == "cross-backend":
+                missing = missing_modules(CROSS_BACKEND_MODULES)
+                if missing:
+                    skip(results, group, f"{', '.join(missing)} not installed here "
+                         "(the cross-backend group runs in the TF env, .venv)")
+                    continue
+                from . import cross_backend
+
+                with stage("cross-backend measurements", log, results["stage_seconds"]):
+                    cross_backend.run(chosen, results, log, time_left)
+            else:
+                from . import frameworks
+
+                reason = frameworks.unavailable()
+                if reason is None and time_left() < FRAMEWORKS_SECONDS:
+                    reason = (f"{time_left():.0f} s of the time budget left and it needs "
+                              f"about {FRAMEWORKS_SECONDS} s")
+                elif reason:
+                    reason += " (the frameworks group runs in the modern env: torch, jax)"
+                if reason:
+                    skip(results, group, reason)
+                    continue
+                with contextlib.ExitStack() as servers, \
+                        stage("frameworks (PyTorch, JAX)", log, results["stage_seconds"]):
+                    results["frameworks"] = {}
+                    frameworks.run(chosen.frameworks, results["frameworks"], log,
+                                   lazy_redis_server(servers))
+            ran.append(group)
+    finally:
+        for child in multiprocessing.active_children():  # none should be left; be sure
+            child.kill()
+            child.join(5)
+
+
+def lazy_redis_server(servers: contextlib.ExitStack) -> Callable[[], str]:
+    """A function returning the URL of a redis-server it starts on first call (loopback, a
+    free port, no persistence), stopped when ``servers`` closes."""
+    started: List[Any] = []
+
+    def url() -> str:
+        if not started:
+            from .servers import running_redis_server
+
+            started.append(servers.enter_context(running_redis_server()))
+            log(f"   redis-server at {started[0].url}")
+        return str(started[0].url)
+
+    return url
+
+
+def skip(results: Dict[str, Any], group: str, reason: str) -> None:
+    results["groups_skipped"][group] = reason
+    log(f"-- group {group} skipped: {reason}")
+
+
+def merged(results: Dict[str, Any], json_path: Path, ran: List[str]) -> Dict[str, Any]:
+    """This run's results with the sections of the groups it did not run taken from the
+    results.json already there: the cross-backend group's are every top-level key but
+    "frameworks", the frameworks group's the "frameworks" key."""
+    try:
+        old = json.loads(json_path.read_text())
+    except (OSError, ValueError):
+        return results
+    skipped = dict(results.get("groups_skipped", {}))
+    if "cross-backend" not in ran and old.get("sweep"):
+        kept = {k: v for k, v in old.items() if k not in ("frameworks", "groups_skipped")}
+        kept["frameworks"] = results.get("frameworks", old.get("frameworks"))
+        skipped.pop("cross-backend", None)
+        results = kept
+        log("   kept the cross-backend group's results from the results.json there "
+            f"(run {old.get('machine', {}).get('started', '?')})")
+    elif "frameworks" not in ran and old.get("frameworks"):
+        results["frameworks"] = old["frameworks"]
+        skipped.pop("frameworks", None)
+        log("   kept the frameworks group's results from the results.json there "
+            f"(run {old['frameworks'].get('machine', {}).get('started', '?')})")
+    if results.get("frameworks") is None:
+        results.pop("frameworks", None)
+    results["groups_skipped"] = skipped
+    return results
+
+
+def draw(results: Dict[str, Any], folder: Path, required: bool,
+         groups: Sequence[str] = GROUPS) -> Dict[str, Path]:
+    """The PNGs of the groups run now (a smoke run without matplotlib, not in ``make
+    test``'s extras, skips them); with the PNGs already in ``folder`` for the others."""
     try:
         from . import plots
     except ImportError as exc:
@@ -135,7 +254,9 @@ def draw(results: Dict[str, Any], folder: Path, required: bool) -> Dict[str, Pat
                              'pip install -e ".[bench]" (make bench does)') from None
         log(f"   no plots ({exc}); `make bench` installs matplotlib")
         return {}
-    return plots.draw_all(results, folder)
+    images = {p.stem: p for p in folder.glob("*.png")} if folder.is_dir() else {}
+    images.update(plots.draw_all(results, folder, groups))
+    return images
 
 
 def smoke_verdict(results: Dict[str, Any], markdown: str, started: float) -> int:

@@ -1,0 +1,343 @@
+"""The framework group (issue 14.8): PyTorch and JAX values through varsync beside what
+their users write without it, each pair taking turns in the same rounds.
+
+The workload is a policy of ``tensors`` tensors (``tensors // 2`` square ``nn.Linear``
+layers, weight and bias), ``nbytes`` in all (100 MB in ``make bench``: 25 layers of
+1000 x 1000), and for JAX a pytree of the same arrays (``{"layer00": {"kernel", "bias"}}``).
+
+- ``torch shm``: a learner container pushes the module once per round (untimed); the actor's
+  ``store.update(model)`` of that new version against ``model.load_state_dict(copy)``, where
+  ``copy`` is an in-memory state_dict (the floor of any update); ``pull(like=model)`` too.
+- ``torch redis``: what people write by hand, ``torch.save`` to a BytesIO + one Redis SET
+  (push), GET + ``torch.load`` + ``load_state_dict`` (pull; this path unpickles, with
+  ``weights_only=True``, torch's default since 2.6) against varsync's ``push(module)`` and
+  ``update(module)``, on the same redis-server.
+- ``torchrl``: a slot for TorchRL's own multiprocess / shared-memory weight sync of the same
+  policy; skipped, with the reason, while torchrl does not import.
+- ``jax shm``: the learner pushes the tree once per round (untimed); the actor's
+  ``store.pull(like=tree)`` against ``jax.device_put`` of the same tree of numpy arrays, both
+  until ``jax.block_until_ready``.
+
+The learner and the actor are two containers in this process. Each part runs where its
+framework imports and is recorded as skipped, with the reason, where it does not: the TF
+environment (.venv) has neither torch nor jax, the modern one (NumPy 2) has both.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import math
+import os
+import time
+import traceback
+import uuid
+from importlib import metadata
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from .common import machine, size_label, timed
+from .plan import Frameworks
+
+TABLE = "variables"
+Turn = List[Tuple[str, str, Callable[[], Any]]]  # (contender, operation, call), in order
+PARTS = ("torch shm", "torch shm, 1 thread", "torch redis", "torchrl", "jax shm")
+
+
+def unavailable() -> Optional[str]:
+    """Why the group cannot run here at all (neither framework imports), else None."""
+    reasons = [r for r in (_import_problem("torch"), _import_problem("jax")) if r]
+    return "; ".join(reasons) if len(reasons) == 2 else None
+
+
+def _import_problem(module: str) -> Optional[str]:
+    try:
+        __import__(module)
+    except Exception as exc:  # noqa: BLE001 - any failure to import is a reason to skip
+        return f"{module} does not import ({type(exc).__name__}: {exc})"
+    return None
+
+
+def _version(distribution: str) -> str:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "?"
+
+
+def run(plan: Frameworks, out: Dict[str, Any], log: Callable[[str], None],
+        redis_url: Callable[[], str]) -> None:
+    """Every part the frameworks here allow, into ``out`` (results.json's "frameworks").
+    ``redis_url`` starts the redis-server on first use (the caller stops it)."""
+    out.update({"machine": machine(), "plan": {"nbytes": plan.nbytes, "tensors": plan.tensors,
+                                               "rounds": plan.rounds, "warm": plan.warm},
+                "records": [], "skipped": {}, "torch_threads": None})
+    out["versions"] = {name: _version(name) for name in (
+        "varsync", "varsync-shm", "torch", "jax", "jaxlib", "redis", "numpy")}
+    out["tree"] = working_tree()
+    started = time.monotonic()
+    parts: List[Tuple[str, Optional[str], Callable[[], Dict[Tuple[str, str], List[float]]]]] = [
+        ("torch shm", _import_problem("torch") or _import_problem("varsync_shm"),
+         lambda: torch_shm(plan)),
+        ("torch shm, 1 thread", _import_problem("torch") or _import_problem("varsync_shm"),
+         lambda: torch_shm(plan, threads=1)),
+        ("torch redis", _import_problem("torch") or _import_problem("redis"),
+         lambda: torch_redis(plan, redis_url())),
+        ("torchrl", _import_problem("torch") or torchrl_slot(), lambda: {}),
+        ("jax shm", _import_problem("jax") or _import_problem("varsync_shm"),
+         lambda: jax_shm(plan, out.setdefault("jax_aliases", {}))),
+    ]
+    for part, reason, call in parts:
+        if reason:
+            out["skipped"][part] = reason
+            log(f"   {part}: skipped: {reason}")
+            continue
+        part_started = time.monotonic()
+        try:
+            samples = call()
+        except Exception:  # noqa: BLE001 - one part failing must not lose the others
+            out["skipped"][part] = f"failed: {traceback.format_exc().splitlines()[-1]}"
+            log(f"   {part} FAILED:\n{traceback.format_exc()}")
+            continue
+        for (contender, op), values in samples.items():
+            out["records"].append({"part": part, "contender": contender, "op": op,
+                                   "bytes": plan.nbytes, "samples": values})
+        log(f"   {part}: {size_label(plan.nbytes)}, {plan.rounds} rounds: "
+            f"{time.monotonic() - part_started:.0f} s")
+        gc.collect()
+    if _import_problem("torch") is None:
+        import torch
+
+        out["torch_threads"] = torch.get_num_threads()
+    out["load_average_after"] = os.getloadavg()
+    out["seconds"] = time.monotonic() - started
+
+
+def working_tree() -> Dict[str, Any]:
+    """The commit measured and the library files that differed from it (uncommitted)."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True,
+                                  timeout=20, check=True).stdout.rstrip("\n")
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    changed = git("status", "--porcelain", "--", "varsync", "plugins/varsync-shm/varsync_shm")
+    return {"commit": git("rev-parse", "--short", "HEAD").strip(),
+            "modified": [line[3:] for line in changed.splitlines()]}
+
+
+def in_rounds(turns: List[Turn], rounds: int, warm: int,
+              before: Optional[Callable[[], Any]] = None) -> Dict[Tuple[str, str], List[float]]:
+    """``warm`` untimed rounds, then ``rounds`` timed ones; in each, ``before`` (untimed,
+    e.g. the learner's push of a new version), then every turn, the turns' order reversed
+    every other round so that neither side always goes first. Within a turn the calls keep
+    their order (a push before its pull)."""
+    samples: Dict[Tuple[str, str], List[float]] = {
+        (c, o): [] for turn in turns for c, o, _ in turn}
+    for number in range(warm + rounds):
+        gc.collect()
+        if before is not None:
+            before()
+        for turn in (turns if number % 2 == 0 else turns[::-1]):
+            for contender, op, call in turn:
+                seconds = timed(call)
+                if number >= warm:
+                    samples[(contender, op)].append(seconds)
+    return samples
+
+
+# -- the workload -----------------------------------------------------------------------
+
+
+def layer_width(plan: Frameworks) -> int:
+    """The width of the square layers whose weights and biases make ``plan.nbytes``."""
+    layers = max(1, plan.tensors // 2)
+    floats = plan.nbytes / 4 / layers  # width**2 + width per layer
+    return max(1, int((-1 + math.sqrt(1 + 4 * floats)) / 2))
+
+
+def policy(plan: Frameworks, seed: int) -> Any:
+    """An ``nn.Sequential`` of ``tensors // 2`` square Linear layers, float32, on the CPU."""
+    import torch
+
+    torch.manual_seed(seed)
+    width = layer_width(plan)
+    with torch.no_grad():
+        return torch.nn.Sequential(*[torch.nn.Linear(width, width)
+                                     for _ in range(max(1, plan.tensors // 2))])
+
+
+def _same(a: Any, b: Any) -> None:
+    import torch
+
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        if not torch.equal(x, y):
+            raise RuntimeError(f"the actor's {name} differs from the learner's after the rounds")
+
+
+def torch_shm(plan: Frameworks,
+              threads: Optional[int] = None) -> Dict[Tuple[str, str], List[float]]:
+    """``threads``: torch's intra-op threads for this part (default: torch's own choice,
+    one per core); ``load_state_dict``'s ``copy_`` splits large tensors over them, which on
+    a loaded machine waits for descheduled threads."""
+    import torch
+
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _torch_shm(plan)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _torch_shm(plan: Frameworks) -> Dict[Tuple[str, str], List[float]]:
+    import varsync
+    import varsync_shm
+
+    learner, actor = policy(plan, 0), policy(plan, 1)
+    copy = {k: v.clone() for k, v in learner.state_dict().items()}  # the in-memory copy
+    name = f"bench-torch-{uuid.uuid4().hex[:6]}"
+    pusher = varsync.connect(f"shm://{name}")
+    reader = varsync.connect(f"shm://{name}")
+    try:
+        pusher.create_table(TABLE, learner)
+        turns: List[Turn] = [
+            [("varsync shm://", "update(module)", lambda: reader.update(actor))],
+            [("torch", "load_state_dict(copy)", lambda: actor.load_state_dict(copy))],
+            [("varsync shm://", "pull(like=module)", lambda: reader.pull(like=actor))],
+        ]
+        samples = in_rounds(turns, plan.rounds, plan.warm, lambda: pusher.push(learner))
+        reader.update(actor)
+        _same(learner, actor)
+        return samples
+    finally:
+        reader.close()
+        pusher.close()
+        varsync_shm.remove_store(name)
+
+
+def torch_redis(plan: Frameworks, url: str) -> Dict[Tuple[str, str], List[float]]:
+    import redis
+    import torch
+
+    import varsync
+
+    learner, actor = policy(plan, 0), policy(plan, 1)
+    namespace = f"bench-torch-{uuid.uuid4().hex[:6]}"
+    pusher = varsync.connect(url, namespace=namespace, timeout=300)
+    reader = varsync.connect(url, namespace=namespace, timeout=300)
+    hand = redis.Redis.from_url(url, socket_timeout=300)
+    key = f"{namespace}:by-hand"
+
+    def hand_push() -> None:
+        buffer = io.BytesIO()
+        torch.save(learner.state_dict(), buffer)
+        hand.set(key, buffer.getvalue())
+
+    def hand_pull() -> None:
+        state = torch.load(io.BytesIO(hand.get(key)), weights_only=True)  # unpickles
+        actor.load_state_dict(state)
+
+    try:
+        pusher.create_table(TABLE, learner)
+        turns: List[Turn] = [
+            [("by hand", "push", hand_push), ("by hand", "pull", hand_pull)],
+            [("varsync redis://", "push", lambda: pusher.push(learner)),
+             ("varsync redis://", "pull", lambda: reader.update(actor))],
+        ]
+        # Three warm rounds: from the third push on, redis:// overwrites a spare version.
+        samples = in_rounds(turns, plan.rounds, max(plan.warm, 3))
+        _same(learner, actor)
+        return samples
+    finally:
+        reader.close()
+        pusher.close()
+        hand.flushall()
+        hand.close()
+
+
+def torchrl_slot() -> Optional[str]:
+    """Why TorchRL's own weight sync is not measured here; None once it is."""
+    problem = _import_problem("torchrl")
+    if problem:
+        return problem
+    return (f"torchrl {_version('torchrl')} imports, but the comparison with its "
+            "multiprocess / shared-memory weight sync is not written yet "
+            "(benchmarks/frameworks.py, torchrl_slot)")
+
+
+def jax_tree(plan: Frameworks) -> Dict[str, Dict[str, Any]]:
+    """The policy's arrays as numpy, in a pytree: {"layer00": {"kernel", "bias"}, ...}."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    width = layer_width(plan)
+    return {f"layer{i:02d}": {"kernel": rng.standard_normal((width, width), dtype=np.float32),
+                              "bias": rng.standard_normal(width, dtype=np.float32)}
+            for i in range(max(1, plan.tensors // 2))}
+
+
+def placed(array: Any, offset: int) -> Any:
+    """A copy of ``array`` starting ``offset`` bytes past a 64-byte boundary."""
+    import numpy as np
+
+    raw = np.empty(array.nbytes + 64 + offset, np.uint8)
+    start = (-raw.ctypes.data) % 64 + offset
+    out = raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+    np.copyto(out, array)
+    return out
+
+
+def jax_shm(plan: Frameworks,
+            aliases: Dict[str, bool]) -> Dict[Tuple[str, str], List[float]]:
+    """``aliases``: filled with whether each way's jax.Arrays share the numpy memory."""
+    import jax
+    import numpy as np
+
+    import varsync
+    import varsync_shm
+
+    # What device_put takes, in memory, twice: 64-byte aligned, which JAX on the CPU wraps
+    # without a copy (as it does the aligned views pull returns), and 16 bytes off, as
+    # numpy's own large arrays often are, which it copies.
+    arrays = jax.tree_util.tree_map(lambda a: placed(a, 0), jax_tree(plan))
+    unaligned = jax.tree_util.tree_map(lambda a: placed(a, 16), arrays)
+    tree = jax.block_until_ready(jax.device_put(jax.tree_util.tree_map(np.copy, arrays)))
+    aliases.update({name: bool(all(
+        jax.device_put(a).unsafe_buffer_pointer() == a.ctypes.data
+        for a in jax.tree_util.tree_leaves(given))) for name, given in (
+            ("device_put(numpy)", arrays), ("device_put(numpy, unaligned)", unaligned))})
+    name = f"bench-jax-{uuid.uuid4().hex[:6]}"
+    pusher = varsync.connect(f"shm://{name}")
+    reader = varsync.connect(f"shm://{name}")
+    try:
+        pusher.create_table(TABLE, tree)
+        turns: List[Turn] = [
+            [("varsync shm://", "pull(like=tree)",
+              lambda: jax.block_until_ready(reader.pull(like=tree)))],
+            [("jax", "device_put(numpy)", lambda: jax.block_until_ready(jax.device_put(arrays)))],
+            [("jax", "device_put(numpy, unaligned)",
+              lambda: jax.block_until_ready(jax.device_put(unaligned)))],
+        ]
+        samples = in_rounds(turns, plan.rounds, plan.warm, lambda: pusher.push(tree))
+        pulled = reader.pull(like=tree)
+        aliases["pull(like=tree)"] = bool(all(
+            leaf.unsafe_buffer_pointer() == view.ctypes.data for leaf, view in zip(
+                jax.tree_util.tree_leaves(pulled),
+                jax.tree_util.tree_leaves(reader.pull()))))
+        for path, leaf in jax.tree_util.tree_leaves_with_path(arrays):
+            got = pulled
+            for step in path:
+                got = got[step.key]
+            if not np.array_equal(np.asarray(got), leaf):
+                raise RuntimeError(f"the pulled tree differs at {jax.tree_util.keystr(path)}")
+        return samples
+    finally:
+        reader.close()
+        pusher.close()
+        varsync_shm.remove_store(name)

@@ -1,0 +1,88 @@
+"""``frameworks.png``: the framework group's four comparisons (issue 14.8), varsync beside
+what PyTorch's and JAX's users write by hand, medians with interquartile ranges, the
+round-by-round ratio and its target in each panel's title."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any, Dict
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from .common import machine_line, size_label  # noqa: E402
+from .report_frameworks import TARGETS, Frameworks  # noqa: E402
+
+DPI = 110
+MINE, THEIRS = "#2ca02c", "#8c6d31"
+
+
+#: Further bars per panel beside the target's own: (part, contender, operation, label).
+EXTRA = {
+    "torch shm": [("torch shm, 1 thread", "torch", "load_state_dict(copy)",
+                   "load_state_dict\n(1 thread)"),
+                  ("torch shm, 1 thread", "varsync shm://", "update(module)",
+                   "update\n(1 thread)")],
+    "jax shm": [("jax shm", "jax", "device_put(numpy, unaligned)", "device_put\n(unaligned)")],
+}
+SHORT = {"load_state_dict(copy)": "load_state_dict", "update(module)": "update",
+         "device_put(numpy)": "device_put", "pull(like=tree)": "pull(like=)"}
+
+
+def _label(contender: str, op: str) -> str:
+    who = {"by hand": "hand", "varsync redis://": "varsync", "varsync shm://": "varsync"}
+    return f"{who.get(contender, contender)}\n{SHORT.get(op, op)}"
+
+
+def draw(results: Dict[str, Any], path: Path) -> Path:
+    section = results["frameworks"]
+    f = Frameworks(section)
+    fig, axes = plt.subplots(1, len(TARGETS), figsize=(14, 5),
+                             gridspec_kw={"width_ratios": [4, 4, 1.6, 3]})
+    for ax, target in zip(axes, TARGETS):
+        s, word = f.verdict(target)
+        if s is None:
+            ax.set_title(target.part, fontsize=9.5)
+            ax.text(0.5, 0.5, textwrap.fill(word, 22), ha="center", va="center",
+                    fontsize=8, transform=ax.transAxes, color="#666666")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            continue
+        bars = []  # (label, summary, colour)
+        for ops, colour in ((target.theirs, THEIRS), (target.mine, MINE)):
+            for op in ops:
+                stat = f.stat(target.part, [op])
+                if stat:
+                    bars.append((_label(*op), stat, colour))
+        for part, contender, extra_op, label in EXTRA.get(target.part, []):
+            stat = f.stat(part, [(contender, extra_op)])
+            if stat:
+                bars.append((label, stat, MINE if contender.startswith("varsync") else THEIRS))
+        for x, (_, stat, colour) in enumerate(bars):
+            ms = [stat["median"] * 1e3, stat["q1"] * 1e3, stat["q3"] * 1e3]
+            ax.bar(x, ms[0], color=colour, alpha=0.85,
+                   yerr=[[ms[0] - ms[1]], [ms[2] - ms[0]]], capsize=4)
+        ax.set_xticks(range(len(bars)))
+        ax.set_xticklabels([b[0] for b in bars], fontsize=7.5)
+        ax.set_ylabel("ms per call")
+        met = word == "**met**"
+        ax.set_title(f"{target.part}: varsync / theirs = {s['median']:.2f}\n"
+                     f"(IQR {s['q1']:.2f}–{s['q3']:.2f}; target ≤ {target.limit:.1f}: "
+                     f"{'met' if met else 'missed'})", fontsize=9,
+                     color="#1a6e1a" if met else "#b22222")
+        ax.grid(axis="y", alpha=0.3)
+    plan = section["plan"]
+    fig.suptitle(f"PyTorch and JAX through varsync, {size_label(plan['nbytes'])} "
+                 f"({plan['tensors']} tensors), {plan['rounds']} rounds; brown: theirs, "
+                 "green: varsync", fontsize=11)
+    fig.text(0.01, 0.01, machine_line(section["machine"]) + ". Medians; bars show the "
+             "interquartile range; ratios round by round (redis://: push + pull on each "
+             "side). Target ratios: the first bar of each colour.", fontsize=8.5,
+             color="#444444")
+    fig.tight_layout(rect=(0, 0.04, 1, 0.95))
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path

@@ -1,0 +1,171 @@
+"""RESULTS.md section 8: the framework group (frameworks.py, issue 14.8), PyTorch and JAX
+through varsync beside what their users write by hand, with the issue's four targets.
+
+Read from results.json's "frameworks" section, which a run of ``--group frameworks`` in the
+modern environment writes and a run of the other group in the TF environment keeps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from .common import paired_ratio, size_label, summary
+from .report_base import Stat, ratio_cell, rel, table, time_cell
+
+Op = Tuple[str, str]  # (contender, operation)
+SECTION = "## 8. PyTorch and JAX (issue 14.8)"
+
+
+@dataclass
+class Target:
+    """One of the issue's targets: ``mine`` over ``theirs``, round by round, ≤ ``limit``.
+    Each side is one operation or the sum of several timed in the same round."""
+
+    part: str
+    what: str
+    mine: List[Op]
+    theirs: List[Op]
+    limit: float
+    theirs_label: str
+
+
+TARGETS = [
+    Target("torch shm", "`update(module)` over shm://", [("varsync shm://", "update(module)")],
+           [("torch", "load_state_dict(copy)")], 1.3,
+           "`model.load_state_dict(copy)`, copy an in-memory state_dict (the floor)"),
+    Target("torch redis", "`push(module)` + `update(module)` over redis://",
+           [("varsync redis://", "push"), ("varsync redis://", "pull")],
+           [("by hand", "push"), ("by hand", "pull")], 0.5,
+           "`torch.save` to bytes + SET, GET + `torch.load` + `load_state_dict` (unpickles)"),
+    Target("torchrl", "varsync against TorchRL's weight sync of the same policy", [], [], 1.0,
+           "TorchRL's multiprocess / shared-memory weight sync"),
+    Target("jax shm", "`pull(like=tree)` over shm://", [("varsync shm://", "pull(like=tree)")],
+           [("jax", "device_put(numpy)")], 1.3,
+           "`jax.device_put` of the same tree of numpy arrays (64-byte aligned)"),
+]
+
+
+class Frameworks:
+    """Lookups over results.json's "frameworks" section."""
+
+    def __init__(self, section: Dict[str, Any]) -> None:
+        self.raw = section
+        self.samples: Dict[Tuple[str, str, str], List[float]] = {
+            (r["part"], r["contender"], r["op"]): r["samples"] for r in section.get("records", [])}
+        self.skipped: Dict[str, str] = section.get("skipped", {})
+
+    def series(self, part: str, ops: List[Op]) -> Optional[List[float]]:
+        """The round-by-round sum of ``ops`` in ``part``."""
+        found = [self.samples.get((part, *op)) for op in ops]
+        if not ops or not all(found):
+            return None
+        return [sum(values) for values in zip(*[f for f in found if f])]
+
+    def stat(self, part: str, ops: List[Op]) -> Optional[Stat]:
+        values = self.series(part, ops)
+        return summary(values) if values else None
+
+    def ratio(self, part: str, mine: List[Op], theirs: List[Op]) -> Optional[Stat]:
+        a, b = self.series(part, mine), self.series(part, theirs)
+        return paired_ratio(a, b) if a and b else None
+
+    def verdict(self, target: Target) -> Tuple[Optional[Stat], str]:
+        s = self.ratio(target.part, target.mine, target.theirs)
+        if s is None:
+            reason = self.skipped.get(target.part, "not measured")
+            return None, f"not run: {reason}"
+        return s, "**met**" if s["median"] <= target.limit else "**missed**"
+
+
+def frameworks_section(raw: Dict[str, Any], images: Dict[str, Path], out: Path) -> List[str]:
+    section = raw.get("frameworks")
+    skipped_group = raw.get("groups_skipped", {}).get("frameworks")
+    if not section:
+        if not skipped_group:
+            return []
+        return [SECTION, "", f"Not run: {skipped_group}.", ""]
+    f = Frameworks(section)
+    m, plan, versions = section["machine"], section["plan"], section.get("versions", {})
+    after = section.get("load_average_after")
+    lines = [
+        SECTION, "",
+        f"Measured by `python -m benchmarks.suite --group frameworks` in the modern "
+        f"environment on {m['started']} (machine clock), in {section.get('seconds', 0):.0f} s: "
+        f"{m['cores']} cores, {m['memory_gib']:.0f} GiB, Python {m['python']}, "
+        + ", ".join(f"{k} {v}" for k, v in versions.items() if v != "?")
+        + f"; torch on {section.get('torch_threads')} threads. {_tree(section)} Load average "
+        f"{m['load_average'][0]:.1f} when the group started"
+        + (f", {after[0]:.1f} when it ended" if after else "") + " (a shared, noisy machine).",
+        "",
+        f"The policy: {plan['tensors']} float32 tensors, {size_label(plan['nbytes'])} in all "
+        f"({plan['tensors'] // 2} square `nn.Linear` layers, weight and bias); for JAX a pytree "
+        "of the same arrays. Each pair took turns in every round (the order reversed every "
+        f"other round), {plan['warm']} untimed rounds (three for redis://) then "
+        f"{plan['rounds']} timed ones; the learner and the actor are two containers in one "
+        "process. A ratio is the median over rounds of mine / theirs within a round, with its "
+        "interquartile range in brackets, as are the times.",
+        "",
+    ]
+    if "frameworks" in images:
+        lines += [f"![PyTorch and JAX through varsync]({rel(images['frameworks'], out.parent)})",
+                  ""]
+    rows = []
+    for t in TARGETS:
+        s, word = f.verdict(t)
+        rows.append([f"14.8 {t.what}", t.theirs_label, f"≤ {t.limit:.1f}",
+                     time_cell(f.stat(t.part, t.mine)) if s else "–",
+                     time_cell(f.stat(t.part, t.theirs)) if s else "–",
+                     ratio_cell(s), word])
+    lines += table(["target", "against", "ratio wanted", "varsync", "theirs", "ratio",
+                    "verdict"], rows)
+    lines += _detail(f)
+    return lines
+
+
+def _tree(section: Dict[str, Any]) -> str:
+    tree = section.get("tree") or {}
+    if not tree.get("commit"):
+        return ""
+    modified = tree.get("modified") or []
+    return (f"The library as in the working tree on commit {tree['commit']}"
+            + (f", with uncommitted changes to {', '.join(modified)}." if modified
+               else ", unmodified."))
+
+
+def _detail(f: Frameworks) -> List[str]:
+    """Every operation timed, and the push and pull ratios over redis:// apart."""
+    rows = []
+    for (part, contender, op), values in f.samples.items():
+        rows.append([part, contender, op, time_cell(summary(values))])
+    lines = ["Every operation timed (median and interquartile range over rounds):", ""]
+    lines += table(["part", "who", "operation", "time"], rows)
+    push = f.ratio("torch redis", [("varsync redis://", "push")], [("by hand", "push")])
+    pull = f.ratio("torch redis", [("varsync redis://", "pull")], [("by hand", "pull")])
+    if push and pull:
+        lines += [f"- Over redis://, apart: push {ratio_cell(push)} of torch.save + SET, pull "
+                  f"(`update(module)`) {ratio_cell(pull)} of GET + torch.load + "
+                  "load_state_dict.", ""]
+    one = f.ratio("torch shm, 1 thread", [("varsync shm://", "update(module)")],
+                  [("torch", "load_state_dict(copy)")])
+    if one:
+        lines += [f"- Over shm://, with torch on one thread (`torch.set_num_threads(1)`; "
+                  f"`load_state_dict`'s `copy_` splits large tensors over torch's threads): "
+                  f"`update(module)` takes {ratio_cell(one)} of `load_state_dict(copy)`.", ""]
+    pulled = f.ratio("torch shm", [("varsync shm://", "pull(like=module)")],
+                     [("torch", "load_state_dict(copy)")])
+    if pulled:
+        lines += [f"- Over shm://, `pull(like=module)` (new tensors, copied out of the "
+                  f"read-only store) takes {ratio_cell(pulled)} of `load_state_dict(copy)`.", ""]
+    unaligned = f.ratio("jax shm", [("varsync shm://", "pull(like=tree)")],
+                        [("jax", "device_put(numpy, unaligned)")])
+    aliases = f.raw.get("jax_aliases", {})
+    if unaligned:
+        said = "; ".join(f"{k}: {'shares the numpy memory' if v else 'copies'}"
+                         for k, v in aliases.items())
+        lines += [f"- JAX: against `jax.device_put` of numpy arrays 16 bytes off a 64-byte "
+                  f"boundary (as numpy's large arrays often are), `pull(like=tree)` takes "
+                  f"{ratio_cell(unaligned)}. On the CPU JAX wraps 64-byte-aligned host memory "
+                  f"without a copy and copies the rest; seen here: {said}.", ""]
+    lines += [f"- {part}: not run: {reason}." for part, reason in f.skipped.items()]
+    return lines + [""]
