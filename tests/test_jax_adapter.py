@@ -166,3 +166,17 @@ def test_pulled_leaves_keep_the_like_leaves_placement(store: varsync.VariableCon
     assert not pulled["w"].committed and pulled["b"].committed
     assert pulled["b"].sharding == params["b"].sharding
     assert float(total(pulled)) == 32.0 and total._cache_size() == compiled
+
+
+def test_a_structure_checked_once_is_still_checked_when_it_changes(
+    store: varsync.VariableContainer,
+) -> None:
+    store.create_table("params", tree(1))
+    store.push(tree(2), "params")
+    for _ in range(3):  # the first pull checks tree(1)'s treedef; the others reuse it
+        got = store.pull("params", like=tree(1))
+        assert bits(got["zeta"].kernel) == bits(tree(2)["zeta"].kernel)
+    other = tree(1)
+    other["extra"] = jnp.zeros(1)
+    with pytest.raises(varsync.SignatureMismatchError, match="unexpected \\['extra'\\]"):
+        store.pull("params", like=other)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import math
 import threading
 from dataclasses import dataclass, field
@@ -59,6 +60,8 @@ class VariableContainer:
         self._backend = backend
         self.timeout = timeout
         self._signatures: Dict[str, Tuple[Any, List[sig.Spec]]] = {}
+        # per table, the structure keys (a JAX treedef) of like= nests already checked
+        self._likes_checked: Dict[str, "collections.OrderedDict[Any, None]"] = {}
         self._lock = threading.Lock()
         self._closed = False
 
@@ -139,7 +142,7 @@ class VariableContainer:
         torch module or ``state_dict``: an ``OrderedDict`` of tensors on its devices; a
         JAX pytree: the same pytree type with ``jax.Array`` leaves; numpy leaves: numpy).
         It is checked before anything is fetched and never modified."""
-        shaped = None if like is None else sig.flatten_like(self._table(table)[0], like)
+        shaped = None if like is None else self._like(table, like)
         return self._nest(table, self._pull_flat(table, timeout)[1], like, shaped)
 
     def pull_if_newer(
@@ -156,8 +159,8 @@ class VariableContainer:
         included (0: the container's timeout bounds the transfer of a newer value).
         ``like`` as for :meth:`pull`."""
         version = self._check_version(version)
-        signature, specs = self._table(table)
-        shaped = None if like is None else sig.flatten_like(signature, like)
+        specs = self._table(table)[1]
+        shaped = None if like is None else self._like(table, like)
         limit = self._timeout(timeout)
         current, arrays = read_snapshot(
             self._backend_call(), table, version, self._transfer_bound(limit), specs
@@ -241,6 +244,7 @@ class VariableContainer:
 
     def _remember(self, name: str, signature: Any) -> Tuple[Any, List[sig.Spec]]:
         entry = (signature, sig.flat_specs(signature))
+        self._likes_checked.pop(name, None)
         self._signatures[name] = entry
         return entry
 
@@ -278,13 +282,31 @@ class VariableContainer:
             if limit:  # what is left of the call bounds the transfer of the first push
                 bound = max(remaining(deadline), 0.001)
 
+    def _like(self, table: str, like: Any) -> Tuple[Any, List[Any]]:
+        """``like`` checked against the table's structure: its plain form and its leaves.
+        A nest whose adapter gives a structure key (a JAX treedef) is checked once per
+        key; later pulls take its leaves straight from the framework (a tree walk in
+        Python cost 14 % of a 50-leaf JAX pull)."""
+        fast = adapters.leaves_and_key(like)
+        if fast is None:
+            return sig.flatten_like(self._table(table)[0], like)
+        key, leaves = fast
+        checked = self._likes_checked.setdefault(table, collections.OrderedDict())
+        if key in checked:
+            return None, leaves
+        plain, leaves = sig.flatten_like(self._table(table)[0], like)
+        checked[key] = None
+        if len(checked) > 16:
+            checked.popitem(last=False)
+        return plain, leaves
+
     def _nest(
         self, table: str, arrays: List[np.ndarray], like: Any = None, shaped: Any = None
     ) -> Any:
         if shaped is None:
             return nest_lib.unflatten(self._table(table)[0], arrays)
         plain_like, like_leaves = shaped
-        leaves = [adapters.from_numpy(a, leaf) for a, leaf in zip(arrays, like_leaves)]
+        leaves = adapters.from_numpy_all(arrays, like_leaves)
         return adapters.rebuild(like, plain_like, leaves)
 
     def _check_not_reset(self, table: str, current: int, held: int) -> None:

@@ -34,7 +34,9 @@ __all__ = [
     "adapter_for",
     "assign_all",
     "from_numpy",
+    "from_numpy_all",
     "get_adapter_registry",
+    "leaves_and_key",
     "rebuild",
     "reset_adapter_registry",
     "structure",
@@ -55,9 +57,13 @@ class Adapter(Protocol):
       into :data:`~varsync.nest.EMPTY`), in the framework's own flatten order. Called on
       any nest one of whose leaves the adapter handles; default: the nest as it is.
     - ``from_numpy(array, like)``: a pulled array as a value of the kind ``like`` is, for
-      ``pull(..., like=...)``; default: the array.
+      ``pull(..., like=...)``; default: the array. ``from_numpy_all(arrays, likes)``
+      converts many at once (one batched transfer); default: ``from_numpy`` for each.
     - ``rebuild(like, leaves)``: the nest ``like`` is, rebuilt from converted leaves in
       flat order; default: ``like``'s plain structure (``structure(like)``) rebuilt.
+    - ``leaves_and_key(like)``: ``(key, leaves)``, a hashable key of ``like``'s structure
+      and its leaves in flat order, so that a container checks each structure once (the
+      adapter must then have ``rebuild``); default: ``like`` is checked at every pull.
     """
 
     def handles(self, value: Any) -> bool:
@@ -261,9 +267,43 @@ def assign_all(targets: Sequence[Any], arrays: Sequence[np.ndarray]) -> None:
 
 def from_numpy(array: np.ndarray, like: Any) -> Any:
     """``array`` as a value of ``like``'s kind (a torch tensor, a jax.Array), or itself."""
-    adapter = adapter_for(like)
-    convert = getattr(adapter, "from_numpy", None)
-    return array if convert is None else convert(array, like)
+    return from_numpy_all([array], [like])[0]
+
+
+def from_numpy_all(arrays: Sequence[np.ndarray], likes: Sequence[Any]) -> List[Any]:
+    """Each array as a value of its ``like``'s kind, converted in one batch per adapter
+    (``from_numpy_all`` where the adapter has it: one ``jax.device_put`` for a whole
+    tree); arrays whose like is numpy or a Python scalar stay arrays."""
+    out: List[Any] = list(arrays)
+    by_type: Dict[type, Optional[Any]] = {}
+    batches: Dict[int, Tuple[Any, List[int]]] = {}
+    for index, like in enumerate(likes):
+        kind = type(like)
+        if kind not in by_type:
+            by_type[kind] = adapter_for(like)
+        adapter = by_type[kind]
+        if adapter is not None and hasattr(adapter, "from_numpy"):
+            batches.setdefault(id(adapter), (adapter, []))[1].append(index)
+    for adapter, indices in batches.values():
+        chosen = [arrays[i] for i in indices]
+        chosen_likes = [likes[i] for i in indices]
+        bulk = getattr(adapter, "from_numpy_all", None)
+        if bulk is not None:
+            converted = bulk(chosen, chosen_likes)
+        else:
+            converted = [adapter.from_numpy(a, like) for a, like in zip(chosen, chosen_likes)]
+        for index, value in zip(indices, converted):
+            out[index] = value
+    return out
+
+
+def leaves_and_key(like: Any) -> Optional[Tuple[Any, List[Any]]]:
+    """``(key, leaves)`` from the adapter of ``like``'s framework where it has
+    ``leaves_and_key``: a hashable key of ``like``'s structure (equal keys: equal
+    structures) and its leaves in flat order; else ``None``."""
+    owner = _owner(like)
+    fast = getattr(owner, "leaves_and_key", None)
+    return None if fast is None else fast(like)
 
 
 def rebuild(like: Any, plain_like: Any, leaves: Sequence[Any]) -> Any:

@@ -75,11 +75,30 @@ class JaxAdapter:
         # default device without being committed to it is not the same input to a jitted
         # function as a committed one (each pulled tree would cost every such function a
         # new compilation the first time it sees one).
-        committed = getattr(like, "committed", False)
-        return jax.device_put(array, like.sharding if committed else None)
+        return self.from_numpy_all([array], [like])[0]
+
+    def from_numpy_all(self, arrays: List[np.ndarray], likes: List[Any]) -> List[Any]:
+        """Two ``jax.device_put`` calls at most for a whole tree (one per leaf cost 70 %
+        of a 50-leaf pull): the uncommitted leaves together on the default device, the
+        committed ones each with its like's sharding."""
+        out: List[Any] = [None] * len(arrays)
+        free = [i for i, like in enumerate(likes) if not getattr(like, "committed", False)]
+        placed = [i for i, like in enumerate(likes) if getattr(like, "committed", False)]
+        if free:
+            for i, value in zip(free, jax.device_put([arrays[i] for i in free])):
+                out[i] = value
+        if placed:
+            shardings = [likes[i].sharding for i in placed]
+            for i, value in zip(placed, jax.device_put([arrays[i] for i in placed], shardings)):
+                out[i] = value
+        return out
 
     def structure(self, nest: Any, targets: bool = False) -> Any:
         return _plain(nest)
+
+    def leaves_and_key(self, like: Any) -> Tuple[Any, List[Any]]:
+        leaves, treedef = jax.tree_util.tree_flatten(like)
+        return treedef, leaves
 
     def rebuild(self, like: Any, leaves: List[Any]) -> Any:
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like), leaves)
