@@ -68,6 +68,12 @@ class Backend(abc.ABC):
     #: that raced another writer's may raise :class:`~varsync.ConcurrentPushError`
     #: (published, version unknown) instead, but never returns a number twice.
     supports_concurrent_writers: ClassVar[bool] = True
+    #: The dtypes of :data:`~varsync.spec.ML_DTYPE_NAMES` (bfloat16, the float8 types)
+    #: the engine stores bit-exactly, each by name: ``("bfloat16", "float8_e5m2")``.
+    #: Default none: numpy knows such arrays only through ``ml_dtypes`` (``memoryview``
+    #: refuses them, ``dtype.str`` calls every float8 type ``"<V1"``), so a backend not
+    #: checked with them claims nothing; the suite round-trips the dtypes declared.
+    supported_ml_dtypes: ClassVar[Tuple[str, ...]] = ()
 
     def __init__(
         self, url: str, *, timeout: Optional[float], namespace: str, **options: Any

@@ -4,16 +4,18 @@ changing what was pushed nor what was pulled changes the table."""
 from __future__ import annotations
 
 import collections
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Type
 
 import numpy as np
 import pytest
 
 import varsync
+from varsync.backends.base import Backend
+from varsync.spec import ML_DTYPE_NAMES
 from varsync.testing._base import SMALL, TableMaker, _Base
-from varsync.testing.values import assert_bit_equal, filled
+from varsync.testing.values import assert_bit_equal, every_bit_pattern, filled
 
-__all__ = ["RoundTripTests", "DTYPE_VALUES", "Point"]
+__all__ = ["RoundTripTests", "DTYPE_VALUES", "Point", "ml_dtype_values"]
 
 Point = collections.namedtuple("Point", ["x", "y"])
 
@@ -36,6 +38,18 @@ DTYPE_VALUES: Dict[str, List[Any]] = {
 }
 
 
+def ml_dtype_values(name: str) -> Dict[str, np.ndarray]:
+    """Values of one of :data:`~varsync.spec.ML_DTYPE_NAMES` that stress bit-exactness:
+    every bit pattern of the dtype (every NaN payload, both zeros and infinities, every
+    subnormal) in a 2-d array, a 0-d array and an empty one."""
+    bits = every_bit_pattern(name)
+    return {
+        "every_bit_pattern": bits.reshape(16, -1),
+        "zero_d": bits[-1:].reshape(()).copy(),  # every bit set
+        "empty": bits[:0].reshape(0, 3),
+    }
+
+
 
 class RoundTripTests(_Base):
     """Values come back bit-exact, in the signature's structure."""
@@ -47,6 +61,28 @@ class RoundTripTests(_Base):
         container = connect(make_tables({"variables": values}))
         container.push(values)
         assert_bit_equal(container.pull(), values)
+
+    def test_every_declared_ml_dtype_round_trips_bit_exactly(
+        self, make_tables: TableMaker, connect: Any, backend_cls: Type[Backend]
+    ) -> None:
+        declared = backend_cls.supported_ml_dtypes
+        unknown = sorted(set(declared) - set(ML_DTYPE_NAMES))
+        assert not unknown, (
+            f"supported_ml_dtypes names {unknown}, which varsync does not store; it stores "
+            f"{list(ML_DTYPE_NAMES)}"
+        )
+        if not declared:
+            pytest.skip("backend declares no supported_ml_dtypes")
+        values = {name: ml_dtype_values(name) for name in ML_DTYPE_NAMES if name in declared}
+        container = connect(make_tables({"variables": values}))
+        assert container.push(values) == 1
+        assert_bit_equal(container.pull(), values)
+        targets = {
+            name: {key: np.zeros(v.shape, v.dtype) for key, v in leaves.items()}
+            for name, leaves in values.items()
+        }
+        assert container.update(targets) == 1
+        assert_bit_equal(targets, values)
 
     def test_scalars_zero_d_and_zero_size_arrays_round_trip(
         self, make_tables: TableMaker, connect: Any

@@ -1,7 +1,8 @@
 """Values for testing and measuring a backend, without pytest: nests whose every element
 holds one number, the check that a pulled nest holds one version only, and bit-exact
-comparison. The conformance suite, varsync's own tests, its benchmarks and its soak use
-these; so can a backend author's (they are re-exported by :mod:`varsync.backend`)."""
+comparison, and every bit pattern of a narrow dtype. The conformance suite, varsync's
+own tests, its benchmarks and its soak use these; so can a backend author's (the first
+three are re-exported by :mod:`varsync.backend`)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from typing import Any
 import numpy as np
 
 from varsync import nest as nest_lib
+from varsync.spec import canonical_dtype
 
-__all__ = ["filled", "check_consistent", "assert_bit_equal"]
+__all__ = ["filled", "check_consistent", "assert_bit_equal", "every_bit_pattern"]
 
 
 def filled(signature: Any, value: int) -> Any:
@@ -37,4 +39,28 @@ def assert_bit_equal(got: Any, expected: Any) -> None:
         assert isinstance(g, np.ndarray), f"{where}: pulled {type(g).__name__}, not an array"
         assert g.dtype == e.dtype.newbyteorder("="), f"{where}: dtype {g.dtype} != {e.dtype}"
         assert g.shape == e.shape, f"{where}: shape {g.shape} != {e.shape}"
-        assert g.tobytes() == e.astype(g.dtype).tobytes(), f"{where}: bytes differ"
+        assert g.tobytes() == e.astype(g.dtype).tobytes(), f"{where}: bytes differ" + (
+            _first_difference(g, e.astype(g.dtype))
+        )
+
+
+def every_bit_pattern(dtype: Any) -> np.ndarray:
+    """A 1-d array of ``dtype`` (1 or 2 bytes wide: ``"bfloat16"``, ``"float8_e5m2"``,
+    ``"float16"``, ...) holding each of its bit patterns once, in order: every NaN
+    payload, both zeros and infinities, every subnormal."""
+    resolved = canonical_dtype(dtype)
+    if resolved.itemsize > 2:
+        raise ValueError(f"{resolved.name} is {resolved.itemsize} bytes wide; expected 1 or 2")
+    bits = np.dtype(f"u{resolved.itemsize}")
+    return np.arange(2 ** (8 * resolved.itemsize), dtype=bits).view(resolved)
+
+
+def _first_difference(got: np.ndarray, expected: np.ndarray) -> str:
+    """Where two arrays of one dtype and shape first differ, as bit patterns."""
+    if got.dtype.itemsize not in (1, 2, 4, 8) or got.size == 0:
+        return ""
+    bits = np.dtype(f"u{got.dtype.itemsize}")
+    g, e = got.reshape(-1).view(bits), expected.reshape(-1).view(bits)
+    at = int(np.flatnonzero(g != e)[0])
+    width = 2 * got.dtype.itemsize
+    return f" (first at flat index {at}: bits 0x{int(g[at]):0{width}x} != 0x{int(e[at]):0{width}x})"
