@@ -25,6 +25,7 @@ import numpy as np
 from varsync.backends.base import Backend, Snapshot
 from varsync.errors import ConfigurationError
 from varsync.signature import Spec
+from varsync.spec import ML_DTYPE_NAMES
 
 __all__ = ["MemoryBackend"]
 
@@ -65,6 +66,7 @@ class MemoryBackend(Backend):
 
     shared_across_processes = False
     supports_blocking_wait = True
+    supported_ml_dtypes = ML_DTYPE_NAMES  # bytes in, the spec's dtype out: any dtype
 
     def __init__(self, url: str, *, timeout: Optional[float], namespace: str, **options: Any):
         super().__init__(url, timeout=timeout, namespace=namespace, **options)

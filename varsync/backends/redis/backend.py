@@ -73,6 +73,11 @@ class RedisBackend(Backend):
     supports_blocking_wait = True
     persistent = False  # only as persistent as the server's own configuration makes it
     max_push_bytes = None
+    #: Chunks carry raw bytes, read back into arrays of the table's specs: any dtype.
+    supported_ml_dtypes = (
+        "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+        "float8_e4m3b11fnuz",
+    )
 
     def __init__(self, url: str, *, timeout: Optional[float], namespace: str, **options: Any):
         settings = parse_settings(url, timeout, namespace, options)
