@@ -105,6 +105,11 @@ class ShmBackend(Backend):
     shared_across_processes = True
     supports_blocking_wait = True
     persistent = False  # tables outlive processes, not a reboot (tmpfs)
+    #: Segments hold raw bytes; their index names these by name (see :mod:`.segment`).
+    supported_ml_dtypes = (
+        "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+        "float8_e4m3b11fnuz",
+    )
 
     def __init__(
         self,

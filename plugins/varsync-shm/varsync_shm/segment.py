@@ -9,13 +9,16 @@
     32      4     number of leaves
     36      4     index length in bytes
     40      24    reserved (zero)
-    64      ...   index: JSON [[dtype.str, shape, offset], ...] in flat order
+    64      ...   index: JSON [[dtype, shape, offset], ...] in flat order
     ...           each array's raw bytes, C order, native byte order, 64-byte aligned
 
 Arrays are raw bytes described by a dtype string and a shape, never pickles; the dtype
-must be a plain number or bool. The table version is written last when a file is
-published and zeroed first when a spare file is reused, so a file whose header names a
-version holds exactly that version's bytes (see :mod:`varsync_shm.backend`).
+must be a plain number or bool, named by its ``dtype.str`` (``"<f4"``), or one of
+varsync's ml_dtypes types, named by its ``dtype.name`` (``"bfloat16"``, ``"float8_e5m2"``:
+their ``dtype.str``, ``"<V2"`` or ``"<V1"``, names none of them). The table version is
+written last when a file is published and zeroed first when a spare file is reused, so a
+file whose header names a version holds exactly that version's bytes (see
+:mod:`varsync_shm.backend`).
 """
 
 from __future__ import annotations
@@ -83,7 +86,7 @@ def plan(specs: Sequence[Spec]) -> Plan:
         index_entries = []
         for spec in specs:
             leaves.append(Leaf(spec.dtype, tuple(spec.shape), offset))
-            index_entries.append([spec.dtype.str, list(spec.shape), offset])
+            index_entries.append([_dtype_text(spec.dtype), list(spec.shape), offset])
             offset = _aligned(offset + spec.nbytes)
         index = json.dumps(index_entries, separators=(",", ":")).encode()
         needed = _aligned(HEADER_SIZE + len(index))
@@ -171,19 +174,48 @@ def parse(buffer: Any, size: int, where: str) -> Parsed:
     return Parsed(version=version, leaves=leaves)
 
 
+def _dtype_text(dtype: np.dtype) -> str:
+    """How the index names ``dtype``: its ``str`` where that names it exactly (numpy's
+    own dtypes, as before ml_dtypes), else its ``name`` (bfloat16, float8_*)."""
+    try:
+        if np.dtype(dtype.str) == dtype:
+            return dtype.str
+    except TypeError:  # "<f1", float8_e5m2's str, is no dtype
+        pass
+    return dtype.name
+
+
+def _dtype_of(text: str) -> np.dtype:
+    """The dtype an index entry names (``ValueError`` if none): numpy's, or one of
+    varsync's names, which numpy knows only once ml_dtypes is imported."""
+    try:
+        return np.dtype(text)
+    except TypeError:
+        return Spec((), text).dtype  # bfloat16, float8_*; SignatureError is a ValueError
+
+
+def _storable(dtype: np.dtype) -> bool:
+    """A native plain number or bool, or one of varsync's ml_dtypes types."""
+    if dtype.kind in _NUMERIC_KINDS:
+        return dtype.isnative
+    try:
+        return Spec((), dtype.name).dtype == dtype
+    except ValueError:  # SignatureError: not a dtype varsync stores (object, void, ...)
+        return False
+
+
 @functools.lru_cache(maxsize=64)  # the same few indexes, pulled again and again
 def _leaves(index: bytes, start: int, total: int, count: int) -> Tuple[Leaf, ...]:
     try:
         leaves = tuple(
-            Leaf(np.dtype(str(dtype)), tuple(int(d) for d in shape), int(offset))
+            Leaf(_dtype_of(str(dtype)), tuple(int(d) for d in shape), int(offset))
             for dtype, shape, offset in json.loads(index)
         )
     except (ValueError, TypeError) as exc:
         raise CorruptDataError(f"leaf index is malformed ({exc})") from None
     for leaf in leaves:
         if (
-            leaf.dtype.kind not in _NUMERIC_KINDS
-            or not leaf.dtype.isnative
+            not _storable(leaf.dtype)
             or any(d < 0 for d in leaf.shape)
             or leaf.offset < start
             or leaf.offset + leaf.nbytes > total
