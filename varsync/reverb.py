@@ -47,9 +47,26 @@ def tensorflow_signature(signature: Any) -> Any:
                     f"dict key {key!r} at {nest_lib.format_path(path)} is not a str; "
                     "Reverb table signatures only hold str keys"
                 )
+    for path, spec in nest_lib.flatten_with_paths(specs):
+        _tensorflow_dtype(spec, nest_lib.format_path(path))
     return nest_lib.map_structure(
         lambda spec: tf.TensorSpec(spec.shape, tf.as_dtype(spec.dtype)), specs
     )
+
+
+def _tensorflow_dtype(spec: Any, where: str) -> Any:
+    """The TensorFlow dtype of ``spec``'s, or ``SignatureError`` saying what to do where
+    TensorFlow has none (float8_e4m3fnuz, float8_e5m2fnuz, float8_e4m3b11fnuz)."""
+    try:
+        return tf.as_dtype(spec.dtype)
+    except TypeError:
+        raise SignatureError(
+            f"the leaf at {where} is {spec.dtype.name}, which TensorFlow {tf.__version__} "
+            "has no dtype for, so a Reverb table signature cannot hold it (Reverb stores "
+            "bfloat16, float8_e4m3fn and float8_e5m2); keep such tables in redis://, "
+            "shm:// or memory://, or store the bits in a leaf of the same width "
+            "(array.view(np.uint8)) and view them back after each pull"
+        ) from None
 
 
 def variables_table(name: str, signature: Any) -> "reverb.Table":

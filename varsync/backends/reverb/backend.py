@@ -39,6 +39,7 @@ from varsync.backends.reverb.tables import (
 )
 from varsync.backends.reverb.versions import Incarnations, own_version
 from varsync.signature import signature_of, to_json
+from varsync.spec import ML_DTYPE_NAMES
 
 __all__ = ["ReverbBackend", "MAX_PUSH_BYTES"]
 
@@ -51,6 +52,9 @@ _OPTIONS = ("wait_for_server",)
 _URL_FORM = "reverb://host:port (reverb://localhost:8000)"
 #: Samples a pull takes at most while pushes keep landing between count and sample.
 _SAMPLE_ATTEMPTS = 3
+#: The ml_dtypes types TensorFlow 2.15 has (``tf.bfloat16``, ``tf.dtypes.experimental``'s
+#: float8 types): the ones a Reverb table signature can hold (docs/reverb.md).
+STORED_ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
 
 
 class ReverbBackend(Backend):
@@ -60,6 +64,7 @@ class ReverbBackend(Backend):
     shared_across_processes = True
     supports_concurrent_writers = False  # see versions.own_version
     max_push_bytes = MAX_PUSH_BYTES
+    supported_ml_dtypes = STORED_ML_DTYPES
 
     def __init__(self, url: str, *, timeout: Optional[float], namespace: str, **options: Any):
         refuse_unknown(options, _OPTIONS, "reverb")
@@ -214,25 +219,47 @@ class ReverbBackend(Backend):
             if self._incarnations.restarted(("write", table), before, asked_at):
                 # A writer's stream to a server that restarted does not recover.
                 _close_quietly(self._writers.pop(table, None))
-            writer = self._writers.get(table)
-            if writer is None:
-                writer = self._open_writer(table)
-            try:
-                with self._translated(f"pushing to table {table!r}"):
-                    writer.append(list(arrays))
-                    # A one-step trajectory (not a squeezed column), exactly what TF-Agents writes.
-                    writer.create_item(table, 1.0, [column[-1:] for column in writer.history])
-                    writer.flush(timeout_ms=_milliseconds(self.timeout))
-            except BaseException:
-                # The writer's stream may be broken, or (interrupted) still hold this item:
-                # start the next push on a new one, so nothing of this one lands later.
-                self._writers.pop(table, None)
-                _close_quietly(writer)
-                raise
+            if any(spec.dtype.name in ML_DTYPE_NAMES for spec in specs):
+                self._insert_natively(table, before, arrays)
+            else:
+                self._append(table, arrays)
             asked_at = time.monotonic()
             info = self._checked_info(name)
             restarted = self._incarnations.restarted(("write", table), info, asked_at)
         return own_version(table, before, info, restarted is not None)
+
+    def _append(self, table: str, arrays: Sequence[np.ndarray]) -> None:
+        """Push through the table's long-lived trajectory writer (under the writer lock)."""
+        writer = self._writers.get(table)
+        if writer is None:
+            writer = self._open_writer(table)
+        try:
+            with self._translated(f"pushing to table {table!r}"):
+                writer.append(list(arrays))
+                # A one-step trajectory (not a squeezed column), exactly what TF-Agents writes.
+                writer.create_item(table, 1.0, [column[-1:] for column in writer.history])
+                writer.flush(timeout_ms=_milliseconds(self.timeout))
+        except BaseException:
+            # The writer's stream may be broken, or (interrupted) still hold this item:
+            # start the next push on a new one, so nothing of this one lands later.
+            self._writers.pop(table, None)
+            _close_quietly(writer)
+            raise
+
+    def _insert_natively(self, table: str, info: Any, arrays: Sequence[np.ndarray]) -> None:
+        """Push an item holding a bfloat16 or float8 array (under the writer lock).
+
+        Reverb's Python writer refuses those dtypes ("Unsupported numpy type"), and an
+        item of their bit patterns as unsigned ints is one TF-Agents' sample op refuses
+        (the table signature says bfloat16): so Reverb's TensorFlow insert op, the one
+        TF-Agents' pushes use, stores them as the dtypes they are. It has no timeout of its
+        own; it runs on a sampling worker, abandoned after the container's timeout.
+        """
+        if not self._sampler.insert(info, list(arrays), self.timeout):
+            raise BackendConnectionError(
+                f"pushing to Reverb table {table!r} at {self.address} took longer than "
+                f"{self.timeout} s; the insert was abandoned (it may still land)"
+            )
 
     def _open_writer(self, table: str) -> Any:
         """A new trajectory writer for ``table``, kept for its next pushes (one long-lived

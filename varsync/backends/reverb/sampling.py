@@ -1,4 +1,5 @@
-"""Sampling a table's single item on warm worker threads, within a timeout.
+"""Sampling a table's single item on warm worker threads, within a timeout (and, on the
+same threads and clients, inserting the items Reverb's Python writer cannot send).
 
 The sample runs as Reverb's TensorFlow op, on a worker thread so that a server that
 vanished between the version check and the sample cannot block the caller past its
@@ -8,6 +9,11 @@ pull (fresh memory, faulted in each time). Workers are long-lived and reused: a 
 started per pull measured about 10 ms slower on 40 MB. A pull takes an idle worker or
 starts one, so concurrent pulls still run in parallel; a worker whose sample overran its
 timeout is abandoned, never reused.
+
+Reverb 0.14's Python writer takes only numpy's own dtypes ("Unsupported numpy type" for
+bfloat16 and float8), so an item holding one is inserted by Reverb's TensorFlow insert op,
+the one TF-Agents' own pushes use, which stores the tensors' dtypes as they are
+(:meth:`SamplingPool.insert`).
 """
 
 from __future__ import annotations
@@ -55,6 +61,30 @@ class SamplingPool:
             *_, data = gen_reverb_ops.reverb_client_sample(handle, table, dtypes)
             return [numpy_view(tensor) for tensor in data]
 
+        finished, result = self._on_a_worker(sample, limit, f"pulling from table {table!r}")
+        return result if finished else None
+
+    def insert(self, info: Any, arrays: List[np.ndarray], limit: Optional[float]) -> bool:
+        """Insert ``arrays`` as one item of ``info``'s table (priority 1) with Reverb's
+        TensorFlow op, as TF-Agents does; ``False`` if the insert took longer than
+        ``limit`` seconds (``None``: no bound) and was abandoned (it may still land)."""
+        table = info.name
+        handle, _ = self._client(info)
+        tensors = [tf.constant(array) for array in arrays]  # before the worker: no race
+
+        def insert() -> None:  # holds nothing of self, as sample() does
+            gen_reverb_ops.reverb_client_insert(
+                handle, tensors, tf.constant([table]), tf.constant([1.0], tf.float64)
+            )
+
+        finished, _ = self._on_a_worker(insert, limit, f"pushing to table {table!r}")
+        return finished
+
+    def _on_a_worker(
+        self, fn: Callable[[], Any], limit: Optional[float], doing: str
+    ) -> Tuple[bool, Any]:
+        """``(True, fn())`` run on a warm worker, or ``(False, None)`` once ``limit``
+        seconds pass (the worker is then abandoned); ``fn``'s error, translated."""
         worker: Optional[_Worker] = None
         try:
             with self._lock:
@@ -64,25 +94,24 @@ class SamplingPool:
                 worker = self.idle.pop() if self.idle else None
             if worker is None:
                 worker = _Worker(f"varsync-reverb-sample-{self.address}")
-            call = worker.submit(sample)
+            call = worker.submit(fn)
             finished = call.done.acquire(timeout=-1 if limit is None else limit)
         except BaseException:  # interrupted: the sample may still run, so never reuse it
             if worker is not None:
                 worker.retire()
             raise
         if not finished:
-            worker.retire()  # exits once the abandoned sample returns, if ever
-            return None
+            worker.retire()  # exits once the abandoned call returns, if ever
+            return False, None
         with self._lock:
             if self._closed:
                 worker.retire()
             else:
                 self.idle.append(worker)
         if call.error is not None:
-            with translated(self.address, f"pulling from table {table!r}"):
+            with translated(self.address, doing):
                 raise call.error
-        result: List[np.ndarray] = call.result
-        return result
+        return True, call.result
 
     def close(self) -> None:
         """Retire the idle workers (busy ones once their sample ends) and free the
