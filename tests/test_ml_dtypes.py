@@ -28,14 +28,6 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 #: What TensorFlow 2.15 (so a Reverb table) has of them.
 REVERB_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
 
-#: Tests that wait for two lines of varsync/signature.py (not this change's file): signature
-#: equality by dtype name as well as ``dtype.str``, and Python floats into ml_dtypes leaves.
-#: Strict: once that lands they pass, and this marker must go.
-NEEDS_SIGNATURE_PY = pytest.mark.xfail(
-    strict=True, reason="varsync/signature.py: _structure_key and _python_scalar (issue 14.4)"
-)
-
-
 def bits_of(array: np.ndarray) -> np.ndarray:
     """The array's bit patterns as unsigned ints of its width: NaNs compare equal."""
     return np.asarray(array).view(np.dtype(f"u{array.dtype.itemsize}"))
@@ -96,7 +88,6 @@ def test_stored_signatures_name_the_dtypes_and_read_back() -> None:
     assert sig.same_structure(sig.from_json(text), signature)
 
 
-@NEEDS_SIGNATURE_PY
 def test_float8_types_with_the_same_dtype_str_are_different_signatures() -> None:
     # Every float8 type's dtype.str is "<V1" (float8_e5m2's "<f1"): only names tell them apart.
     one_byte = [n for n in ML_DTYPE_NAMES if canonical_dtype(n).itemsize == 1]
@@ -174,7 +165,6 @@ def test_a_table_of_every_ml_dtype_and_numpy_dtypes_round_trips(url: str) -> Non
             assert sig.same_structure(other.signature("t"), sig.signature_of(values))
 
 
-@NEEDS_SIGNATURE_PY
 def test_a_python_float_fits_a_zero_d_bfloat16_leaf_unless_too_large(url: str) -> None:
     with varsync.connect(url) as store:
         store.create_table("t", {"lr": Spec((), "bfloat16")})

@@ -305,7 +305,7 @@ def _python_scalar(spec: Spec, value: Any, mismatch: Any) -> np.ndarray:
     table; ...)."""
     if spec.shape != ():
         raise mismatch(f"a Python {type(value).__name__} scalar")
-    kind = spec.dtype.kind
+    kind = "f" if spec.dtype.name in ML_DTYPE_NAMES else spec.dtype.kind  # bfloat16: "V"
     if kind not in _PYTHON_SCALAR_KINDS[_python_type(value)]:
         raise mismatch(f"Python {type(value).__name__} {value!r}")
     if kind in "iu" and isinstance(value, numbers.Integral):
@@ -317,6 +317,8 @@ def _python_scalar(spec: Spec, value: Any, mismatch: Any) -> np.ndarray:
             array = np.asarray(value, dtype=spec.dtype)
     except (OverflowError, FloatingPointError):  # e.g. 1e300 into float32, 10**400 into float64
         raise mismatch(f"{value!r}, too large for {spec.dtype.name}") from None
+    if kind == "f" and not np.isfinite(array) and math.isfinite(value):  # ml_dtypes: no raise
+        raise mismatch(f"{value!r}, too large for {spec.dtype.name}")
     if kind in "fc" and isinstance(value, numbers.Integral):
         held = array.real.item()
         if not math.isfinite(held) or int(held) != value:
@@ -366,7 +368,8 @@ def same_structure(a: Any, b: Any) -> bool:
 
 def _structure_key(node: Any) -> Any:
     if isinstance(node, Spec):
-        return ("spec", node.shape, node.dtype.str)
+        # .str alone is "<V1" for every float8 type: the name tells them apart.
+        return ("spec", node.shape, node.dtype.str, node.dtype.name)
     if node is nest_lib.EMPTY:
         return ("none",)
     if isinstance(node, nest_lib.Ordered):
