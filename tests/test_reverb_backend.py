@@ -291,6 +291,25 @@ def test_serve_refuses_int_dict_keys_reverb_cannot_store():
         serve({"variables": {1: np.zeros(2)}})
 
 
+def test_ordered_mappings_and_empty_nodes_are_refused_with_what_to_do_instead():
+    """A PyTorch state_dict's order or a JAX None cannot live in a tf.nest structure:
+    refused by serve and by create_table on a running server, never silently reordered."""
+    from varsync.nest import EMPTY, Ordered
+
+    state_dict = Ordered([("layer2.weight", varsync.Spec((2,), np.float32)),
+                          ("layer10.weight", varsync.Spec((2,), np.float32))])
+    with pytest.raises(varsync.SignatureError, match=r"<root> keeps its own key order.*dict\("):
+        serve({"variables": state_dict})
+    with pytest.raises(varsync.SignatureError, match=r"\['b'\] is None in a JAX pytree"):
+        serve({"variables": {"a": np.zeros(2), "b": EMPTY}})
+    with serve({"variables": SIGNATURE}) as server, varsync.connect(
+        f"reverb://localhost:{server.port}", timeout=10
+    ) as store:
+        with pytest.raises(varsync.SignatureError, match="keeps its own key order"):
+            store.create_table("variables", {"policy": state_dict})
+        assert store.version("variables") == 0
+
+
 def _sampling_threads() -> list:
     import threading
 

@@ -27,6 +27,7 @@ from varsync import signature as sig
 
 # Reverb and TensorFlow, or the error that names the extra to install.
 from varsync.backends.reverb.engine import reverb, tf
+from varsync.backends.reverb.tables import check_tf_nest_structure
 
 __all__ = ["serve", "ReverbServer", "variables_table", "tensorflow_signature"]
 
@@ -35,6 +36,7 @@ def tensorflow_signature(signature: Any) -> Any:
     """A nest of ``tf.TensorSpec`` for a varsync signature or example nest (the form a
     Reverb table signature takes). Dict keys must be strings, as Reverb stores them."""
     specs = sig.signature_of(signature)
+    check_tf_nest_structure(specs)
     if not nest_lib.flatten(specs):
         raise SignatureError(
             f"signature {specs!r} has no leaf; a Reverb item must hold data, so a "

@@ -34,11 +34,12 @@ from varsync.backends.reverb.sampling import SamplingPool
 from varsync.backends.reverb.tables import (
     HOW_TO_CONFIGURE,
     check_table_info,
+    check_tf_nest_structure,
     insert_count,
     version_of,
 )
 from varsync.backends.reverb.versions import Incarnations, own_version
-from varsync.signature import signature_of, to_json
+from varsync.signature import from_json, signature_of, to_json
 from varsync.spec import ML_DTYPE_NAMES
 
 __all__ = ["ReverbBackend", "MAX_PUSH_BYTES"]
@@ -182,6 +183,7 @@ class ReverbBackend(Backend):
         return to_json(signature_of(decoded))
 
     def create_table(self, name: str, signature: str, specs: Sequence[Spec]) -> str:
+        check_tf_nest_structure(from_json(signature))
         stored = self.signature(name)
         if stored is None:
             raise TableNotFoundError(

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from varsync import MissingSignatureError
+from varsync import MissingSignatureError, SignatureError
+from varsync import nest as nest_lib
 from varsync.backend import TableConfigurationError
 from varsync.backends.reverb.engine import tf
 
-__all__ = ["HOW_TO_CONFIGURE", "check_table_info", "insert_count", "version_of", "age_seconds"]
+__all__ = [
+    "HOW_TO_CONFIGURE", "check_tf_nest_structure", "check_table_info", "insert_count",
+    "version_of", "age_seconds",
+]
 
 HOW_TO_CONFIGURE = (
     "varsync.reverb.serve({name: signature}) builds such a server; by hand: "
@@ -17,6 +21,30 @@ HOW_TO_CONFIGURE = (
     "rate_limiter=reverb.rate_limiters.MinSize(1), max_size=1, max_times_sampled=0, "
     "signature=<nest of tf.TensorSpec>)"
 )
+
+
+def check_tf_nest_structure(signature: Any, path: nest_lib.Path = ()) -> None:
+    """Raise ``SignatureError`` if ``signature`` holds a node ``tf.nest`` cannot keep: an
+    ordered mapping (a PyTorch ``state_dict``, a JAX ``OrderedDict``), whose order
+    ``tf.nest`` would replace by sorted keys, or an empty node (JAX's ``None``), which
+    ``tf.nest`` takes for a leaf. A Reverb table signature is a ``tf.nest`` structure."""
+    where = nest_lib.format_path(path)
+    if isinstance(signature, nest_lib.Ordered):
+        raise SignatureError(
+            f"the mapping at {where} keeps its own key order (a PyTorch state_dict or an "
+            "OrderedDict of JAX arrays), and a Reverb table signature is a tf.nest "
+            "structure, which sorts every mapping's keys; serve a plain dict there "
+            "(dict(model.state_dict())), or use redis:// or shm://, which keep the order"
+        )
+    if signature is nest_lib.EMPTY:
+        raise SignatureError(
+            f"the node at {where} is None in a JAX pytree (a node without leaves), which a "
+            "Reverb table signature (a tf.nest structure) cannot hold; drop it, or use "
+            "redis:// or shm://"
+        )
+    if nest_lib.is_nested(signature):
+        for entry, child in nest_lib.children(signature):
+            check_tf_nest_structure(child, path + (entry,))
 
 
 def check_table_info(name: str, info: Any, address: str, signature: Any) -> None:
