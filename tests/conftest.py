@@ -183,6 +183,7 @@ def pytest_terminal_summary(terminalreporter: "pytest.TerminalReporter") -> None
     if not _engine_skips:
         return
     write = terminalreporter.write_line
+    terminalreporter.ensure_newline()  # else the first line after the header is blank
     terminalreporter.section("skipped for an absent engine")
     by_engine: Dict[str, Dict[str, List[bool]]] = {}
     for engine, path, whole in _engine_skips:
