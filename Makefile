@@ -38,8 +38,9 @@ demo: $(VENV)/.reverb-installed
 
 # The lint and type gate (ruff, mypy: zero findings on varsync/, plugins/, benchmarks/ and
 # tools/), then the suite in both worlds, in tox's environments (tox.ini says what each
-# holds and runs): the TensorFlow/Reverb one (NumPy 1.26, also the shm plugin's tests and
-# the benchmark smoke) and the NumPy 2 one (PyTorch, JAX; no TensorFlow). tox runs all
+# holds and runs): the TensorFlow/Reverb one (NumPy 1.26, with the benchmark smoke) and
+# the NumPy 2 one (PyTorch, JAX; no TensorFlow; the shm plugin's tests and the frameworks
+# part of the benchmark smoke). tox runs all
 # three and fails if any fails. Each run prints which engines its environment lacks and
 # which test files skipped for that. All under scripts/loopback-only: Reverb servers
 # listen on every interface.
@@ -52,11 +53,16 @@ lint: $(TOX)
 # Every benchmark in benchmarks/ (one harness: benchmarks/suite.py), end to end in under
 # 15 minutes on a 2-core machine: benchmarks/RESULTS.md, benchmarks/results.json and the
 # plots in docs/img/ (matplotlib, the `bench` extra). The suite starts and stops its own
-# Reverb and redis servers. `make test` runs it as a smoke test (--smoke: every group on
-# every backend, tiny sizes, under a minute; it writes none of those files).
+# Reverb and redis servers. The cross-backend group runs in .venv (TensorFlow, Reverb), the
+# frameworks group (PyTorch, JAX) in tox's modern environment; each run rewrites its own
+# part of RESULTS.md and results.json. `make test` runs both as a smoke test (--smoke:
+# every group on every backend, tiny sizes, under a minute; it writes none of those files).
 bench: tf-env
 	$(PY) -c "import matplotlib" 2>/dev/null || $(PIP) install -e ".[all,test,bench]"
 	scripts/loopback-only $(PY) -m benchmarks.suite
+	$(TOXRUN) -e modern --notest
+	.tox/modern/bin/python -c "import matplotlib" 2>/dev/null || .tox/modern/bin/python -m pip --disable-pip-version-check -q install -e ".[bench]"
+	scripts/loopback-only .tox/modern/bin/python -m benchmarks.suite --group frameworks
 
 # A bounded soak (tools/soak/), outside `make test`: per backend, a writer and three
 # readers for SOAK_SECONDS, every pulled value checked, then the same with faults; pushes,
