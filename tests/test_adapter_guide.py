@@ -20,41 +20,22 @@ from __future__ import annotations
 import ast
 import os
 import pathlib
-import re
 import subprocess
 import sys
 import textwrap
 from typing import Dict, Set
 
 import pytest
+from guide_packages import build_and_test_package, files_of, install
 
 GUIDE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "adapters.md"
-BLOCK = re.compile(r"```(?:python|toml)\n# (?P<path>[\w./-]+\.(?:py|toml))\n(?P<body>.*?)```", re.S)
 
 FRAMEWORKS = ("tensorflow", "keras", "tf_keras", "torch", "jax", "jaxlib", "flax", "optax", "mlx")
 
 
 def files_of_the_guide() -> Dict[str, str]:
     """File path -> text, for every code block that names its file."""
-    files: Dict[str, str] = {}
-    for match in BLOCK.finditer(GUIDE.read_text(encoding="utf-8")):
-        path = match["path"]
-        assert path not in files, f"docs/adapters.md shows {path} twice"
-        files[path] = match["body"]
-    return files
-
-
-def install(site: pathlib.Path, dist: str, entry_points: str, modules: Dict[str, str]) -> None:
-    """Write ``modules`` (relative path -> text) and ``<dist>-0.1.0.dist-info`` with the
-    ``[varsync]`` entry points ``entry_points`` into the directory ``site``."""
-    for path, text in modules.items():
-        target = site / path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
-    info = site / f"{dist.replace('-', '_')}-0.1.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1.0\n")
-    (info / "entry_points.txt").write_text(f"[varsync]\n{entry_points}\n")
+    return files_of(GUIDE)
 
 
 def test_the_guide_shows_the_whole_package() -> None:
@@ -102,36 +83,7 @@ def test_the_guide_imports_only_varsync_varsync_adapters_its_framework_and_numpy
 
 def test_the_adapter_of_the_guide_passes_its_tests(tmp_path: pathlib.Path) -> None:
     pytest.importorskip("mlx.core", reason="MLX is installed only in the modern environment")
-    files = files_of_the_guide()
-    entry = re.search(
-        r"\[project\.entry-points\.varsync\]\n(\w+) = \"([\w.:]+)\"", files["pyproject.toml"]
-    )
-    assert entry, "pyproject.toml of the guide declares no varsync entry point"
-    project = tmp_path / "varsync-mlx"
-    for path, text in files.items():
-        target = project / path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
-    site = tmp_path / "site"
-    package = project / "src" / "varsync_mlx"
-    install(
-        site,
-        "varsync-mlx",
-        f"{entry[1]} = {entry[2]}",
-        {f"varsync_mlx/{m.name}": m.read_text() for m in package.iterdir() if m.is_file()},
-    )
-    env = {**os.environ, "PYTHONPATH": str(site)}
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-         "-W", "error::varsync.PluginWarning", "tests"],
-        cwd=project, env=env, capture_output=True, text=True, timeout=600,
-    )
-    tail = "\n".join(done.stdout.splitlines()[-30:])
-    assert done.returncode == 0, (
-        f"the guide's adapter failed its tests:\n{tail}\n{done.stderr[-2000:]}"
-    )
-    passed = re.search(r"(\d+) passed", done.stdout)
-    assert passed and int(passed[1]) >= 15, f"too few tests ran:\n{tail}"
+    build_and_test_package(GUIDE, tmp_path, "varsync-mlx", at_least=15)
 
 
 # A framework of its own (``fakefw``), an adapter for it and the plugin that registers
