@@ -277,3 +277,13 @@ def test_autograd_sees_an_update_as_an_in_place_change(store: varsync.VariableCo
     assert weight._version > before
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+
+
+def test_a_dtype_numpy_lacks_is_refused_naming_it() -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # complex32 is "experimental"
+        half_complex = torch.zeros(2, dtype=torch.complex32)
+    with pytest.raises(varsync.SignatureError, match=r"\['x'\].*torch.complex32 has no numpy"):
+        varsync.signature_of({"x": half_complex})
