@@ -12,15 +12,19 @@ layers, weight and bias), ``nbytes`` in all (100 MB in ``make bench``: 25 layers
   (push), GET + ``torch.load`` + ``load_state_dict`` (pull; this path unpickles, with
   ``weights_only=True``, torch's default since 2.6) against varsync's ``push(module)`` and
   ``update(module)``, on the same redis-server.
-- ``torchrl``: a slot for TorchRL's own multiprocess / shared-memory weight sync of the same
-  policy; skipped, with the reason, while torchrl does not import.
+- ``torchrl``: TorchRL's own ``SharedMemWeightSyncScheme`` and
+  ``MultiProcessWeightSyncScheme`` against varsync's ``VarsyncWeightSyncScheme`` over shm://,
+  the sender side here, the receivers in one spawned worker process (:func:`torchrl`):
+  from ``send`` until the worker's policy holds the new weights. Skipped, with the reason,
+  where torchrl does not import.
 - ``jax shm``: the learner pushes the tree once per round (untimed); the actor's
   ``store.pull(like=tree)`` against ``jax.device_put`` of the same tree of numpy arrays, both
   until ``jax.block_until_ready``.
 
-The learner and the actor are two containers in this process. Each part runs where its
-framework imports and is recorded as skipped, with the reason, where it does not: the TF
-environment (.venv) has neither torch nor jax, the modern one (NumPy 2) has both.
+The learner and the actor are two containers in this process (but for ``torchrl``). Each
+part runs where its framework imports and is recorded as skipped, with the reason, where it
+does not: the TF environment (.venv) has neither torch nor jax, the modern one (NumPy 2)
+has both.
 """
 
 from __future__ import annotations
@@ -72,7 +76,8 @@ def run(plan: Frameworks, out: Dict[str, Any], log: Callable[[str], None],
                                                "rounds": plan.rounds, "warm": plan.warm},
                 "records": [], "skipped": {}, "torch_threads": None})
     out["versions"] = {name: _version(name) for name in (
-        "varsync", "varsync-shm", "torch", "jax", "jaxlib", "redis", "numpy")}
+        "varsync", "varsync-shm", "torch", "torchrl", "tensordict", "jax", "jaxlib", "redis",
+        "numpy")}
     out["tree"] = working_tree()
     started = time.monotonic()
     parts: List[Tuple[str, Optional[str], Callable[[], Dict[Tuple[str, str], List[float]]]]] = [
@@ -82,7 +87,7 @@ def run(plan: Frameworks, out: Dict[str, Any], log: Callable[[str], None],
          lambda: torch_shm(plan, threads=1)),
         ("torch redis", _import_problem("torch") or _import_problem("redis"),
          lambda: torch_redis(plan, redis_url())),
-        ("torchrl", _import_problem("torch") or torchrl_slot(), lambda: {}),
+        ("torchrl", _import_problem("torch") or torchrl_slot(), lambda: torchrl(plan)),
         ("jax shm", _import_problem("jax") or _import_problem("varsync_shm"),
          lambda: jax_shm(plan, out.setdefault("jax_aliases", {}))),
     ]
@@ -262,13 +267,154 @@ def torch_redis(plan: Frameworks, url: str) -> Dict[Tuple[str, str], List[float]
 
 
 def torchrl_slot() -> Optional[str]:
-    """Why TorchRL's own weight sync is not measured here; None once it is."""
-    problem = _import_problem("torchrl")
-    if problem:
-        return problem
-    return (f"torchrl {_version('torchrl')} imports, but the comparison with its "
-            "multiprocess / shared-memory weight sync is not written yet "
-            "(benchmarks/frameworks.py, torchrl_slot)")
+    """Why TorchRL's own weight sync cannot be measured here; None if it can."""
+    return _import_problem("torchrl") or _import_problem("varsync_shm")
+
+
+#: The contenders of the torchrl part: (contender, TorchRL's scheme class or None).
+TORCHRL_SCHEMES = (("torchrl SharedMem", "SharedMemWeightSyncScheme"),
+                   ("torchrl MultiProcess", "MultiProcessWeightSyncScheme"),
+                   ("varsync shm://", None))
+TORCHRL_WAIT = 120.0  # seconds, the bound of every wait on a worker
+
+
+def torchrl(plan: Frameworks) -> Dict[Tuple[str, str], List[float]]:
+    """TorchRL's weight sync as its multi-process collectors drive it, without the
+    collector: each scheme's sender side here (``init_on_sender`` with the collector's own
+    copy of the policy, ``connect``, then ``send(trainer_policy)`` per round, which is what
+    ``collector.update_policy_weights_(policy)`` calls), its receiver side in one spawned
+    worker process (``init_on_receiver(model=...)``, ``connect``), each scheme with a policy
+    of its own there. TorchRL's schemes apply in their background thread and acknowledge;
+    varsync's, with ``background=False``, applies in ``receive()`` and the worker
+    acknowledges on a queue. Timed: from ``send`` until the worker's policy holds the new
+    weights. TorchRL's ``send`` (sync=True, its default) returns on the worker's
+    acknowledgement; varsync's returns once the push is stored, then the trainer waits for
+    the worker's (timed apart: "send", "until the worker applied")."""
+    import queue
+
+    import torch
+    from torchrl import weight_update  # type: ignore[import-not-found, unused-ignore]
+
+    import varsync_shm
+    from varsync.integrations.torchrl import VarsyncWeightSyncScheme
+
+    ctx = torch.multiprocessing.get_context("spawn")  # as TorchRL's collectors start workers
+    trainer = policy(plan, 0)
+    name = f"bench-torchrl-{uuid.uuid4().hex[:6]}"
+    schemes: Dict[str, Any] = {}
+    commands, replies = ctx.Queue(), ctx.Queue()
+    worker = None
+    try:
+        for contender, cls in TORCHRL_SCHEMES:
+            if cls is None:
+                scheme = VarsyncWeightSyncScheme(f"shm://{name}", "policy", background=False,
+                                                 timeout=TORCHRL_WAIT)
+                scheme.init_on_sender(model_id="policy", model=trainer)
+            else:
+                scheme = getattr(weight_update, cls)()
+                scheme.init_on_sender(model_id="policy", model=policy(plan, 2),
+                                      devices=[torch.device("cpu")], ctx=ctx)
+            schemes[contender] = scheme
+        worker = ctx.Process(target=_torchrl_worker, name="torchrl-receivers", daemon=True,
+                             args=(schemes, plan, commands, replies))
+        worker.start()
+        for scheme in schemes.values():
+            scheme.connect()  # the buffers, the weights or the first push
+
+        def reply() -> Any:
+            deadline = time.monotonic() + TORCHRL_WAIT
+            while True:
+                try:
+                    return replies.get(timeout=0.5)
+                except queue.Empty:
+                    pass
+                if worker is not None and worker.exitcode is not None:
+                    raise RuntimeError(f"the worker exited ({worker.exitcode})")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the worker did not answer in {TORCHRL_WAIT:g} s")
+
+        if reply() != "ready":
+            raise RuntimeError("the worker did not start")
+
+        def send(contender: str) -> Callable[[], Any]:
+            return lambda: schemes[contender].send(trainer)
+
+        def train_step() -> None:  # untimed: new weights for every round
+            with torch.no_grad():
+                for p in trainer.parameters():
+                    p.add_(1.0)
+
+        turns: List[Turn] = [
+            [("torchrl SharedMem", "send", send("torchrl SharedMem"))],
+            [("torchrl MultiProcess", "send", send("torchrl MultiProcess"))],
+            [("varsync shm://", "send", send("varsync shm://")),
+             ("varsync shm://", "until the worker applied", reply)],
+        ]
+        samples = in_rounds(turns, plan.rounds, plan.warm, train_step)
+        expected = _digest(trainer)
+        for contender in schemes:
+            commands.put(("digest", contender))
+            if reply() != expected:
+                raise RuntimeError(f"the worker's policy under {contender} differs from the "
+                                   "trainer's after the rounds")
+        return samples
+    finally:
+        if worker is not None and worker.pid is not None:
+            if worker.is_alive():
+                commands.put(("stop", None))
+            worker.join(timeout=30)
+            if worker.is_alive():
+                worker.terminate()
+                worker.join(timeout=10)
+            if worker.is_alive():
+                worker.kill()
+                worker.join(timeout=10)
+        for scheme in schemes.values():
+            scheme.shutdown()
+        for q in (commands, replies):
+            q.close()
+            q.cancel_join_thread()
+        varsync_shm.remove_store(name)
+
+
+def _digest(module: Any) -> List[float]:
+    return [float(t.double().sum()) for t in module.state_dict().values()]
+
+
+def _torchrl_worker(schemes: Dict[str, Any], plan: Frameworks, commands: Any,
+                    replies: Any) -> None:
+    """A collector's worker, reduced to its weight sync: the receiver side of each scheme,
+    each for a policy of its own. varsync's scheme (``background=False``) applies each
+    newer version in ``receive`` here and answers its version; TorchRL's apply in their
+    background threads and acknowledge through their own queues. ``commands``:
+    ("digest", contender): answer that policy's per-tensor sums; ("stop", None)."""
+    import queue
+
+    applying = []  # the schemes whose receive() this loop calls
+    models = {contender: policy(plan, 1) for contender in schemes}  # schemes hold weakrefs
+    for contender, scheme in schemes.items():
+        scheme.init_on_receiver(model_id="policy", model=models[contender], worker_idx=0)
+        scheme.connect(worker_idx=0)
+        if type(scheme).__name__ == "VarsyncWeightSyncScheme":
+            applying.append(scheme)
+    replies.put("ready")
+    deadline = time.monotonic() + 3600
+    try:
+        while time.monotonic() < deadline:
+            for scheme in applying:
+                if scheme.receive(timeout=0.2) is not None:
+                    replies.put(scheme.version)
+            try:
+                command, contender = commands.get(timeout=0.0 if applying else 1.0)
+            except queue.Empty:
+                continue
+            if command == "digest":
+                replies.put(_digest(models[contender]))
+            elif command == "stop":
+                break
+    finally:
+        for scheme in schemes.values():
+            scheme.shutdown()
 
 
 def jax_tree(plan: Frameworks) -> Dict[str, Dict[str, Any]]:
