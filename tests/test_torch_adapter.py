@@ -287,3 +287,24 @@ def test_a_dtype_numpy_lacks_is_refused_naming_it() -> None:
         half_complex = torch.zeros(2, dtype=torch.complex32)
     with pytest.raises(varsync.SignatureError, match=r"\['x'\].*torch.complex32 has no numpy"):
         varsync.signature_of({"x": half_complex})
+
+
+def test_a_large_update_split_over_threads_assigns_every_tensor_exactly(
+    store: varsync.VariableContainer,
+) -> None:
+    """Above 4 MB the copies run on up to torch.get_num_threads() threads: every tensor,
+    large and small, still ends exactly as pushed."""
+    sizes = [3_000_000, 1, 700_000, 5, 250_000, 0, 2_000_000]
+    learner = {f"t{i}": torch.randn(n) for i, n in enumerate(sizes)}
+    learner["steps"] = torch.arange(7)
+    store.create_table("big", learner)
+    store.push(learner, "big")
+    actor = {k: torch.zeros_like(v) for k, v in learner.items()}
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        store.update(actor, "big")
+    finally:
+        torch.set_num_threads(threads)
+    for key, tensor in learner.items():
+        assert torch.equal(actor[key], tensor), key

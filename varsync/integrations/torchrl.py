@@ -353,14 +353,23 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
         """Load the latest version into the model if it is newer than the one held;
         return it, else ``None``."""
         with self._apply_lock:
-            model = self.model
-            got = self._connected().pull_if_newer(self._held, self.table, like=model)
-            if got is None:
-                return None
-            version, state = got
-            on_meta = any(t.is_meta for t in model.state_dict().values())
-            # In place (copy_ under no_grad) unless TorchRL sent the policy stateless.
-            model.load_state_dict(state, assign=on_meta)
+            model, store = self.model, self._connected()
+            if any(t.is_meta for t in model.state_dict().values()):
+                # TorchRL sent the policy stateless: its tensors are made from the pull.
+                got = store.pull_if_newer(self._held, self.table, like=model)
+                if got is None:
+                    return None
+                version, state = got
+                model.load_state_dict(state, assign=True)
+            else:
+                # In place, one copy from the store into each tensor (store.update),
+                # rather than pull(like=) and load_state_dict: two copies.
+                current = store.version(self.table)
+                if current <= self._held:
+                    if current < self._held:  # a new history: pull_if_newer says so
+                        store.pull_if_newer(self._held, self.table)
+                    return None
+                version = store.update(model, self.table)
             self._held = version
         if cascade:
             self._cascade()
