@@ -218,6 +218,12 @@ def _detail(f: Frameworks) -> List[str]:
                   f"a queue, the worker copies), varsync's send until applied takes "
                   f"{ratio_cell(mp)}. varsync's trainer-side `send` alone (the push into "
                   f"shm://, before any worker copies) takes {ratio_cell(send)} of "
-                  "`SharedMemWeightSyncScheme.send`'s whole round trip.", ""]
+                  "`SharedMemWeightSyncScheme.send`'s whole round trip. Why 1.0 against "
+                  "`SharedMemWeightSyncScheme` is out of reach for a versioned store: there "
+                  "the worker's policy *is* the shared buffer, so a send is one copy of the "
+                  "weights and the worker never copies; through varsync the trainer's push "
+                  "is one copy into a new version (readers of the old one keep it whole) and "
+                  "the worker's `update` a second, out of it, so two copies are the floor "
+                  "(about 2x), which is where the ratio sits.", ""]
     lines += [f"- {part}: not run: {reason}." for part, reason in f.skipped.items()]
     return lines + [""]
