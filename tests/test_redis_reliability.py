@@ -226,6 +226,33 @@ def test_timeout_zero_returns_what_is_there_and_never_blocks(server: Any) -> Non
 # -- an older RDB file and a new writer (item 3) ------------------------------------------------
 
 
+def test_a_push_in_doubt_stays_vouched_for_when_the_next_one_is_in_doubt_too(
+    redis_servers: Any,
+) -> None:
+    """Push P publishes, but its answer is lost (in doubt); the server restarts (its RDB
+    holds P); the next push Q, retried across the restart, is in doubt itself when it
+    publishes. The writer must still vouch for P: the head after the restart is P's,
+    and if only Q's token were remembered, Q would start a new history and every reader
+    would be reset for nothing (seen once in a full run of test_faults.py)."""
+    server = redis_servers(persistent=True)  # SIGTERM saves the RDB
+    with varsync.connect(server.url, timeout=5) as reader:
+        with varsync.connect(server.url, timeout=5) as learner:
+            learner.create_table("variables", SMALL)
+            learner.push(filled(SMALL, 1))
+            table = learner.backend._known.get("variables")
+            first = table.token
+            assert learner.push(filled(SMALL, 2)) == 2  # P: published, and then, as if
+            p_token = table.token  # its answer had been lost, the writer's state says:
+            table.published, table.token, table.in_doubt = 1, first, (p_token,)
+            assert reader.pull_if_newer(0)[0] == 2
+            server.stop()  # SIGTERM: the RDB holds version 2
+            server.start()
+            table.doubt("f" * 16)  # Q's token, in doubt before its publish is answered
+            assert learner.push(filled(SMALL, 3)) == 3
+        newer = reader.pull_if_newer(2)  # the same history: no reset
+        assert newer is not None and newer[0] == 3 and check_consistent(newer[1]) == 3
+
+
 def test_a_server_back_on_an_older_rdb_file_with_a_new_writer_never_reuses_a_version(
     server: Any,
 ) -> None:

@@ -251,7 +251,7 @@ class RedisBackend(Backend):
                 self._send_chunks(chunk_prefix, token, arrays, payload, recycled)
                 for _ in range(3):
                     ours = False
-                    table.in_doubt = token.hex()
+                    table.doubt(token.hex())
                     reply, rest = self._publish(keys, table, token.hex(), layout, chunks, recycle)
                     if reply is Published.PUBLISHED:
                         version, epoch = int(rest[0]), text(rest[1])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 from varsync.backend import Histories, TableResetError
 
@@ -13,18 +13,30 @@ from varsync.backend import Histories, TableResetError
 @dataclass
 class Table:
     """A table in the history ``epoch``: the signature text this backend read, and the
-    last version this writer published there with its token, plus the token of a push
-    whose publish script was sent but not answered (to notice a server going back in
-    time, and to vouch for the head after a server restart)."""
+    last version this writer published there with its token, plus the tokens of the
+    pushes since then whose publish script was sent but not answered (to notice a server
+    going back in time, and to vouch for the head after a server restart). All of them,
+    not the last: a push whose answer was lost may have published, and the next push,
+    retried across a restart, is in doubt too before it learns anything."""
 
     epoch: str
     signature: str
     published: int = 0
     token: str = ""
-    in_doubt: str = ""
+    in_doubt: Tuple[str, ...] = ()
+
+    def doubt(self, token: str) -> None:
+        """``token``'s publish script is about to be sent: from now on it may publish."""
+        if token not in self.in_doubt:
+            self.in_doubt = (*self.in_doubt, token)[-MAX_IN_DOUBT:]
 
     def vouched(self) -> str:
-        return ",".join(t for t in (self.token, self.in_doubt) if t)
+        return ",".join(t for t in (self.token, *self.in_doubt) if t)
+
+
+#: In-doubt tokens a writer keeps (each push is at most one; after this many unanswered
+#: publishes in a row the oldest may be forgotten, at worst costing readers a reset).
+MAX_IN_DOUBT = 16
 
 
 class Known:
@@ -64,7 +76,7 @@ class Known:
 
     def published(self, table: Table, version: int, token: str) -> None:
         with self._lock:
-            table.published, table.token, table.in_doubt = version, token, ""
+            table.published, table.token, table.in_doubt = version, token, ()
 
     def check_same_signature(self, name: str, stored: Optional[str], table: Table) -> None:
         """A table created again with another signature is not a new history a pull can
