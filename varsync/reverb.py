@@ -19,7 +19,8 @@ interface is loopback).
 from __future__ import annotations
 
 import collections.abc
-from typing import Any, List, Mapping, Optional
+import socket
+from typing import Any, List, Mapping, Optional, Set
 
 from varsync import ConfigurationError, SignatureError
 from varsync import nest as nest_lib
@@ -140,5 +141,32 @@ def serve(
     checkpointer = None
     if checkpoint_dir is not None:
         checkpointer = reverb.checkpointers.DefaultCheckpointer(path=str(checkpoint_dir))
-    server = reverb.Server(tables=built, port=port or None, checkpointer=checkpointer)
+    server = reverb.Server(tables=built, port=port or _unserved_port(), checkpointer=checkpointer)
+    _SERVED_PORTS.add(server.port)
     return ReverbServer(server, list(tables))
+
+
+# Ports servers of this process listened on. ``port=0`` never picks one of them again: this
+# process's TensorFlow-side Reverb clients of a stopped server are never released (Reverb
+# 0.14's sample op keeps a reference; docs/reverb.md), and gRPC shares one connection per
+# address among a process's clients, so a new server on an old port would be reached
+# through the old, dead connection, in its reconnect backoff: a sample waited out its
+# 20 s timeout that way once in a full test run.
+_SERVED_PORTS: Set[int] = set()
+
+
+def _unserved_port() -> int:
+    """A free TCP port no server of this process has listened on (Reverb binds every
+    interface, IPv6 and IPv4, as this probe does where it can)."""
+    family = socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET
+    for _ in range(100):
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.bind(("", 0))
+                port = probe.getsockname()[1]
+        except OSError:  # no IPv6 here after all
+            family = socket.AF_INET
+            continue
+        if port not in _SERVED_PORTS:
+            return int(port)
+    raise ConfigurationError("found no free TCP port this process has not served on")
