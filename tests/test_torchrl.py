@@ -247,10 +247,11 @@ def test_bad_arguments_are_refused() -> None:
 
 
 @pytest.fixture(params=["shm", "redis"])
-def shared_url(request: pytest.FixtureRequest) -> str:
+def shared_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
     if request.param == "shm":
         pytest.importorskip("varsync_shm", reason="shm:// needs varsync_shm")
-        return f"shm://torchrl-{uuid.uuid4().hex[:12]}"
+        # under the test's own directory, removed with it (not a store left in /dev/shm)
+        return f"shm://torchrl-{uuid.uuid4().hex[:12]}?root={tmp_path}"
     return request.getfixturevalue("redis_namespace")()
 
 
