@@ -270,6 +270,8 @@ LABELS = {
     "varsync drop-in": "varsync.compat.tf_agents drop-in (tf.Variables)",
     "tf-agents": "TF-Agents ReverbVariableContainer",
     "redis-py": "redis-py SET/GET by hand",
+    "redis-py pipelined": "redis-py SETs by hand, one pipeline",
+    "tcp loopback": "raw loopback TCP, sendall / recv_into",
     "np.copyto": "np.copyto into existing arrays",
     "np.copyto fresh": "np.copyto into new arrays",
     "tf assign": "tf.Variable.assign from numpy",

@@ -8,6 +8,8 @@ issues set targets on (3, 4, 5) is measured in the same groups.
   hand-written redis-py SET/GET on the same redis-server, and ``np.copyto`` of the same
   bytes (the physical reference);
 - the same at two sizes with 500 small variables instead of 4 large ones;
+- issue 15: ``pull_if_newer`` on a Reverb server holding 50 tables of 20 leaves, and a new
+  process's first connect + pull per backend (cold_start.py);
 - reader processes (readers.py): fan-out to 8 readers, redis-server's memory under four
   varsync readers vs four hand-written ones, and client memory.
 
@@ -18,16 +20,19 @@ from __future__ import annotations
 
 import contextlib
 import traceback
+import uuid
 from typing import Any, Callable, Dict, List, Tuple
 
-from .common import GB, signature_of, size_label, stage
+from . import cold_start
+from .common import GB, KB, leaf_names, nest_of, signature_of, size_label, stage
 from .plan import Case, Plan
 from .readers import Children, probe_processes, reader_processes, run_client_memory, run_readers
 from .servers import ReverbProcess, running_redis_server
-from .sweep import Sweep
+from .sweep import Sweep, poller, time_polls
 
 RECORDS = ("sweep", "polls", "refusals", "fanout", "reader_memory", "client_memory", "cases",
-           "skipped")
+           "skipped", "cold_start")
+TABLE_BYTES = 80 * KB  # each of the many tables' nest (20 leaves of 1000 float32)
 
 
 def run(plan: Plan, out: Dict[str, Any], log: Callable[[str], None],
@@ -48,8 +53,11 @@ def run(plan: Plan, out: Dict[str, Any], log: Callable[[str], None],
         cases = [c for c in plan.cases + ([plan.big] if plan.big else []) if c.layout == "few"]
         tables = {case.name: signature_of(case.nbytes, case.leaves) for case in cases}
         tables["probe"] = signature_of(plan.probe_bytes, 4)
+        tables[cold_start.TABLE] = signature_of(plan.cold_bytes, 4)
         many = {case.name: {case.name: signature_of(case.nbytes, case.leaves)}
                 for case in plan.cases if case.layout != "few"}  # a server each
+        many["tables"] = {name: signature_of(TABLE_BYTES, plan.table_leaves)
+                          for name in leaf_names(plan.tables)}  # issue 15.1: 50 tables
         reverb = started(ReverbProcess({"sweep": tables, **many}))
         fanout = started(ReverbProcess({"fanout": {"fanout": signature_of(plan.fanout.nbytes,
                                                                           4)}}))
@@ -109,6 +117,9 @@ def _measure(plan: Plan, out: Dict[str, Any], log: Callable[[str], None],
         stages.append((f"{size_label(big.nbytes)} (above 2 GiB)", 150,
                        lambda: big_case(sweep, big, out, log)))
     stages += [
+        (f"Reverb, {plan.tables} tables", 15, lambda: many_tables(plan, reverb["tables"], out)),
+        ("cold start", 8 * plan.cold_samples,
+         lambda: run_cold_start(plan, reverb["sweep"], redis_url, out, log)),
         ("fan-out and reader memory", 120, lambda: run_readers(plan, readers, fanout, out, log)),
         ("client memory", 45,
          lambda: run_client_memory(plan, probes, reverb["sweep"], redis_url, out, log)),
@@ -143,6 +154,44 @@ def available_memory() -> int:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def many_tables(plan: Plan, address: str, out: Dict[str, Any]) -> None:
+    """Issue 15.1: ``pull_if_newer`` unchanged on one of the tables of a Reverb server that
+    holds ``plan.tables`` of ``plan.table_leaves`` leaves each (every table pushed once)."""
+    import varsync
+
+    names = leaf_names(plan.tables)
+    nest = nest_of(TABLE_BYTES, plan.table_leaves)
+    with varsync.connect(f"reverb://{address}", timeout=300) as store:
+        for name in names:
+            store.push(nest, name)
+        samples = time_polls(poller(store, names[0]), plan.reverb_polls, "reverb")
+    out["many_tables"] = {"tables": plan.tables, "leaves": plan.table_leaves,
+                          "table_bytes": TABLE_BYTES, "samples": samples}
+
+
+def run_cold_start(plan: Plan, reverb: str, redis_url: str, out: Dict[str, Any],
+                   log: Callable[[str], None]) -> None:
+    """Issue 15.5: fill a table of ``plan.cold_bytes`` on each backend that keeps it across
+    processes, then time fresh processes' first connect + pull of it (cold_start.py)."""
+    import varsync
+    import varsync_shm
+
+    tag = uuid.uuid4().hex[:6]
+    urls = {"memory": "memory://cold", "reverb": f"reverb://{reverb}",
+            "redis": f"{redis_url}?namespace=bench-cold-{tag}", "shm": f"shm://bench-cold-{tag}"}
+    nest = nest_of(plan.cold_bytes, 4)
+    try:
+        for name in ("reverb", "redis", "shm"):
+            with varsync.connect(urls[name], timeout=300) as store:
+                if name != "reverb":  # Reverb's tables are the server's
+                    store.create_table(cold_start.TABLE, nest)
+                store.push(nest, cold_start.TABLE)
+        del nest
+        cold_start.run(urls, plan.cold_bytes, plan.cold_samples, out, log)
+    finally:
+        varsync_shm.remove_store(f"bench-cold-{tag}")
 
 
 def big_case(sweep: Sweep, case: Case, out: Dict[str, Any], log: Callable[[str], None]) -> None:

@@ -16,9 +16,10 @@ from .common import GB, KB, MB
 class Case:
     """One workload of the sweep: ``leaves`` float32 vectors of ``nbytes`` in all.
 
-    ``targets``: also run what the backend issues set targets on (issues 3, 4, 5): the
-    varsync drop-in for TF-Agents' container, ``version`` on Redis, and shm://'s pull + read,
-    update into numpy arrays and cold paths."""
+    ``targets``: also run what the backend issues set targets on (issues 3, 4, 5): ``version``
+    on Redis, and shm://'s pull + read, update into numpy arrays and cold paths.
+    ``first_push`` (issue 15.3): the Redis group also times, once per round, the first push
+    into a table made for it (made untimed, deleted after)."""
 
     layout: str  # "few": 4 large arrays; "many": 500 small ones
     leaves: int
@@ -27,6 +28,7 @@ class Case:
     inner: int = 1  # back-to-back calls per timed sample (small sizes)
     update: bool = True  # also time update() into tf.Variables
     targets: bool = False
+    first_push: bool = False  # Redis: also a new table's first push, once per round
 
     @property
     def name(self) -> str:
@@ -63,6 +65,12 @@ class Plan:
     polls: int = 1000
     reverb_polls: int = 300
     versions: int = 1000  # `version` calls timed at a target size (Redis)
+    # issue 15.1: pull_if_newer on one of `tables` Reverb tables of `table_leaves` leaves
+    tables: int = 50
+    table_leaves: int = 20
+    # issue 15.5: a fresh process's import + connect + pull of a table this large, per backend
+    cold_bytes: int = 10 * MB
+    cold_samples: int = 5
     # issue 14.8: a 100 MB state_dict of 50 tensors
     frameworks: Frameworks = field(default_factory=lambda: Frameworks(100 * MB, 50, 15))
 
@@ -72,7 +80,9 @@ class Plan:
                 "fanout_pulls": self.fanout.pulls, "reader_memory": asdict(self.reader_memory),
                 "probe_bytes": self.probe_bytes, "polls": self.polls,
                 "reverb_polls": self.reverb_polls, "versions": self.versions,
-                "target_bytes": [c.nbytes for c in self.cases if c.targets]}
+                "target_bytes": [c.nbytes for c in self.cases if c.targets],
+                "tables": self.tables, "table_leaves": self.table_leaves,
+                "cold_bytes": self.cold_bytes, "cold_samples": self.cold_samples}
 
 
 def full_plan() -> Plan:
@@ -86,8 +96,8 @@ def full_plan() -> Plan:
         Case("few", 4, 10 * MB, 7),
         Case("few", 4, 40 * MB, 9, targets=True),
         Case("few", 4, 100 * MB, 5),
-        Case("few", 4, 400 * MB, 5, targets=True),
-        Case("few", 4, 1 * GB, 3),
+        Case("few", 4, 400 * MB, 5, targets=True, first_push=True),
+        Case("few", 4, 1 * GB, 3, first_push=True),
     ]
     many = [Case("many", 500, 1 * MB, 11), Case("many", 500, 100 * MB, 5)]
     return Plan(
@@ -103,7 +113,8 @@ def quick_plan() -> Plan:
     """Minutes become seconds: for trying the suite out, not for figures."""
     return Plan(
         cases=[Case("few", 4, 1 * KB, 3, 5), Case("few", 4, 1 * MB, 3, targets=True),
-               Case("few", 4, 10 * MB, 3, targets=True), Case("many", 500, 1 * MB, 3)],
+               Case("few", 4, 10 * MB, 3, targets=True, first_push=True),
+               Case("many", 500, 1 * MB, 3)],
         big=None,
         fanout=Readers(10 * MB, [1, 2], 2),
         reader_memory=Readers(10 * MB, [2], 2),
@@ -111,6 +122,7 @@ def quick_plan() -> Plan:
         polls=200,
         reverb_polls=100,
         versions=200,
+        cold_samples=3,
         frameworks=Frameworks(10 * MB, 50, 5),
     )
 
@@ -119,7 +131,8 @@ def smoke_plan() -> Plan:
     """Every group and stage on every backend, tiny, to check that every figure comes out
     (not the run above 2 GiB: that size is the point of it)."""
     return Plan(
-        cases=[Case("few", 4, 10 * KB, 1, targets=True), Case("few", 4, 100 * KB, 2, targets=True),
+        cases=[Case("few", 4, 10 * KB, 1, targets=True, first_push=True),
+               Case("few", 4, 100 * KB, 2, targets=True),
                Case("many", 50, 100 * KB, 1)],
         big=None,
         fanout=Readers(100 * KB, [1, 2], 1),
@@ -128,5 +141,7 @@ def smoke_plan() -> Plan:
         polls=20,
         reverb_polls=20,
         versions=20,
+        cold_bytes=100 * KB,
+        cold_samples=1,
         frameworks=Frameworks(100 * KB, 50, 2, warm=1),
     )

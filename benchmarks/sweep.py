@@ -3,10 +3,13 @@ operations taking turns within every round, so that a ratio is taken between tim
 measured side by side.
 
 - memory:// with ``np.copyto`` into existing and into new arrays, ``tf.Variable.assign``;
-- reverb:// with TF-Agents' ReverbVariableContainer on the same server and table (and, at
-  a target size, varsync's drop-in for it, ``varsync.compat.tf_agents``);
-- redis:// with hand-written redis-py SET/GET on the same redis-server (and, at a target
-  size, ``version`` calls and ``np.copyto`` into new arrays);
+- reverb:// with TF-Agents' ReverbVariableContainer on the same server and table, and
+  varsync's drop-in for it, ``varsync.compat.tf_agents`` (4 arrays; with many arrays,
+  memory://'s update instead, against TF-Agents' in the same rounds);
+- redis:// with hand-written redis-py SET/GET on the same redis-server, leaf by leaf and
+  pipelined, and the same bytes over a raw loopback TCP socket pair (the wire's floor);
+  at a target size also ``version`` calls and ``np.copyto`` into new arrays, and where the
+  case says so the first push into a new table, once per round;
 - shm:// (and, at a target size, pull + read, update into numpy arrays, and the cold paths:
   a push into a new segment and the first read of it, when readers hold both segments).
 
@@ -16,6 +19,7 @@ Every group also times ``pull_if_newer`` when nothing changed, call by call, aft
 from __future__ import annotations
 
 import gc
+import itertools
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -25,6 +29,7 @@ import numpy as np
 
 from .common import GB, MB, nest_of, payload_of, size_label, timed
 from .plan import Case, Plan
+from .wire import LoopbackFloor
 
 TABLE = "variables"
 REDIS_BULK_LIMIT = 512 * 2**20  # redis-server's default proto-max-bulk-len
@@ -63,18 +68,13 @@ class Sweep:
     # The groups: each returns None when its backend cannot take this case (recorded).
 
     def memory_group(self, case: Case, nest: Any, variables: Any, targets: Any) -> Group:
-        import varsync
-        from varsync.backends import memory
-
-        name = f"bench-{case.name}-{self.tag}"
-        store = varsync.connect(f"memory://{name}")
-        store.create_table(TABLE, nest)
+        store, forget = memory_table(case, nest, self.tag)
         ops = varsync_ops("memory", store, nest, variables)
         ops += copies(nest, targets, variables, fresh=case.nbytes <= GB)  # above: memory to spare
 
         def close() -> None:
             store.close()
-            memory._STORES.pop(name, None)  # free the bytes: the store outlives containers
+            forget()
 
         return Group("memory", ops, [("memory", "pull_if_newer", poller(store), self.plan.polls)],
                      close)
@@ -109,13 +109,20 @@ class Sweep:
                 ("tf-agents", "pull", lambda: tfa.pull(case.name)),
                 ("tf-agents", "update", lambda: tfa.update(variables, case.name))]
         closers = [store.close]
-        if case.targets:  # issue 3: the drop-in, pushing tf.Variables as TF-Agents' users do
+        if case.layout == "few" and variables is not None:
+            # issues 3 and 15.1: the drop-in, pushing tf.Variables as TF-Agents' users do
             from varsync.compat.tf_agents import ReverbVariableContainer as DropIn
 
             dropin = DropIn(address, table_names=(case.name,), timeout=300)
             closers.append(dropin.container.close)
             ops += [("varsync drop-in", "push", lambda: dropin.push(variables, case.name)),
                     ("varsync drop-in", "pull", lambda: dropin.pull(case.name))]
+        if case.layout != "few" and variables is not None:
+            # issue 15.2: memory:// update against TF-Agents' in the same rounds
+            memory_store, forget = memory_table(case, nest, f"{self.tag}-reverb")
+            closers += [memory_store.close, forget]
+            memory_store.push(nest, TABLE)  # only its update is timed
+            ops.append(("memory", "update", lambda: memory_store.update(variables, TABLE)))
         ops += copies(nest, targets, variables)
 
         def close() -> None:
@@ -145,6 +152,12 @@ class Sweep:
         def hand_pull() -> Dict[str, np.ndarray]:
             return {name: np.frombuffer(hand.get(key), np.float32) for name, key in keys.items()}
 
+        def hand_push_pipelined() -> None:  # issue 15.3: one round trip for every leaf
+            with hand.pipeline(transaction=False) as pipe:
+                for name, leaf in nest.items():
+                    pipe.set(keys[name], leaf.tobytes())
+                pipe.execute()
+
         def hand_update() -> None:
             for name, key in keys.items():
                 variables[name].assign(np.frombuffer(hand.get(key), np.float32))
@@ -153,23 +166,36 @@ class Sweep:
         if max(leaf.nbytes for leaf in nest.values()) > REDIS_BULK_LIMIT:
             self.refuse(case, "redis-py", "push", hand_refusal(self.redis_url, nest))
         else:
-            ops += [("redis-py", "push", hand_push), ("redis-py", "pull", hand_pull)]
+            ops += [("redis-py", "push", hand_push),
+                    ("redis-py pipelined", "push", hand_push_pipelined),
+                    ("redis-py", "pull", hand_pull)]
             if variables is not None:
                 ops.append(("redis-py", "update", hand_update))
+        floor = LoopbackFloor(nest)  # issue 15.4: the same bytes over raw loopback TCP
+        ops.append(("tcp loopback", "transfer", floor.transfer))
         # issue 4 compares a pull with np.copyto into new arrays, in the same rounds
         ops += copies(nest, targets, variables, fresh=case.targets)
         polls: List[Poll] = [("redis", "pull_if_newer", poller(store), self.plan.polls)]
         if case.targets:
             polls.append(("redis", "version", store.version, self.plan.versions))
+        per_round = []
+        if case.first_push:
+            fresh = itertools.count()
+            per_round.append(lambda: redis_first_push(
+                self.redis_url, nest, f"bench-{case.name}-{self.tag}-first-{next(fresh)}", hand))
 
         def close() -> None:
-            store.close()
-            hand.flushall()  # free the server's memory for the next size
-            hand.close()
+            try:
+                floor.check()  # what was timed did move the bytes
+            finally:
+                floor.close()
+                store.close()
+                hand.flushall()  # free the server's memory for the next size
+                hand.close()
 
         # Three rounds before redis:// is in its steady state: from the third push on, a
         # table of 4 MiB or more has a spare version, which each push overwrites in place.
-        return Group("redis", ops, polls, close, warm=3)
+        return Group("redis", ops, polls, close, warm=3, per_round=per_round)
 
     def shm_group(self, case: Case, nest: Any, variables: Any, targets: Any) -> Group:
         import varsync
@@ -249,14 +275,7 @@ class Sweep:
                                       "group": group.name, "contender": contender, "op": op,
                                       "samples": values})
         for contender, op, poll, count in group.polls:
-            values = []
-            for _ in range(count):
-                started = time.perf_counter_ns()
-                result = poll()
-                values.append((time.perf_counter_ns() - started) / 1e9)
-                if op == "pull_if_newer" and result is not None:
-                    raise RuntimeError(f"{contender}: pull_if_newer found a newer version "
-                                       "while nothing was pushed")
+            values = time_polls(poll, count, contender, check=op == "pull_if_newer")
             self.out["polls"].append({"case": case.name, "layout": case.layout,
                                       "bytes": case.nbytes, "contender": contender, "op": op,
                                       "samples": values})
@@ -297,6 +316,36 @@ def copies(nest: Dict[str, np.ndarray], targets: Dict[str, np.ndarray], variable
     return ops
 
 
+def memory_table(case: Case, nest: Any, tag: str) -> Tuple[Any, Callable[[], None]]:
+    """A memory:// container holding a table of ``nest``, and the call that frees its
+    bytes (the store outlives its containers)."""
+    import varsync
+    from varsync.backends import memory
+
+    name = f"bench-{case.name}-{tag}"
+    store = varsync.connect(f"memory://{name}")
+    store.create_table(TABLE, nest)
+
+    def forget() -> None:
+        memory._STORES.pop(name, None)
+
+    return store, forget
+
+
+def redis_first_push(url: str, nest: Any, namespace: str, admin: Any) -> Timings:
+    """The first push into a table made for it (made untimed), then its keys deleted: what
+    a learner's first push of a run costs, when redis:// has no spare version to reuse."""
+    import varsync
+
+    with varsync.connect(url, namespace=namespace, timeout=300) as store:
+        store.create_table(TABLE, nest)
+        seconds = timed(lambda: store.push(nest))
+    stale = list(admin.scan_iter(match=f"*:{namespace}:*", count=1000))
+    if stale:
+        admin.unlink(*stale)
+    return {("redis", "push, new table"): seconds}
+
+
 def shm_cold_paths(store: Any, nest: Any, read: Callable[[Any], None]) -> Timings:
     """With a reader holding both segments (no spare free): a push into a new segment and
     the first pull + read of it; then back to the steady state, untimed."""
@@ -311,6 +360,20 @@ def shm_cold_paths(store: Any, nest: Any, read: Callable[[Any], None]) -> Timing
         store.push(nest)
         read(store.pull())
     return {("shm", "push, new segment"): push, ("shm", "pull + read, new segment"): first_read}
+
+
+def time_polls(poll: Callable[[], Any], count: int, who: str, check: bool = True) -> List[float]:
+    """Seconds of each of ``count`` calls of ``poll``, timed one by one; with ``check``, a
+    poll that found a newer version (nothing was pushed) is an error."""
+    values = []
+    for _ in range(count):
+        started = time.perf_counter_ns()
+        result = poll()
+        values.append((time.perf_counter_ns() - started) / 1e9)
+        if check and result is not None:
+            raise RuntimeError(f"{who}: pull_if_newer found a newer version while nothing "
+                               "was pushed")
+    return values
 
 
 def poller(store: Any, table: str = TABLE) -> Callable[[], Any]:
