@@ -4,8 +4,9 @@
 
 Every figure is computed from the raw samples: medians, interquartile ranges, and ratios
 taken round by round between operations timed side by side. The sections live by topic:
-report_sweep.py (1-4), report_readers.py (5-6), report_targets.py (the targets and 7),
-report_frameworks.py (8: PyTorch and JAX, from a run in the modern environment).
+report_sweep.py (1-4), report_readers.py (5-6), report_targets.py (the targets of issues
+3-5 and 7), report_frameworks.py (8: PyTorch and JAX, from a run in the modern
+environment), report_issue15.py (issue 15's targets beside the previous run's, and 9).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any, Dict, List
 from .common import GB, LABELS, MB, seconds_text, size_label, summary
 from .report_base import Results, rate, rel, table
 from .report_frameworks import frameworks_section
+from .report_issue15 import detail_section, targets_section
 from .report_readers import fanout_section, memory_section, reader_memory_section
 from .report_sweep import big_section, many_section, poll_section, throughput_section
 from .report_targets import backends_section, targets
@@ -34,7 +36,7 @@ def header(r: Results, images: Dict[str, Path], out: Path, json_path: Path) -> L
         f"Python {m['python']}, {versions}.",
         "",
         "The machine is shared with other engineers' builds and tests and is **noisy** (load "
-        f"average {m['load_average'][0]:.1f} when the run started): every figure is a median "
+        f"average {_load(raw)}): every figure is a median "
         "with its spread (the interquartile range, in brackets), and backends are compared by "
         "ratios taken round by round between operations that took turns in the same rounds, "
         "not by single times. Servers ran on this machine, on loopback, sharing its cores with "
@@ -55,6 +57,13 @@ def header(r: Results, images: Dict[str, Path], out: Path, json_path: Path) -> L
     if "throughput" in images:
         lines += [f"![Throughput vs nest size]({rel(images['throughput'], out.parent)})", ""]
     return lines
+
+
+def _load(raw: Dict[str, Any]) -> str:
+    """The 1-minute load average when the run started and when it ended."""
+    text = f"{raw['machine']['load_average'][0]:.1f} when the run started"
+    end = raw.get("load_average_end")
+    return text + (f", {end[0]:.1f} when it ended" if end else "")
 
 
 def headline(r: Results) -> List[str]:
@@ -193,6 +202,7 @@ def write(results: Dict[str, Any], out: Path, images: Dict[str, Path], json_path
     lines: List[str] = []
     lines += header(r, images, out, json_path)
     lines += headline(r)
+    lines += targets_section(r)
     lines += targets(r)
     lines += throughput_section(r, images, out)
     lines += big_section(r)
@@ -203,6 +213,7 @@ def write(results: Dict[str, Any], out: Path, images: Dict[str, Path], json_path
     lines += memory_section(r, images, out)
     lines += backends_section(r)
     lines += frameworks_section(results, images, out)
+    lines += detail_section(r)
     if "cross-backend" not in results.get("groups_skipped", {}):
         lines += plan_section(r)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,8 @@ from .report_base import (
     time_cell,
 )
 
-CONTENDERS = ["memory", "reverb", "tf-agents", "redis", "redis-py", "shm"]
+CONTENDERS = ["memory", "reverb", "varsync drop-in", "tf-agents", "redis", "redis-py",
+              "redis-py pipelined", "shm"]
 SPLIT_NOTE = (
     "varsync reads a table's version through Reverb's `server_info`, whose reply carries the "
     "signature of every table on the server, one `TensorSpec` per leaf. A {leaves}-leaf table "
@@ -74,8 +75,14 @@ def _ratio_rows(r: Results, sizes: List[int]) -> List[List[str]]:
             for op in ("push", "pull", "update")]
     rows.append(["reverb / TF-Agents, push+pull"]
                 + [ratio_cell(r.push_pull_ratio("few", n)) for n in sizes])
+    rows.append(row("drop-in / TF-Agents, pull", "reverb", ("varsync drop-in", "pull"),
+                    ("tf-agents", "pull")))
+    rows.append(["drop-in / TF-Agents, push+pull"]
+                + [ratio_cell(r.push_pull_ratio("few", n, "varsync drop-in")) for n in sizes])
     rows += [row(f"redis / redis-py, {op}", "redis", ("redis", op), ("redis-py", op))
              for op in ("push", "pull", "update")]
+    rows.append(row("redis / redis-py pipelined, push", "redis", ("redis", "push"),
+                    ("redis-py pipelined", "push")))
     rows += [row(f"{name} push / np.copyto", name, (name, "push"), ("np.copyto", "copy"))
              for name in ("memory", "reverb", "redis", "shm")]
     rows += [row(f"{name} update / tf.Variable.assign", name, (name, "update"),

@@ -17,11 +17,14 @@ EVERY_CASE = {
     ("redis", "redis", "push"), ("redis", "redis", "pull"), ("redis", "redis", "update"),
     ("redis", "redis-py", "push"), ("redis", "redis-py", "pull"),
     ("redis", "redis-py", "update"), ("redis", "np.copyto", "copy"),
+    ("redis", "redis-py pipelined", "push"), ("redis", "tcp loopback", "transfer"),
     ("shm", "shm", "push"), ("shm", "shm", "pull"), ("shm", "shm", "update"),
     ("shm", "np.copyto", "copy"), ("shm", "tf assign", "update"),
 }
+FEW = {("reverb", "varsync drop-in", "push"), ("reverb", "varsync drop-in", "pull")}
+MANY = {("reverb", "memory", "update")}
+FIRST_PUSH = {("redis", "redis", "push, new table")}
 AT_TARGETS = {
-    ("reverb", "varsync drop-in", "push"), ("reverb", "varsync drop-in", "pull"),
     ("redis", "np.copyto fresh", "copy"),
     ("shm", "shm", "pull + read"), ("shm", "shm", "update numpy"),
     ("shm", "shm", "push, new segment"), ("shm", "shm", "pull + read, new segment"),
@@ -33,13 +36,20 @@ CLIENT_MEMORY = {(c, op) for c in ("memory", "reverb", "tf-agents", "redis", "re
 SECTIONS = ["## Headline", "## Targets of issues 3, 4 and 5", "## 1. Throughput", "## 3. Many",
             "## 4. pull_if_newer", "## 5. Fan-out", "### Redis: server memory under readers",
             "## 6. Client memory", "## 7. Each backend", "### Reverb:", "### Redis:",
-            "### shm://", "## What was run"]
+            "### shm://", "## What was run", "## Targets of issue 15",
+            "### Redis: both hand-written pushes", "### Reverb: pull_if_newer with many tables",
+            "### Cold start"]
 TARGET_ROWS = 12  # 2 + 2 + 1 Reverb, 2 + 1 + 1 + 1 Redis, 2 shm (two target sizes)
+ISSUE_15_ITEMS = ("15.1 Reverb", "15.2 many variables", "15.3 Redis", "15.4 the wire",
+                  "15.5 cold start")
+COLD_BACKENDS = ("memory", "reverb", "redis", "shm")
 
 
 def wanted(case: Dict[str, Any]) -> Set[Tuple[str, str, str]]:
     """The (group, contender, operation) a case should have timed."""
     ops = EVERY_CASE | (AT_TARGETS if case.get("targets") else set())
+    ops |= (FEW if case["layout"] == "few" else MANY) if case["update"] else set()
+    ops |= FIRST_PUSH if case.get("first_push") else set()
     if not case["update"]:
         ops = {(g, c, op) for g, c, op in ops if op != "update"}
     if case["nbytes"] > 10**9:  # no np.copyto into new arrays: memory to spare
@@ -136,4 +146,23 @@ def missing_cross_backend(results: Dict[str, Any], markdown: str) -> List[str]:
         missing.append(f"RESULTS.md: {len(rows)} target rows, expected {TARGET_ROWS}")
     missing += [f"RESULTS.md: a target without a verdict: {row}" for row in rows
                 if row.rstrip(" |").endswith("–")]
+    return missing + missing_issue_15(results, markdown)
+
+
+def missing_issue_15(results: Dict[str, Any], markdown: str) -> List[str]:
+    """The stages issue 15 added and its table of targets: every item has rows, every row a
+    figure for this run and a verdict."""
+    missing = []
+    if not (results.get("many_tables") or {}).get("samples"):
+        missing.append("many tables: no pull_if_newer samples")
+    have = {c["backend"] for c in results.get("cold_start", []) if c["samples"]}
+    missing += [f"cold start: {name}" for name in COLD_BACKENDS if name not in have]
+    for item in ISSUE_15_ITEMS:
+        rows = [line for line in markdown.splitlines() if line.startswith(f"| {item} |")]
+        if not rows:
+            missing.append(f"RESULTS.md: no row of target {item}")
+        for row in rows:
+            cells = [c.strip() for c in row.strip(" |").split("|")]
+            if cells[2] == "–" or cells[-1] in ("", "–"):
+                missing.append(f"RESULTS.md: a target without a figure or verdict: {row}")
     return missing

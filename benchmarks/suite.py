@@ -114,7 +114,9 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
     chosen = (plan.smoke_plan() if args.smoke else plan.quick_plan() if args.quick
               else plan.full_plan())
     results: Dict[str, Any] = {"machine": machine(), "quick": trial, "smoke": args.smoke,
-                               "stage_seconds": {}, "plan": chosen.summary()}
+                               "stage_seconds": {}, "plan": chosen.summary(),
+                               "tree": working_tree(),
+                               "previous": previous_run(HERE / "results.json")}
     log(f"{machine_line(results['machine'])}; budget {args.budget:.0f} s; writing {out_path}")
 
     def time_left() -> float:
@@ -125,6 +127,7 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
         run_groups(args.group or list(GROUPS), chosen, results, time_left, ran)
     finally:
         results["seconds"] = time.monotonic() - started
+        results["load_average_end"] = os.getloadavg()
         (scratch / "results.json").write_text(json.dumps(results, default=str))
         if not args.smoke:
             log(f"raw results (also of an interrupted run): {scratch / 'results.json'}")
@@ -145,6 +148,24 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
     log(f"done in {(time.monotonic() - started) / 60:.1f} min: {out_path}, {json_path}, "
         f"{len(images)} plots in {img_dir}")
     return 0
+
+
+def previous_run(path: Path) -> Optional[Dict[str, Any]]:
+    """The figures of issue 15's targets in the run whose results.json is at ``path`` (the
+    committed one, for a fresh clone), kept in this run's results for the report's
+    "previous run" column; None without one."""
+    from .report_issue15 import previous_figures
+
+    previous = previous_figures(path)
+    if previous:
+        log(f"   previous run: {previous['started']}, {len(previous['figures'])} target figures")
+    return previous
+
+
+def working_tree() -> Dict[str, Any]:
+    from .frameworks import working_tree as tree
+
+    return tree()
 
 
 def missing_modules(names: Sequence[str]) -> List[str]:
