@@ -337,7 +337,7 @@ class ReverbBackend(Backend):
         """The table's single item; :class:`PullTimeoutError` after ``timeout`` (``None``:
         the backend's), the sample abandoned (see :mod:`.sampling`)."""
         limit = self.timeout if timeout is None else timeout
-        arrays = self._sampler.sample(info, limit)
+        arrays = self._sampler.sample(info, limit, self._client)
         if arrays is None:
             self._probe(limit=0.5)  # a server that is gone is no timeout
             raise PullTimeoutError(
