@@ -36,6 +36,7 @@ STYLE = {  # colour, line style, marker
     "np.copyto": ("#555555", ":", None),
     "np.copyto fresh": ("#999999", "-.", None),
     "tf assign": ("#8c6d31", (0, (1, 1.5)), None),
+    "tcp loopback": ("#000000", (0, (4, 1, 1, 1)), None),
 }
 DPI = 110
 
@@ -77,18 +78,18 @@ def _sweep_series(results: Dict[str, Any], op: str) -> Series:
 def throughput(results: Dict[str, Any], path: Path) -> Path:
     contenders = ["memory", "reverb", "redis", "shm", "tf-agents", "redis-py"]
     panels = [
-        ("push", "push", contenders, ["np.copyto"]),
-        ("pull", "pull", contenders, ["np.copyto", "np.copyto fresh"]),
+        ("push", "push", contenders, ["np.copyto", "tcp loopback"]),
+        ("pull", "pull", contenders, ["np.copyto", "np.copyto fresh", "tcp loopback"]),
         ("update", "update into tf.Variables", contenders, ["tf assign"]),
     ]
-    copies = _sweep_series(results, "copy")
+    copies = {**_sweep_series(results, "copy"), **_sweep_series(results, "transfer")}
     sizes = sorted({r["bytes"] for r in results.get("sweep", []) if r["layout"] == "few"})
     fig, axes = plt.subplots(1, 3, figsize=(17, 7.2), sharey=True)
     handles: Dict[str, Any] = {}
     for ax, (op, title, contenders, references) in zip(axes, panels):
         series = _sweep_series(results, op)
         for name in references:
-            points = copies.get(name) if name.startswith("np.copyto") else series.get(name)
+            points = copies.get(name) if name in copies else series.get(name)
             handles[name] = _line(ax, name, points or [])
         for name in contenders:
             if series.get(name):
@@ -111,7 +112,8 @@ def throughput(results: Dict[str, Any], path: Path) -> Path:
     labels = {**LABELS, "refused": "x at the bottom: not possible above 2 GiB (Reverb, "
               "TF-Agents: by design; redis-py: 512 MB per SET)"}
     order = [n for n in ["memory", "reverb", "redis", "shm", "tf-agents", "redis-py", "np.copyto",
-                         "np.copyto fresh", "tf assign", "refused"] if n in handles]
+                         "np.copyto fresh", "tf assign", "tcp loopback", "refused"]
+             if n in handles]
     fig.suptitle("Throughput vs nest size: varsync backends and their baselines, same run",
                  fontsize=15, y=0.985, va="top")
     fig.legend([handles[n] for n in order], [labels[n] for n in order], loc="upper center",

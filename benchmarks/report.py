@@ -178,6 +178,13 @@ def plan_section(r: Results) -> List[str]:
                   f"{size_label(plan['probe_bytes'])} nest.",
                   f"- pull_if_newer: {plan['polls']} calls per size ({plan['reverb_polls']} on "
                   f"Reverb); Redis `version` at the targets' sizes: {plan.get('versions')} calls."]
+        if "tables" in plan:
+            lines.append(f"- Issue 15: pull_if_newer on one of {plan['tables']} Reverb tables of "
+                         f"{plan['table_leaves']} leaves, {plan['reverb_polls']} calls; cold "
+                         f"start: {plan['cold_samples']} fresh processes per backend, a "
+                         f"{size_label(plan['cold_bytes'])} table; a new table's first push "
+                         "(Redis) at " + (", ".join(size_label(c["nbytes"]) for c in cases
+                                                    if c.get("first_push")) or "no size") + ".")
     lines += ["- Servers: one Reverb server (in a child process; every table made by "
               "`varsync.reverb.serve`, TF-Agents' layout) for the 4-array sizes and the "
               "client-memory probe, one per 500-array case (in the same process), one for the "
