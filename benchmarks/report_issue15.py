@@ -250,8 +250,15 @@ def targets_section(r: Results) -> List[str]:
              "in brackets; below 1 is faster than the baseline. A verdict is this run's "
              "median against the target. Previous: " + when + "; \"–\" where that run did "
              "not measure it; \"now worse\" marks a ratio more than 10 % worse than then.", "",
-             f"Targets met: {len(met)} of {len(met) + len(missed)} with a limit.", ""]
+             f"Targets met: {len(met)} of {len(met) + len(missed)} with a limit. This run's "
+             f"load average: {_load(r.raw)}.", ""]
             + table(["issue", "target", "this run", "previous run", "verdict"], cells))
+
+
+def _load(raw: Dict[str, Any]) -> str:
+    start = raw["machine"]["load_average"][0]
+    end = raw.get("load_average_end")
+    return f"{start:.1f} at the start" + (f", {end[0]:.1f} at the end" if end else "")
 
 
 def detail_section(r: Results) -> List[str]:

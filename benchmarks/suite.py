@@ -6,13 +6,16 @@
    the TF env, .venv): every backend beside its baselines from 1 KB to above 2 GiB,
    with the sizes of the backend issues' targets (40 MB, 400 MB), 500 small arrays vs 4
    large ones, fan-out to 8 reader processes, redis-server's memory under readers, client
-   memory.
+   memory; for issue 15 also the pipelined redis-py and raw-TCP baselines, a Reverb server
+   of 50 tables and fresh processes' cold starts.
 2. ``frameworks.py`` (group ``frameworks``, needs torch and/or jax: the modern env): a
    100 MB PyTorch state_dict over shm:// and redis:// and a JAX pytree over shm://, beside
    what their users write by hand (issue 14.8).
 3. ``benchmarks/results.json`` (every sample), ``benchmarks/RESULTS.md`` (report.py) and
    the PNGs under ``docs/img/`` (plots.py; ``python -m benchmarks.plots results.json``
-   redraws them).
+   redraws them). results.json also keeps, under "previous", issue 15's target figures of
+   the results.json that was there when the run started (the committed run, in a fresh
+   clone), which RESULTS.md shows beside this run's.
 
 A group whose frameworks do not import here is skipped with the reason printed (not a
 failure, also under ``--smoke``). ``--group NAME`` runs only that group; a full run (not
