@@ -1,5 +1,6 @@
-"""update into many tf.Variables assigns them in one graph call (one buffer per dtype);
-the values are exactly those pulled, whatever the mix of dtypes and shapes."""
+"""update into many tf.Variables assigns them in one graph call (one buffer per dtype),
+and a push of many reads them in one; the values are exactly those pulled and pushed,
+whatever the mix of dtypes and shapes."""
 
 from __future__ import annotations
 
@@ -11,7 +12,13 @@ import pytest
 tf = pytest.importorskip("tensorflow", reason="TensorFlow is installed only in the TF/Reverb environment")
 
 import varsync  # noqa: E402
+from varsync import SignatureMismatchError  # noqa: E402
 from varsync.adapters import tensorflow as tf_adapter  # noqa: E402
+
+
+def made(kind: str) -> int:
+    """How many cached graph functions of ``kind`` ("assign" or "read") exist."""
+    return sum(key[0] == kind for key in tf_adapter._CACHE)
 
 
 def values(seed: int) -> dict:
@@ -28,23 +35,24 @@ def test_many_variables_of_mixed_dtypes_are_assigned_exactly() -> None:
     with varsync.connect(f"memory://tf-batch-{uuid.uuid4().hex}") as store:
         store.create_table("policy", values(0))
         variables = tf.nest.map_structure(tf.Variable, values(0))
-        tf_adapter._ASSIGNERS.clear()
+        tf_adapter._CACHE.clear()
         for seed in (1, 2, 3):
             store.push(values(seed), "policy")
             store.update(variables, "policy")
             for got, want in zip(tf.nest.flatten(variables), tf.nest.flatten(values(seed))):
                 assert got.dtype.as_numpy_dtype == want.dtype
                 np.testing.assert_array_equal(got.numpy(), want)
-        assert len(tf_adapter._ASSIGNERS) == 1  # one function, made once, for these variables
+        assert made("assign") == 1  # one function, made once, for these variables
 
 
 def test_the_cache_keeps_the_last_few_sets_of_variables() -> None:
-    tf_adapter._ASSIGNERS.clear()
-    sets = [[tf.Variable(np.zeros(2, np.float32)) for _ in range(5)] for _ in range(12)]
+    tf_adapter._CACHE.clear()
+    sets = [[tf.Variable(np.zeros(2, np.float32)) for _ in range(5)]
+            for _ in range(tf_adapter._CACHE_SIZE + 4)]
     for variables in sets:
         tf_adapter.ADAPTER.assign_all(variables, [np.full(2, 7, np.float32)] * 5)
         assert all((v.numpy() == 7).all() for v in variables)
-    assert len(tf_adapter._ASSIGNERS) == tf_adapter._CACHE_SIZE
+    assert made("assign") == tf_adapter._CACHE_SIZE
 
 
 @pytest.mark.parametrize("batched", [True, False], ids=["one-device", "mirrored"])
@@ -58,10 +66,37 @@ def test_variables_under_a_strategy_are_assigned(batched: bool) -> None:
         strategy = tf.distribute.MirroredStrategy(("/cpu:0", "/cpu:1"))
     with strategy.scope():
         variables = [tf.Variable(np.zeros(3, np.float32)) for _ in range(6)]
-    tf_adapter._ASSIGNERS.clear()
+    tf_adapter._CACHE.clear()
     tf_adapter.ADAPTER.assign_all(variables, [np.full(3, i, np.float32) for i in range(6)])
     assert [float(v.numpy()[0]) for v in variables] == [0, 1, 2, 3, 4, 5]
     if not batched:
         for variable in variables:
             assert {float(r.numpy()[0]) for r in variable.values} == {float(variable.numpy()[0])}
-    assert len(tf_adapter._ASSIGNERS) == (1 if batched else 0)
+    assert made("assign") == (1 if batched else 0)
+
+
+def test_a_push_of_many_variables_reads_them_in_one_call_and_keeps_what_it_read() -> None:
+    with varsync.connect(f"memory://tf-read-{uuid.uuid4().hex}") as store:
+        store.create_table("policy", values(0))
+        variables = tf.nest.map_structure(tf.Variable, values(4))
+        tf_adapter._CACHE.clear()
+        for seed in (5, 6):
+            for variable, want in zip(tf.nest.flatten(variables), tf.nest.flatten(values(seed))):
+                variable.assign(want)
+            version = store.push(variables, "policy")
+            for variable in tf.nest.flatten(variables):  # after the push: not what it sent
+                variable.assign(tf.zeros_like(variable))
+            _, pulled = store.pull_if_newer(version - 1, "policy")
+            for got, want in zip(tf.nest.flatten(pulled), tf.nest.flatten(values(seed))):
+                np.testing.assert_array_equal(got, want)
+        assert made("read") == 1  # one function, made once, for these variables
+
+
+def test_a_push_of_variables_names_the_first_mismatching_leaf() -> None:
+    with varsync.connect(f"memory://tf-read-{uuid.uuid4().hex}") as store:
+        store.create_table("policy", values(0))
+        variables = tf.nest.map_structure(tf.Variable, values(0))
+        variables["w03"] = tf.Variable(np.zeros((9, 3), np.float32))
+        with pytest.raises(SignatureMismatchError, match=r"\['w03'\].*shape \(9, 3\)"):
+            store.push(variables, "policy")
+        assert store.version("policy") == 0  # nothing was written

@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections.abc
 import math
 import numbers
-from typing import Any, Callable, List
+from typing import Any, Callable, Dict, List, Tuple
 
 import numpy as np
 
@@ -134,9 +134,39 @@ def flatten_values(signature: Any, values: Any) -> List[np.ndarray]:
     are, not copied. Raises :class:`SignatureMismatchError` naming the path of the first
     difference, before anything else happens.
     """
-    out: List[np.ndarray] = []
-    _check(signature, adapters.structure(values), (), out, _leaf_array)
+    out: List[Any] = []
+    # Values of adapters that read many at once (``to_numpy_all``: TensorFlow variables in
+    # one graph call), by adapter: their place in ``out``, spec, value and path.
+    batches: Dict[int, Tuple[Any, List[Tuple[int, Spec, Any, nest_lib.Path]]]] = {}
+
+    def leaf(spec: Spec, value: Any, path: nest_lib.Path) -> Any:
+        if isinstance(value, np.ndarray):
+            return _leaf_array(spec, value, path)
+        adapter = adapters.adapter_for(value)
+        bulk = getattr(adapter, "to_numpy_all", None)
+        if bulk is None or not _fits(adapter, spec, value):
+            return _leaf_array(spec, value, path)  # converted, or the mismatch raised
+        batches.setdefault(id(adapter), (adapter, []))[1].append((len(out), spec, value, path))
+        return None  # filled in below, once the whole nest has been checked
+
+    _check(signature, adapters.structure(values), (), out, leaf)
+    for adapter, items in batches.values():
+        try:
+            arrays = adapter.to_numpy_all([value for _, _, value, _ in items])
+        except Exception:  # one leaf at a time, for an error that names the leaf
+            arrays = [value for _, _, value, _ in items]
+        for (index, spec, _, path), array in zip(items, arrays):
+            out[index] = _leaf_array(spec, array, path)
     return out
+
+
+def _fits(adapter: Any, spec: Spec, value: Any) -> bool:
+    """Whether ``value`` (the adapter's) has ``spec``'s shape and dtype."""
+    try:
+        shape, dtype = adapter.shape_and_dtype(value)
+        return tuple(shape) == spec.shape and native_dtype(np.dtype(dtype)) == spec.dtype
+    except Exception:  # _leaf_array says what is wrong
+        return False
 
 
 def flatten_targets(signature: Any, variables: Any) -> List[Any]:

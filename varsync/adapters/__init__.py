@@ -51,6 +51,9 @@ class Adapter(Protocol):
 
     - ``assign_all(targets, arrays)``: assign many at once (one ``no_grad`` block, one
       batched copy); default: :meth:`assign` for each.
+    - ``to_numpy_all(values)``: many values' contents at once, for a push (TensorFlow
+      variables in one graph call), each as :meth:`to_numpy` gives it; default:
+      :meth:`to_numpy` for each. The core checks every value's shape and dtype first.
     - ``structure(nest, targets=False)``: the nest with the framework's containers turned
       into plain ones (a ``torch.nn.Module`` into its ``state_dict``, a JAX pytree into
       dicts, :class:`~varsync.nest.Ordered` mappings, tuples and namedtuples, ``None``
