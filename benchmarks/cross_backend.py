@@ -9,7 +9,7 @@ issues set targets on (3, 4, 5) is measured in the same groups.
   bytes (the physical reference);
 - the same at two sizes with 500 small variables instead of 4 large ones;
 - issue 15: ``pull_if_newer`` on a Reverb server holding 50 tables of 20 leaves, and a new
-  process's first connect + pull per backend (cold_start.py);
+  process's first connect + pull per backend (readers.py);
 - reader processes (readers.py): fan-out to 8 readers, redis-server's memory under four
   varsync readers vs four hand-written ones, and client memory.
 
@@ -23,10 +23,17 @@ import traceback
 import uuid
 from typing import Any, Callable, Dict, List, Tuple
 
-from . import cold_start
 from .common import GB, KB, leaf_names, nest_of, signature_of, size_label, stage
 from .plan import Case, Plan
-from .readers import Children, probe_processes, reader_processes, run_client_memory, run_readers
+from .readers import (
+    COLD_TABLE,
+    Children,
+    probe_processes,
+    reader_processes,
+    run_client_memory,
+    run_cold_start,
+    run_readers,
+)
 from .servers import ReverbProcess, running_redis_server
 from .sweep import Sweep, poller, time_polls
 
@@ -53,7 +60,7 @@ def run(plan: Plan, out: Dict[str, Any], log: Callable[[str], None],
         cases = [c for c in plan.cases + ([plan.big] if plan.big else []) if c.layout == "few"]
         tables = {case.name: signature_of(case.nbytes, case.leaves) for case in cases}
         tables["probe"] = signature_of(plan.probe_bytes, 4)
-        tables[cold_start.TABLE] = signature_of(plan.cold_bytes, 4)
+        tables[COLD_TABLE] = signature_of(plan.cold_bytes, 4)
         many = {case.name: {case.name: signature_of(case.nbytes, case.leaves)}
                 for case in plan.cases if case.layout != "few"}  # a server each
         many["tables"] = {name: signature_of(TABLE_BYTES, plan.table_leaves)
@@ -115,7 +122,7 @@ def _measure(plan: Plan, out: Dict[str, Any], log: Callable[[str], None],
     stages: List[Tuple[str, float, Callable[[], None]]] = [
         (f"Reverb, {plan.tables} tables", 15, lambda: many_tables(plan, reverb["tables"], out)),
         ("cold start", 8 * plan.cold_samples,
-         lambda: run_cold_start(plan, reverb["sweep"], redis_url, out, log)),
+         lambda: cold_start(plan, reverb["sweep"], redis_url, out, log)),
     ]
     big = plan.big
     if big is not None:
@@ -173,10 +180,10 @@ def many_tables(plan: Plan, address: str, out: Dict[str, Any]) -> None:
                           "table_bytes": TABLE_BYTES, "samples": samples}
 
 
-def run_cold_start(plan: Plan, reverb: str, redis_url: str, out: Dict[str, Any],
-                   log: Callable[[str], None]) -> None:
+def cold_start(plan: Plan, reverb: str, redis_url: str, out: Dict[str, Any],
+               log: Callable[[str], None]) -> None:
     """Issue 15.5: fill a table of ``plan.cold_bytes`` on each backend that keeps it across
-    processes, then time fresh processes' first connect + pull of it (cold_start.py)."""
+    processes, then time fresh processes' first connect + pull of it (readers.py)."""
     import varsync
     import varsync_shm
 
@@ -188,10 +195,10 @@ def run_cold_start(plan: Plan, reverb: str, redis_url: str, out: Dict[str, Any],
         for name in ("reverb", "redis", "shm"):
             with varsync.connect(urls[name], timeout=300) as store:
                 if name != "reverb":  # Reverb's tables are the server's
-                    store.create_table(cold_start.TABLE, nest)
-                store.push(nest, cold_start.TABLE)
+                    store.create_table(COLD_TABLE, nest)
+                store.push(nest, COLD_TABLE)
         del nest
-        cold_start.run(urls, plan.cold_bytes, plan.cold_samples, out, log)
+        run_cold_start(urls, plan.cold_bytes, plan.cold_samples, out, log)
     finally:
         varsync_shm.remove_store(f"bench-cold-{tag}")
 

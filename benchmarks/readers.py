@@ -1,12 +1,14 @@
-"""The stages with processes of their own: reader processes pulling one table at once, and
-the client-memory probes.
+"""The stages with processes of their own: reader processes pulling one table at once, the
+client-memory probes, and cold starts.
 
 - fan-out: 1, 2, 4, 8 readers of one table on reverb://, redis:// and shm://: aggregate
   throughput, and the growth of the server's memory while they pull;
 - reader memory (issue 4): redis-server's memory growth while four readers pull one
   400 MB table through varsync, beside four hand-written redis-py readers of the same bytes;
 - client memory: peak resident memory above baseline during one push and one pull, in a
-  fresh process per backend, as a multiple of the payload.
+  fresh process per backend, as a multiple of the payload;
+- cold start (issue 15.5): a new process's first ``varsync.connect(url)`` + ``pull``, per
+  backend, and the heavy modules it imported (``COLD_CHILD``).
 
 The fan-out and reader-memory stages share one set of reader processes and servers of
 their own, so that what the servers held before the readers is those tables alone.
@@ -15,10 +17,15 @@ their own, so that what the servers held before the readers is those tables alon
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing
 import os
+import statistics
+import subprocess
+import sys
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import workers
@@ -240,3 +247,74 @@ def run_client_memory(plan: Plan, probes: Children, reverb_address: str, redis_u
     log("   " + ", ".join(f"{m['contender']} {m['op']} "
                           f"{m['peak_above_baseline'] / m['bytes']:.2f}x"
                           for m in out["client_memory"]))
+
+
+# -- cold start (issue 15.5) -------------------------------------------------------------------
+
+#: Modules a backend should import only if it uses them, and what each backend uses of them.
+HEAVY = ("tensorflow", "reverb", "redis", "torch", "jax")
+NEEDS = {"memory": (), "reverb": ("tensorflow", "reverb"), "redis": ("redis",), "shm": ()}
+COLD_TABLE = "cold"
+#: What a fresh ``python -c`` runs (argv: URL, table, bytes): its clock starts just before
+#: ``import varsync`` (Python's own start-up is not counted; every import varsync causes
+#: is) and stops when the pull returns; it prints one JSON line. memory:// holds nothing
+#: across processes: there the child creates the table and pushes first (the nest is built
+#: off the clock).
+COLD_CHILD = """
+import json, os, sys, time
+url, table, nbytes = sys.argv[1], sys.argv[2], int(sys.argv[3])
+started = time.perf_counter()
+import varsync
+imported = time.perf_counter()
+store = varsync.connect(url, timeout=120)
+connected = time.perf_counter()
+built = 0.0
+if url.startswith("memory://"):
+    import numpy as np
+    t0 = time.perf_counter()
+    nest = {f"v{i}": np.ones(nbytes // 16, np.float32) for i in range(4)}
+    built = time.perf_counter() - t0
+    store.create_table(table, nest)
+    store.push(nest, table)
+pushed = time.perf_counter()
+pulled = store.pull(table)
+done = time.perf_counter()
+print(json.dumps({
+    "seconds": done - started - built, "import": imported - started,
+    "connect": connected - imported, "create + push": pushed - connected - built,
+    "pull": done - pushed, "bytes": sum(leaf.nbytes for leaf in pulled.values()),
+    "heavy": sorted(name for name in HEAVY if name in sys.modules)}), flush=True)
+store.close()
+os._exit(0)  # measured and reported: skip TensorFlow's seconds of teardown at exit
+""".replace("HEAVY", repr(HEAVY))
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_cold_start(urls: Dict[str, str], nbytes: int, samples: int, out: Dict[str, Any],
+                   log: Callable[[str], None]) -> None:
+    """``urls``: {backend: URL of a store whose table ``COLD_TABLE`` holds ``nbytes`` in 4
+    leaves} (memory://'s is a name only: its child fills a store of its own). ``samples``
+    fresh processes each, taking turns between backends; the records go to
+    ``out["cold_start"]``."""
+    records: Dict[str, List[Dict[str, Any]]] = {name: [] for name in urls}
+    for _ in range(samples):
+        for name, url in urls.items():
+            records[name].append(_cold_sample(url, nbytes))
+    for name, got in records.items():
+        median = statistics.median(r["seconds"] for r in got)
+        out["cold_start"].append({"backend": name, "url": urls[name].split("?")[0],
+                                  "bytes": nbytes, "samples": got})
+        log(f"   cold start {name}: median {median * 1e3:.0f} ms, imported "
+            f"{', '.join(got[0]['heavy']) or 'none of ' + '/'.join(HEAVY)}")
+
+
+def _cold_sample(url: str, nbytes: int) -> Dict[str, Any]:
+    if url.startswith("memory://"):  # a store of its own each time
+        url = f"memory://cold-{uuid.uuid4().hex[:6]}"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run([sys.executable, "-c", COLD_CHILD, url, COLD_TABLE, str(nbytes)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"cold start of {url} failed ({done.returncode}):\n"
+                           f"{done.stderr[-2000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))

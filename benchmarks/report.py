@@ -4,9 +4,10 @@
 
 Every figure is computed from the raw samples: medians, interquartile ranges, and ratios
 taken round by round between operations timed side by side. The sections live by topic:
-report_sweep.py (1-4), report_readers.py (5-6), report_targets.py (the targets of issues
-3-5 and 7), report_frameworks.py (8: PyTorch and JAX, from a run in the modern
-environment), report_issue15.py (issue 15's targets beside the previous run's, and 9).
+report_sweep.py (1-4), report_readers.py (5-6), report_targets.py (the targets of issue 15,
+beside the previous run's figures, and of issues 3-5; 7), report_frameworks.py (8:
+PyTorch and JAX, from a run in the modern environment); section 9 (issue 15) comes from
+report_sweep.py and report_readers.py.
 """
 
 from __future__ import annotations
@@ -18,10 +19,23 @@ from typing import Any, Dict, List
 from .common import GB, LABELS, MB, seconds_text, size_label, summary
 from .report_base import Results, rate, rel, table
 from .report_frameworks import frameworks_section
-from .report_issue15 import detail_section, targets_section
-from .report_readers import fanout_section, memory_section, reader_memory_section
-from .report_sweep import big_section, many_section, poll_section, throughput_section
-from .report_targets import backends_section, targets
+from .report_readers import (
+    cold_start_section,
+    fanout_section,
+    memory_section,
+    reader_memory_section,
+)
+from .report_sweep import (
+    big_section,
+    many_section,
+    many_tables_section,
+    poll_section,
+    throughput_section,
+    wire_section,
+)
+from .report_targets import backends_section, issue_15_targets, targets
+
+ISSUE_15_DETAIL = "## 9. Issue 15: Redis against the wire, many Reverb tables, cold start"
 
 
 def header(r: Results, images: Dict[str, Path], out: Path, json_path: Path) -> List[str]:
@@ -153,6 +167,12 @@ def _fanout_bullet(r: Results) -> str:
             f"{size_label(fan[0]['bytes'])}: " + "; ".join(bits) + "." if bits else "")
 
 
+def issue_15_section(r: Results) -> List[str]:
+    """Section 9: the figures behind issue 15's targets that the sweep's sections lack."""
+    lines = wire_section(r) + many_tables_section(r) + cold_start_section(r)
+    return [ISSUE_15_DETAIL, ""] + lines if lines else []
+
+
 def plan_section(r: Results) -> List[str]:
     raw, plan = r.raw, r.plan
     cases = raw.get("cases", [])
@@ -209,7 +229,7 @@ def write(results: Dict[str, Any], out: Path, images: Dict[str, Path], json_path
     lines: List[str] = []
     lines += header(r, images, out, json_path)
     lines += headline(r)
-    lines += targets_section(r)
+    lines += issue_15_targets(r)
     lines += targets(r)
     lines += throughput_section(r, images, out)
     lines += big_section(r)
@@ -220,7 +240,7 @@ def write(results: Dict[str, Any], out: Path, images: Dict[str, Path], json_path
     lines += memory_section(r, images, out)
     lines += backends_section(r)
     lines += frameworks_section(results, images, out)
-    lines += detail_section(r)
+    lines += issue_15_section(r)
     if "cross-backend" not in results.get("groups_skipped", {}):
         lines += plan_section(r)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@ formatting of times, ratios and tables. Every figure is computed from the raw sa
 from __future__ import annotations
 
 import os
+import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -12,6 +13,9 @@ from .common import GB, paired_ratio, summary
 
 Key = Tuple[str, int, str, str]  # layout, bytes, contender, op
 Stat = Dict[str, float]
+REDIS_BASELINES = (("redis-py", "push"), ("redis-py pipelined", "push"))  # issue 15.3
+FLOOR = ("tcp loopback", "transfer")  # the raw TCP floor, in the Redis group (issue 15.4)
+COLD_BACKENDS = ("memory", "reverb", "redis", "shm")
 
 
 class Results:
@@ -84,6 +88,27 @@ class Results:
 
     def skipped(self, prefix: str) -> List[str]:
         return [s for s in self.raw.get("skipped", []) if s.startswith(prefix)]
+
+
+def better_baseline(r: Results, n: int) -> Optional[Tuple[str, str]]:
+    """The faster (by median, this run) of the two hand-written pushes at size ``n``."""
+    medians = {b: statistics.median(s) for b in REDIS_BASELINES
+               if (s := r.by_group.get(("few", n, "redis", *b)))}
+    return min(medians, key=lambda b: medians[b]) if medians else None
+
+
+def floor_share(r: Results, n: int, op: str) -> Optional[Stat]:
+    """Redis ``op``'s throughput as % of the loopback floor's, round by round."""
+    mine = r.by_group.get(("few", n, "redis", "redis", op))
+    floor = r.by_group.get(("few", n, "redis", *FLOOR))
+    if not mine or not floor:
+        return None
+    return summary([100 * f / m for f, m in zip(floor, mine) if m > 0])
+
+
+def cold_records(r: Results) -> Dict[str, Dict[str, Any]]:
+    """The cold-start records by backend."""
+    return {c["backend"]: c for c in r.raw.get("cold_start", [])}
 
 
 # -- formatting ---------------------------------------------------------------------------

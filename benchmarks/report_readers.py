@@ -1,13 +1,14 @@
 """RESULTS.md sections 5 and 6, the stages with processes of their own: fan-out to reader
-processes, and client memory per push and pull."""
+processes, and client memory per push and pull; and section 9's cold starts (issue 15.5)."""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any, Dict, List
 
-from .common import GB, LABELS, MB, machine_line, size_label, summary
-from .report_base import Results, rel, table, time_cell
+from .common import GB, LABELS, MB, machine_line, seconds_text, size_label, summary
+from .report_base import COLD_BACKENDS, Results, cold_records, rel, table, time_cell
 
 BACKENDS = ["reverb", "redis", "redis-py", "shm"]
 
@@ -90,3 +91,39 @@ def memory_section(r: Results, images: Dict[str, Path], out: Path) -> List[str]:
         if any(c != "–" for c in cells):
             rows.append([LABELS[contender]] + cells)
     return lines + table(["", "push", "pull (result kept)"], rows)
+
+
+def cold_start_section(r: Results) -> List[str]:
+    from .readers import NEEDS
+
+    records = cold_records(r)
+    if not records:
+        return []
+    rows = []
+    for name in COLD_BACKENDS:
+        c = records.get(name)
+        if not c:
+            continue
+        got = c["samples"]
+
+        def part(key: str, got: List[Dict[str, Any]] = got) -> str:
+            return seconds_text(statistics.median(s[key] for s in got))
+
+        heavy = sorted({m for s in got for m in s["heavy"]})
+        rows.append([f"{name}://", time_cell(summary([s["seconds"] for s in got])),
+                     part("import"), part("connect"),
+                     part("create + push") if name == "memory" else "–", part("pull"),
+                     ", ".join(heavy) or "none", ", ".join(NEEDS[name]) or "none"])
+    first = next(iter(records.values()))
+    return ["### Cold start: a new process's first connect + pull", "",
+            f"Each sample a fresh `python -c` of readers.py's `COLD_CHILD` "
+            f"({len(first['samples'])} "
+            "per backend, taking turns), its clock started just before `import varsync` "
+            "(Python's start-up excluded, the backend's imports included) and stopped when "
+            f"`pull` of a {size_label(first['bytes'])} table (4 float32 arrays, filled by the "
+            "suite) returned. memory:// keeps nothing across processes: its process creates "
+            "the table and pushes before it pulls (building the nest is not counted). "
+            "Heavy modules: which of tensorflow, reverb, redis, torch, jax were in "
+            "`sys.modules` after the pull.", ""] + table(
+        ["backend", "total, median (IQR)", "import varsync", "connect", "create + push",
+         "pull", "heavy modules imported", "what it uses"], rows)

@@ -1,16 +1,23 @@
 """RESULTS.md sections 1-4, the size sweep: throughput vs size, above 2 GiB, many small
-arrays vs few large ones, and pull_if_newer when nothing changed."""
+arrays vs few large ones, and pull_if_newer when nothing changed; and two parts of section
+9 (issue 15): Redis against both hand-written pushes and the raw TCP floor, and
+pull_if_newer on a Reverb server of many tables."""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from .common import LABELS, MB, machine_line, seconds_text, size_label
+from .common import GB, LABELS, MB, machine_line, paired_ratio, seconds_text, size_label, summary
 from .report_base import (
+    FLOOR,
+    REDIS_BASELINES,
     VIEWS,
     Results,
     Stat,
+    floor_share,
+    num,
     rate,
     ratio_cell,
     refusal_word,
@@ -193,3 +200,60 @@ def poll_section(r: Results, images: Dict[str, Path], out: Path) -> List[str]:
     rows.append(["TF-Agents: a full pull"]
                 + [seconds_text(s["median"]) if s else "–" for s in pulls])
     return lines + table(["", *map(size_label, sizes)], rows)
+
+
+def wire_section(r: Results) -> List[str]:
+    rows = []
+    for n in r.sizes("few"):
+        def t(contender: str, op: str, n: int = n) -> str:
+            return time_cell(_samples(r.by_group.get(("few", n, "redis", contender, op))))
+
+        floor = _samples(r.by_group.get(("few", n, "redis", *FLOOR)))
+        if floor is None:
+            continue
+        ratios = [paired_ratio(m, b) for m, b in (
+            (r.by_group.get(("few", n, "redis", "redis", "push")),
+             r.by_group.get(("few", n, "redis", *base))) for base in REDIS_BASELINES) if m and b]
+        push, pull = floor_share(r, n, "push"), floor_share(r, n, "pull")
+        rows.append([size_label(n), t("redis", "push"), t("redis-py", "push"),
+                     t("redis-py pipelined", "push"),
+                     " / ".join(f"{s['median']:.2f}" for s in ratios) or "–",
+                     t("redis", "push, new table"), t("redis", "pull"), t("redis-py", "pull"),
+                     f"{time_cell(floor)}, {n / floor['median'] / GB:.2f} GB/s",
+                     f"{num(push['median'])} %" if push else "–",
+                     f"{num(pull['median'])} %" if pull else "–"])
+    if not rows:
+        return []
+    return (["### Redis: both hand-written pushes and the wire's floor, same rounds", "",
+             "Medians (IQR) over the Redis group's rounds. Hand-written push: one `SET` per "
+             "leaf (`r.set(key, leaf.tobytes())`), and the same `SET`s in one redis-py "
+             "pipeline (`transaction=False`, one round trip). The floor: the nest's bytes over "
+             "a raw loopback TCP socket pair, `sendall` of each leaf's memory into a receiver "
+             "thread's `recv_into` of a buffer allocated once, until every byte arrived; "
+             "\"% of floor\" is the floor's time over varsync's, round by round. A new table's "
+             "first push: once per round, into a table made (untimed) for it.", ""]
+            + table(["nest", "varsync push", "per-leaf SETs", "pipelined SETs",
+                     "push / per-leaf, / pipelined", "first push, new table", "varsync pull",
+                     "hand GETs", "raw TCP floor", "push, % of floor", "pull, % of floor"],
+                    rows))
+
+
+def many_tables_section(r: Results) -> List[str]:
+    tables = r.raw.get("many_tables")
+    if not tables:
+        return []
+    s = summary(tables["samples"])
+    sweep = [p for (lay, _, c), p in r.polls.items() if lay == "few" and c == "reverb"]
+    shown = (f"; on the sweep's server (a table of 4 leaves per size) "
+             f"{seconds_text(statistics.median(sweep[0]))} at the smallest size"
+             if sweep else "")
+    return ["### Reverb: pull_if_newer with many tables on the server", "",
+            f"A Reverb server of its own holding {tables['tables']} tables of {tables['leaves']} "
+            f"float32 leaves ({size_label(tables['table_bytes'])} each, every one pushed once); "
+            f"{s['n']} calls of `pull_if_newer` unchanged on one of them, each timed alone: "
+            f"median {seconds_text(s['median'])}, p90 {seconds_text(s['p90'])}, max "
+            f"{seconds_text(s['max'])}{shown}.", ""]
+
+
+def _samples(values: Optional[List[float]]) -> Optional[Stat]:
+    return summary(values) if values else None

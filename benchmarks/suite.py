@@ -157,7 +157,7 @@ def previous_run(path: Path) -> Optional[Dict[str, Any]]:
     """The figures of issue 15's targets in the run whose results.json is at ``path`` (the
     committed one, for a fresh clone), kept in this run's results for the report's
     "previous run" column; None without one."""
-    from .report_issue15 import previous_figures
+    from .report_targets import previous_figures
 
     previous = previous_figures(path)
     if previous:
