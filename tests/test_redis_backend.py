@@ -237,6 +237,24 @@ def test_maxmemory_makes_the_push_fail_and_keeps_the_previous_version(redis_serv
     assert chunks == [], f"the failed push left {len(chunks)} chunks behind"
 
 
+def test_a_refused_chunk_whose_publish_script_followed_it_publishes_nothing(
+    redis_servers: Any,
+) -> None:
+    # One chunk, so the publish script is sent right behind it, before its refusal is
+    # read. The second push needs 60 MB: the version stored, the chunk, and the query
+    # buffer Redis makes as large as the chunk it read (no spare yet: nothing retired).
+    server = redis_servers(config=["--maxmemory", "48mb", "--maxmemory-policy", "noeviction"])
+    with varsync.connect(server.url, chunk_size=64 * MB, keep=0) as store:
+        store.create_table("variables", {"w": varsync.Spec((20 * MB,), "uint8")})
+        assert store.push({"w": np.full(20 * MB, 1, np.uint8)}) == 1
+        with pytest.raises(varsync.ItemTooLargeError, match="maxmemory"):
+            store.push({"w": np.full(20 * MB, 2, np.uint8)})
+        assert store.version() == 1
+        assert_bit_equal(store.pull(), {"w": np.full(20 * MB, 1, np.uint8)})
+        current = table_head(server)["data"]
+    assert [k.split(":")[4] for k in keys_of(server, "varsync::variables:d:*")] == [current]
+
+
 def test_a_server_that_is_down_is_a_connection_error(server: Any) -> None:
     url = server.url
     server.stop()

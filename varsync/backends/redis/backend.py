@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
-from typing import Any, ContextManager, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, ContextManager, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 from redis import exceptions as rx
@@ -246,18 +246,47 @@ class RedisBackend(Backend):
             # Keys under this fresh token are this push's alone, until the publish script
             # is sent: from then on the server may have published them, so never delete.
             ours = True
+
+            def publish_after_chunks() -> bytes:
+                nonlocal ours
+                ours = False
+                table.doubt(token.hex())
+                return wire.command("EVALSHA", PUBLISH.sha, *self._publish_arguments(
+                    keys, table, token.hex(), layout, chunks, recycle))
+
             try:
                 recycled = recycle and self._claim(keys, table, layout, token.hex()) == chunks
-                self._send_chunks(chunk_prefix, token, arrays, payload, recycled)
+                # Fresh chunks are followed by their publish script before their replies
+                # are read: one round trip for a small push. The script finds a refused
+                # SET's chunk missing. Not so a refused SETRANGE, which leaves the spare's
+                # bytes at the right length: recycled chunks are published once their
+                # replies are in (a push that large hardly notices the round trip).
+                sent = self._send_chunks(
+                    chunk_prefix, token, arrays, payload, recycled,
+                    then=None if recycled else publish_after_chunks,
+                )
+                answer = sent.reply
                 for _ in range(3):
-                    ours = False
-                    table.doubt(token.hex())
-                    reply, rest = self._publish(keys, table, token.hex(), layout, chunks, recycle)
+                    if answer is None:  # not sent with the chunks, or refused: send it now
+                        if sent.error is not None:
+                            raise sent.error
+                        ours = False
+                        table.doubt(token.hex())
+                        answer = self._publish(keys, table, token.hex(), layout, chunks, recycle)
+                    elif isinstance(answer, rx.NoScriptError):  # the script did not run
+                        ours, answer = True, None
+                        continue
+                    if isinstance(answer, BaseException):
+                        raise sent.error or answer  # a chunk's error explains the script's
+                    reply, rest = PUBLISH.answer(answer)
                     if reply is Published.PUBLISHED:
                         version, epoch = int(rest[0]), text(rest[1])
                         return self._published(name, table, version, epoch, token.hex())
                     ours = True  # refused before it touched anything: nothing published
+                    if sent.error is not None:
+                        raise sent.error  # why its chunk was missing
                     table = self._republish_target(name, reply, rest, table)
+                    answer = None
                 raise BackendConnectionError(
                     f"table {name!r} at {self.address} kept changing under this push; "
                     "nothing was published"
@@ -282,19 +311,24 @@ class RedisBackend(Backend):
         ))
         return int(rest[0]) if reply is Claimed.CLAIMED else 0
 
+    def _publish_arguments(
+        self, keys: Keys, table: Table, token: str, layout: str, chunks: int, recycle: bool
+    ) -> List[Any]:
+        """The publish script's key count, keys and arguments."""
+        return [
+            2, keys.head, keys.events,
+            table.epoch, token, layout, chunks, self.keep, keys.chunks, table.published,
+            secrets.token_hex(8), STREAM_LENGTH, wire.HEADER.size, "1" if recycle else "0",
+            table.vouched(),
+        ]
+
     def _publish(
         self, keys: Keys, table: Table, token: str, layout: str, chunks: int, recycle: bool
     ) -> Any:
         """Run the publish script once (never retried: a second run after a lost answer
-        would publish the same token twice)."""
-        return PUBLISH.answer(self._client.script(
-            PUBLISH,
-            [keys.head, keys.events],
-            [table.epoch, token, layout, chunks, self.keep, keys.chunks, table.published,
-             secrets.token_hex(8), STREAM_LENGTH, wire.HEADER.size, "1" if recycle else "0",
-             table.vouched()],
-            retry=False,
-        ))
+        would publish the same token twice); its raw reply."""
+        count, *rest = self._publish_arguments(keys, table, token, layout, chunks, recycle)
+        return self._client.script(PUBLISH, rest[:count], rest[count:], retry=False)
 
     def _published(self, name: str, table: Table, version: int, epoch: str, token: str) -> int:
         """Remember what this push published; return its version."""
@@ -342,14 +376,16 @@ class RedisBackend(Backend):
         arrays: Sequence[np.ndarray],
         payload: int,
         recycled: bool = False,
-    ) -> None:
-        """Write every chunk (see :func:`.wire.send_chunks`); raise the first error."""
-        error = self._client.on_connection(
+        then: Optional[Callable[[], bytes]] = None,
+    ) -> wire.Sent:
+        """Write every chunk, then ``then``'s command (see :func:`.wire.send_chunks`)."""
+        sent: wire.Sent = self._client.on_connection(
             math.inf,
-            lambda conn: wire.send_chunks(conn, chunk_prefix, token, arrays, payload, recycled),
+            lambda conn: wire.send_chunks(
+                conn, chunk_prefix, token, arrays, payload, recycled, then
+            ),
         )
-        if error is not None:
-            raise error
+        return sent
 
     def _discard(self, chunk_prefix: str, count: int) -> None:
         """Best-effort deletion, bounded in time, of the chunks of a push that was not
