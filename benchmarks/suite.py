@@ -119,7 +119,8 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
     results: Dict[str, Any] = {"machine": machine(), "quick": trial, "smoke": args.smoke,
                                "stage_seconds": {}, "plan": chosen.summary(),
                                "tree": working_tree(),
-                               "previous": previous_run(HERE / "results.json")}
+                               "previous": previous_run(json_path if json_path.exists()
+                                                        else HERE / "results.json")}
     log(f"{machine_line(results['machine'])}; budget {args.budget:.0f} s; writing {out_path}")
 
     def time_left() -> float:
@@ -155,8 +156,8 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
 
 def previous_run(path: Path) -> Optional[Dict[str, Any]]:
     """The figures of issue 15's targets in the run whose results.json is at ``path`` (the
-    committed one, for a fresh clone), kept in this run's results for the report's
-    "previous run" column; None without one."""
+    one this run replaces, or else the committed one: in a fresh clone, both), kept in this
+    run's results for the report's "previous run" column; None without one."""
     from .report_targets import previous_figures
 
     previous = previous_figures(path)
