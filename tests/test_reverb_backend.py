@@ -394,3 +394,64 @@ def test_a_server_restarted_on_the_same_port_with_another_signature_serves_new_c
         pulled = store.pull()
         np.testing.assert_array_equal(pulled["w"], np.arange(4.0))
         assert pulled["train_step"].dtype == np.int32 and int(pulled["train_step"]) == 9
+
+
+def _counting_server_info(store, monkeypatch) -> list:
+    """Record each server-info request the store's backend makes (the real requests)."""
+    backend = store.backend
+    calls: list = []
+    real = backend._server_info
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(backend, "_server_info", counted)
+    return calls
+
+
+@pytest.mark.parametrize("size", [16, 8_000_000], ids=["pybind-sampler", "tensorflow-op"])
+def test_a_pull_of_a_varsync_push_asks_for_the_count_once(reverb_servers, monkeypatch, size):
+    """A varsync push labels its item with the version it expects (its priority), so a
+    pull that samples it needs no second look at the count; both samplers read it."""
+    from varsync.backends.reverb.sampling import PYBIND_MAX_BYTES
+    from varsync.backends.reverb.tables import LABEL_FRACTION
+
+    signature = {"w": np.zeros(size // 4, np.float32), "train_step": np.int64(0)}
+    assert (size <= PYBIND_MAX_BYTES) == (size == 16)
+    server = reverb_servers({"variables": signature})
+    with varsync.connect(server.url, timeout=20) as store:
+        for step in (1, 2, 3):
+            version = store.push({"w": np.full(size // 4, step, np.float32), "train_step": step})
+        calls = _counting_server_info(store, monkeypatch)
+        got, pulled = store.pull_if_newer(version - 1)
+        assert (got, int(pulled["train_step"]), float(pulled["w"][-1])) == (3, 3, 3.0)
+        assert len(calls) == 1
+        pybind = reverb.Client(f"localhost:{server.port}")
+        assert next(pybind.sample("variables"))[0].info.priority == 3 + LABEL_FRACTION
+
+
+def test_a_pull_of_an_unlabelled_item_checks_the_count_again(reverb_servers, monkeypatch):
+    """TF-Agents' container pushes with priority 1.0: no label, so the pull reads the
+    count before and after its sample, as before labels, and still gets the version."""
+    from tf_agents.experimental.distributed.reverb_variable_container import (
+        ReverbVariableContainer,
+    )
+
+    server = reverb_servers({"variables": SIGNATURE})
+    theirs = ReverbVariableContainer(f"localhost:{server.port}", table_names=["variables"])
+    with varsync.connect(server.url, timeout=20) as store:
+        store.push(values(1))
+        for step in (2, 3):
+            theirs.push(tf.nest.map_structure(tf.Variable, values(step)), "variables")
+        calls = _counting_server_info(store, monkeypatch)
+        got, pulled = store.pull_if_newer(1)
+        assert (got, int(pulled["train_step"])) == (3, 3)
+        assert len(calls) == 2
+
+
+def test_labels_name_versions_only_with_their_fraction():
+    from varsync.backends.reverb.tables import label_of, labelled_version
+
+    assert [labelled_version(label_of(v)) for v in (1, 2, 10**9, 2**50)] == [1, 2, 10**9, 2**50]
+    assert [labelled_version(p) for p in (1.0, 0.0, 0.25, 3.5, 3.2500001, -2.75)] == [-1] * 6

@@ -8,7 +8,7 @@ import math
 import socket
 import threading
 import time
-from typing import Any, ContextManager, Dict, List, Optional, Sequence
+from typing import Any, ContextManager, Dict, List, Optional, Sequence, Tuple
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -36,6 +36,8 @@ from varsync.backends.reverb.tables import (
     check_table_info,
     check_tf_nest_structure,
     insert_count,
+    label_of,
+    labelled_version,
     version_of,
 )
 from varsync.backends.reverb.versions import Incarnations, own_version
@@ -221,17 +223,19 @@ class ReverbBackend(Backend):
             if self._incarnations.restarted(("write", table), before, asked_at):
                 # A writer's stream to a server that restarted does not recover.
                 _close_quietly(self._writers.pop(table, None))
+            label = label_of(insert_count(before) + 1)
             if any(spec.dtype.name in ML_DTYPE_NAMES for spec in specs):
-                self._insert_natively(table, before, arrays)
+                self._insert_natively(table, before, arrays, label)
             else:
-                self._append(table, arrays)
+                self._append(table, arrays, label)
             asked_at = time.monotonic()
             info = self._checked_info(name)
             restarted = self._incarnations.restarted(("write", table), info, asked_at)
         return own_version(table, before, info, restarted is not None)
 
-    def _append(self, table: str, arrays: Sequence[np.ndarray]) -> None:
-        """Push through the table's long-lived trajectory writer (under the writer lock)."""
+    def _append(self, table: str, arrays: Sequence[np.ndarray], label: float) -> None:
+        """Push through the table's long-lived trajectory writer (under the writer lock),
+        with the priority ``label`` (:func:`.tables.label_of`)."""
         writer = self._writers.get(table)
         if writer is None:
             writer = self._open_writer(table)
@@ -239,7 +243,7 @@ class ReverbBackend(Backend):
             with self._translated(f"pushing to table {table!r}"):
                 writer.append(list(arrays))
                 # A one-step trajectory (not a squeezed column), exactly what TF-Agents writes.
-                writer.create_item(table, 1.0, [column[-1:] for column in writer.history])
+                writer.create_item(table, label, [column[-1:] for column in writer.history])
                 writer.flush(timeout_ms=_milliseconds(self.timeout))
         except BaseException:
             # The writer's stream may be broken, or (interrupted) still hold this item:
@@ -248,7 +252,9 @@ class ReverbBackend(Backend):
             _close_quietly(writer)
             raise
 
-    def _insert_natively(self, table: str, info: Any, arrays: Sequence[np.ndarray]) -> None:
+    def _insert_natively(
+        self, table: str, info: Any, arrays: Sequence[np.ndarray], label: float
+    ) -> None:
         """Push an item holding a bfloat16 or float8 array (under the writer lock).
 
         Reverb's Python writer refuses those dtypes ("Unsupported numpy type"), and an
@@ -257,7 +263,7 @@ class ReverbBackend(Backend):
         TF-Agents' pushes use, stores them as the dtypes they are. It has no timeout of its
         own; it runs on a sampling worker, abandoned after the container's timeout.
         """
-        if not self._sampler.insert(info, list(arrays), self.timeout):
+        if not self._sampler.insert(info, list(arrays), label, self.timeout):
             raise BackendConnectionError(
                 f"pushing to Reverb table {table!r} at {self.address} took longer than "
                 f"{self.timeout} s; the insert was abandoned (it may still land)"
@@ -308,12 +314,20 @@ class ReverbBackend(Backend):
                 if last:
                     info = self._checked_info(name, left())
                     version = version_of(info)
-                arrays = self._sample(info, left())
-                # Only a count unchanged across the sample says which insert was sampled:
-                # one that moved means the item may be newer than ``version``.
+                arrays, label = self._sample(info, left())
+                if labelled_version(label) == version:
+                    # The writer's label names the count read before the sample: exactly
+                    # this insert (see labelled_version), without asking again.
+                    return version, arrays
+                # Else only a count unchanged across the sample says which insert was
+                # sampled (one that moved means the item may be newer than ``version``),
+                # or a label equal to the count after it, which the sampled insert
+                # cannot be above.
                 again = self._checked_info(name, left())
             if insert_count(again) == insert_count(info):
                 return version, arrays
+            if labelled_version(label) == version_of(again):
+                return version_of(again), arrays
             sampled_as, info, version = version, again, version_of(again)
         # A writer out-pushing the sampler: the value is at least as new as the count read
         # before its sample, never older (docs/guarantees.md, Reverb).
@@ -333,18 +347,18 @@ class ReverbBackend(Backend):
             self._check_same_server(name, info, asked_at, held)
         return version_of(info)
 
-    def _sample(self, info: Any, timeout: Optional[float]) -> List[np.ndarray]:
-        """The table's single item; :class:`PullTimeoutError` after ``timeout`` (``None``:
-        the backend's), the sample abandoned (see :mod:`.sampling`)."""
+    def _sample(self, info: Any, timeout: Optional[float]) -> Tuple[List[np.ndarray], float]:
+        """The table's single item and its priority; :class:`PullTimeoutError` after
+        ``timeout`` (``None``: the backend's), the sample abandoned (see :mod:`.sampling`)."""
         limit = self.timeout if timeout is None else timeout
-        arrays = self._sampler.sample(info, limit, self._client)
-        if arrays is None:
+        sampled = self._sampler.sample(info, limit, self._client)
+        if sampled is None:
             self._probe(limit=0.5)  # a server that is gone is no timeout
             raise PullTimeoutError(
                 f"sampling Reverb table {info.name!r} at {self.address} took longer than "
                 f"{limit} s (did the server restart empty?); the sample was abandoned"
             )
-        return arrays
+        return sampled
 
     def close(self) -> None:
         with self._writer_lock:

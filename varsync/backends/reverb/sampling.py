@@ -59,10 +59,11 @@ class SamplingPool:
 
     def sample(
         self, info: Any, limit: Optional[float], client: Any
-    ) -> Optional[List[np.ndarray]]:
-        """The single item of ``info``'s table, as arrays; ``None`` if the sample took
-        longer than ``limit`` seconds (``None``: no bound) and was abandoned. ``client``:
-        the backend's ``reverb.Client``, whose pybind sampler takes small items."""
+    ) -> Optional[Tuple[List[np.ndarray], float]]:
+        """The single item of ``info``'s table, as arrays, and its priority; ``None`` if
+        the sample took longer than ``limit`` seconds (``None``: no bound) and was
+        abandoned. ``client``: the backend's ``reverb.Client``, whose pybind sampler takes
+        small items."""
         table = info.name
         handle, dtypes, by_pybind = self._client(info)
         if by_pybind:
@@ -70,19 +71,25 @@ class SamplingPool:
 
             def sample() -> Any:  # holds nothing of self: an idle worker would keep it alive
                 sampler = pybind.NewSampler(table, 1, 1)  # one sample, one in flight
-                columns = sampler.GetNextTrajectory()[sampler.NUM_INFO_TENSORS:]
-                return [column[0, ...] for column in columns]  # one-step trajectories
+                # key, probability, table size, priority, times sampled; the columns
+                sampled = sampler.GetNextTrajectory()
+                columns = sampled[sampler.NUM_INFO_TENSORS:]
+                return [column[0, ...] for column in columns], float(sampled[3])
         else:
 
             def sample() -> Any:
-                *_, data = gen_reverb_ops.reverb_client_sample(handle, table, dtypes)
-                return [numpy_view(tensor) for tensor in data]
+                _, _, _, priority, _, data = gen_reverb_ops.reverb_client_sample(
+                    handle, table, dtypes
+                )
+                return [numpy_view(tensor) for tensor in data], float(priority)
 
         finished, result = self._on_a_worker(sample, limit, f"pulling from table {table!r}")
         return result if finished else None
 
-    def insert(self, info: Any, arrays: List[np.ndarray], limit: Optional[float]) -> bool:
-        """Insert ``arrays`` as one item of ``info``'s table (priority 1) with Reverb's
+    def insert(
+        self, info: Any, arrays: List[np.ndarray], priority: float, limit: Optional[float]
+    ) -> bool:
+        """Insert ``arrays`` as one item of ``info``'s table with Reverb's
         TensorFlow op, as TF-Agents does; ``False`` if the insert took longer than
         ``limit`` seconds (``None``: no bound) and was abandoned (it may still land)."""
         table = info.name
@@ -91,7 +98,7 @@ class SamplingPool:
 
         def insert() -> None:  # holds nothing of self, as sample() does
             gen_reverb_ops.reverb_client_insert(
-                handle, tensors, tf.constant([table]), tf.constant([1.0], tf.float64)
+                handle, tensors, tf.constant([table]), tf.constant([priority], tf.float64)
             )
 
         finished, _ = self._on_a_worker(insert, limit, f"pushing to table {table!r}")

@@ -12,7 +12,7 @@ from varsync.backends.reverb.engine import tf
 
 __all__ = [
     "HOW_TO_CONFIGURE", "check_tf_nest_structure", "check_table_info", "insert_count",
-    "version_of", "age_seconds",
+    "version_of", "age_seconds", "LABEL_FRACTION", "label_of", "labelled_version",
 ]
 
 HOW_TO_CONFIGURE = (
@@ -84,6 +84,32 @@ def version_of(info: Any) -> int:
     """The table's version: its insert count; an empty table is version 0 whatever the
     count says (a reset() clears both)."""
     return insert_count(info) if info.current_size > 0 else 0
+
+
+#: What a varsync push adds to the version it expects, as the item's priority: TF-Agents
+#: writes 1.0, and with ``max_size=1`` the sampler never looks at priorities, so an item
+#: whose priority has this fraction was labelled by a varsync writer.
+LABEL_FRACTION = 0.25
+
+
+def label_of(version: int) -> float:
+    """The priority of a push that expects to be ``version`` (exact in a float64 up to
+    2**51 versions)."""
+    return version + LABEL_FRACTION
+
+
+def labelled_version(priority: float) -> int:
+    """The version a sampled item's priority says its writer expected, or -1 for an
+    item no varsync writer labelled (TF-Agents', another writer's).
+
+    A writer expects the count it read before pushing, plus one. Its insert lands at that
+    count or later (later only when another writer pushed in between: both are then
+    told ``ConcurrentPushError``), never earlier: so a label equal to the count read
+    before the sample (at most the sampled insert's number) names that insert exactly,
+    but for a raced push, which may be a newer value under the older number, as
+    docs/guarantees.md allows."""
+    whole = int(priority)
+    return whole if priority - whole == LABEL_FRACTION and whole > 0 else -1
 
 
 def age_seconds(info: Any) -> float:
