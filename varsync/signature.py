@@ -278,22 +278,23 @@ def _leaf_target(spec: Spec, target: Any, path: nest_lib.Path) -> Any:
     adapter = adapters.adapter_for(target)
     if adapter is not None and adapter.is_assignable(target):
         shape, dtype = adapter.shape_and_dtype(target)
-        got = f"a variable of dtype {np.dtype(dtype).name} and shape {tuple(shape)}"
-    elif isinstance(target, np.ndarray):
+        if tuple(shape) != spec.shape or np.dtype(dtype) != spec.dtype:
+            raise _mismatch(
+                spec, path, f"a variable of dtype {np.dtype(dtype).name} and shape {tuple(shape)}"
+            )
+        return target
+    if isinstance(target, np.ndarray):
         if not target.flags.writeable:
             raise _mismatch(spec, path, "a read-only array (update assigns in place)")
-        shape, dtype = target.shape, native_dtype(target.dtype)
-        got = _describe_value(target)
-    else:
-        reason = getattr(adapter, "not_assignable", None) or (
-            "expected a writable numpy array, a tf.Variable or a torch tensor"
-        )
-        raise _mismatch(
-            spec, path, f"{_describe_value(target)}, which cannot be assigned in place ({reason})"
-        )
-    if tuple(shape) != spec.shape or np.dtype(dtype) != spec.dtype:
-        raise _mismatch(spec, path, got)
-    return target
+        if target.shape != spec.shape or native_dtype(target.dtype) != spec.dtype:
+            raise _mismatch(spec, path, _describe_value(target))
+        return target
+    reason = getattr(adapter, "not_assignable", None) or (
+        "expected a writable numpy array, a tf.Variable or a torch tensor"
+    )
+    raise _mismatch(
+        spec, path, f"{_describe_value(target)}, which cannot be assigned in place ({reason})"
+    )
 
 
 def _leaf_array(spec: Spec, value: Any, path: nest_lib.Path) -> np.ndarray:
