@@ -172,6 +172,18 @@ class AdapterRegistry:
         one of theirs)."""
         return any(e.modules[0] in sys.modules for e in self._entries.values())
 
+    def may_own_structures(self) -> bool:
+        """Whether an adapter may own a nest's structure (see :func:`structure`): one loaded
+        that has a ``structure``, or one whose framework is imported but that is not
+        loaded yet (a walk over the nest's leaves then finds out, loading it)."""
+        for entry in self._entries.values():
+            if entry.modules[0] not in sys.modules or entry.name in self._failed:
+                continue
+            adapter = self._loaded.get(entry.name)
+            if adapter is None or hasattr(adapter, "structure"):
+                return True
+        return False
+
     def _load(self, entry: AdapterEntry) -> Optional[Any]:
         adapter = self._loaded.get(entry.name)
         if adapter is not None:
@@ -238,7 +250,7 @@ def _owner(nest: Any) -> Optional[Any]:
     if type(nest) in _PLAIN and not isinstance(nest, (dict, list, tuple)):
         return None
     registry = get_adapter_registry()
-    if not registry.active():
+    if not registry.may_own_structures():  # TensorFlow alone: no walk over 500 leaves
         return None
     for leaf in nest_lib.iter_leaves(nest):
         adapter = adapter_for(leaf)
@@ -259,11 +271,14 @@ def assign_all(targets: Sequence[Any], arrays: Sequence[np.ndarray]) -> None:
     :func:`varsync.signature.flatten_targets`): numpy arrays by ``np.copyto``, framework
     variables in one batch per adapter."""
     batches: Dict[int, Tuple[Any, List[Any], List[np.ndarray]]] = {}
+    by_type: Dict[type, Any] = {}  # the adapters seen, by type (many leaves, few types)
     for target, array in zip(targets, arrays):
         if isinstance(target, np.ndarray):
             np.copyto(target, array)
             continue
-        adapter = adapter_for(target)
+        adapter = by_type.get(type(target))
+        if adapter is None or not adapter.handles(target):
+            adapter = by_type[type(target)] = adapter_for(target)
         if adapter is None:  # pragma: no cover - flatten_targets accepted it
             raise TypeError(f"cannot assign into {type(target).__name__}")
         batch = batches.setdefault(id(adapter), (adapter, [], []))

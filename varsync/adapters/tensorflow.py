@@ -29,7 +29,7 @@ class TensorFlowAdapter:
         shape = value.shape
         if not isinstance(shape, tf.TensorShape):
             shape = tf.TensorShape(shape)
-        dims = shape.as_list() if shape.dims is not None else [None]
+        dims = shape.as_list() if shape.rank is not None else [None]
         if None in dims:
             raise SignatureError(
                 f"TensorFlow shape {shape} is not fully defined; variables need known shapes"
