@@ -234,4 +234,24 @@ def _to_tensor(array: np.ndarray) -> Any:
             return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
         except Exception:  # a dtype DLPack does not carry: copy it instead
             pass
-    return tf.convert_to_tensor(array)
+    return _copied_tensor(array)
+
+
+def _copied_tensor(array: np.ndarray) -> Any:
+    """``tf.convert_to_tensor(array)``, made the way it makes one in eager mode without
+    its dispatch and conversion-registry layers (a third of its cost measured on a small
+    array: most of a small pull's conversion); through it where that way is missing."""
+    if _eager_context is None:  # pragma: no cover - a TensorFlow that moved them
+        return tf.convert_to_tensor(array)
+    ctx = _eager_context()
+    if not ctx.executing_eagerly():  # pragma: no cover - pulls run eagerly
+        return tf.convert_to_tensor(array)
+    ctx.ensure_initialized()
+    return _EagerTensor(array, ctx.device_name, None)
+
+
+try:  # what _copied_tensor makes tensors with
+    from tensorflow.python.eager.context import context as _eager_context
+    from tensorflow.python.framework.ops import EagerTensor as _EagerTensor
+except ImportError:  # pragma: no cover - a TensorFlow that moved them
+    _eager_context = None
