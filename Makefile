@@ -51,7 +51,7 @@ lint: $(TOX)
 	$(TOXRUN) -e lint
 
 # Every benchmark in benchmarks/ (one harness: benchmarks/suite.py), end to end in under
-# 15 minutes on a 2-core machine: benchmarks/RESULTS.md, benchmarks/results.json and the
+# 20 minutes on a 2-core machine: benchmarks/RESULTS.md, benchmarks/results.json and the
 # plots in docs/img/ (matplotlib, the `bench` extra). The suite starts and stops its own
 # Reverb and redis servers. The cross-backend group runs in .venv (TensorFlow, Reverb), the
 # frameworks group (PyTorch, JAX) in tox's modern environment; each run rewrites its own

@@ -111,7 +111,7 @@ class Sweep:
                 ("tf-agents", "pull", lambda: tfa.pull(case.name)),
                 ("tf-agents", "update", lambda: tfa.update(variables, case.name))]
         closers = [store.close]
-        if case.layout == "few" and variables is not None:
+        if case.layout == "few" and variables is not None and case.dropin:
             # issues 3 and 15.1: the drop-in, pushing tf.Variables as TF-Agents' users do
             from varsync.compat.tf_agents import ReverbVariableContainer as DropIn
 
