@@ -347,6 +347,29 @@ def test_pull_and_update_of_an_empty_table_wait_for_the_first_push(caplog, addre
     assert_updated(variables)
 
 
+def test_a_push_landing_just_after_a_read_found_the_table_empty_is_taken(monkeypatch, address):
+    """The race a full run hit: the reader's read finds the table empty, a push lands,
+    and the reader then sees a value there. That is a wait that ended, not a slow
+    transfer: update takes the push instead of raising the empty read's timeout."""
+    reader = compat.ReverbVariableContainer(address)
+    real_update, pushed = reader.container.update, []
+
+    def update_then_push(*args, **kwargs):
+        try:
+            return real_update(*args, **kwargs)
+        except varsync.PullTimeoutError:
+            if not pushed:  # between the empty read and the reader's look at the version
+                compat.ReverbVariableContainer(address).push(nested_variables())
+                pushed.append(True)
+            raise
+
+    monkeypatch.setattr(reader.container, "update", update_then_push)
+    variables = zero_variables()
+    reader.update(variables)
+    assert pushed
+    assert_updated(variables)
+
+
 def test_a_reader_whose_server_restarts_waits_for_it_and_then_for_a_push(
     caplog, reverb_child_server
 ):

@@ -275,10 +275,12 @@ class VariableContainer:
                     raise PullTimeoutError("no time left")
                 backend.wait(table, 0, None if math.isinf(left) else left)
             except PullTimeoutError:
-                raise PullTimeoutError(
+                empty = PullTimeoutError(
                     f"table {table!r} at {backend.url} is still empty after {limit:g} s; "
                     "push to it first, or pull with a longer timeout"
-                ) from None
+                )
+                empty.still_empty = True
+                raise empty from None
             if limit:  # what is left of the call bounds the transfer of the first push
                 bound = max(remaining(deadline), 0.001)
 

@@ -126,6 +126,10 @@ class ConcurrentPushError(VarsyncError, RuntimeError):
 class PullTimeoutError(VarsyncError, TimeoutError):
     """A bounded wait (pull of an empty table, wait_for, a slow server) ran out."""
 
+    #: True when the pull found the table empty and its wait for a first push ran out
+    #: (nothing was there to transfer), not when a transfer was too slow.
+    still_empty: bool = False
+
 
 class BackendConnectionError(VarsyncError, ConnectionError):
     """The storage engine could not be reached or dropped the connection."""

@@ -183,9 +183,11 @@ class ReverbVariableContainer:
             try:
                 try:
                     return read()
-                except PullTimeoutError:
-                    if self._live().version(table) != 0:
-                        raise  # the table holds a value: a slow transfer, not a wait
+                except PullTimeoutError as exc:
+                    # A slow transfer, not a wait, unless the table was empty when read
+                    # (a push may have landed since: the next read takes it)
+                    if not exc.still_empty and self._live().version(table) != 0:
+                        raise
                 left = remaining(deadline)
                 if left <= 0:
                     raise PullTimeoutError(

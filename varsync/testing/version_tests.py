@@ -51,6 +51,7 @@ class VersionTests(_Base):
         with pytest.raises(varsync.PullTimeoutError) as caught:
             store.pull(timeout=0.3)
         assert isinstance(caught.value, TimeoutError)
+        assert caught.value.still_empty  # nothing to transfer, not a slow transfer
         assert time.monotonic() - started < 10  # bounded: it did not hang
 
     def test_timeout_zero_means_do_not_wait_for_a_push(self, store: Any) -> None:
