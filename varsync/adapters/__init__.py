@@ -271,14 +271,11 @@ def assign_all(targets: Sequence[Any], arrays: Sequence[np.ndarray]) -> None:
     :func:`varsync.signature.flatten_targets`): numpy arrays by ``np.copyto``, framework
     variables in one batch per adapter."""
     batches: Dict[int, Tuple[Any, List[Any], List[np.ndarray]]] = {}
-    by_type: Dict[type, Any] = {}  # the adapters seen, by type (many leaves, few types)
     for target, array in zip(targets, arrays):
         if isinstance(target, np.ndarray):
             np.copyto(target, array)
             continue
-        adapter = by_type.get(type(target))
-        if adapter is None or not adapter.handles(target):
-            adapter = by_type[type(target)] = adapter_for(target)
+        adapter = adapter_for(target)
         if adapter is None:  # pragma: no cover - flatten_targets accepted it
             raise TypeError(f"cannot assign into {type(target).__name__}")
         batch = batches.setdefault(id(adapter), (adapter, [], []))

@@ -32,6 +32,7 @@ import numpy as np
 
 from varsync.adapters.tensorflow import numpy_view
 from varsync.backends.reverb.engine import gen_reverb_ops, nested_structure_coder, tf, translated
+from varsync.spec import ML_DTYPE_NAMES
 
 __all__ = ["SamplingPool", "PYBIND_MAX_BYTES"]
 
@@ -166,8 +167,8 @@ class SamplingPool:
         specs = tf.nest.flatten(decoded)
         dtypes = [spec.dtype for spec in specs]
         nbytes = sum(spec.shape.num_elements() * spec.dtype.size for spec in specs)
-        by_pybind = nbytes <= PYBIND_MAX_BYTES and all(
-            dtype.as_numpy_dtype.__module__ == "numpy" for dtype in dtypes
+        by_pybind = nbytes <= PYBIND_MAX_BYTES and not any(
+            dtype.name in ML_DTYPE_NAMES for dtype in dtypes
         )
         with translated(self.address, "creating a TensorFlow client"):
             handle = gen_reverb_ops.reverb_client(
