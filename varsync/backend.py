@@ -31,6 +31,7 @@ from varsync.backends.base import (
     POLL_MAX,
     POLL_START,
     Backend,
+    LeafSnapshot,
     Snapshot,
     deadline_after,
     read_snapshot,
@@ -75,7 +76,7 @@ if TYPE_CHECKING:  # at run time, loaded on first use by __getattr__ below
 
 __all__ = [
     # the protocol
-    "Backend", "Snapshot", "Spec",
+    "Backend", "Snapshot", "LeafSnapshot", "Spec",
     # registration
     "hookimpl", "BackendRegistry", "reset_registry",
     # errors

@@ -10,7 +10,9 @@ must copy what it keeps.
 Required: :meth:`create_table`, :meth:`signature`, :meth:`tables`, :meth:`version`,
 :meth:`write`, :meth:`read`. Optional: :meth:`block` (how to sleep until the table may
 have changed; the default sleeps, so waits poll), :meth:`version_within`,
-:meth:`details`, :meth:`describe_options`, :meth:`close`.
+:meth:`details`, :meth:`describe_options`, :meth:`close`; with the ability
+``supports_leaf_versions``, :meth:`write_leaves`, :meth:`read_leaves` and
+:meth:`leaf_versions`.
 
 The core owns the wait loop (:func:`wait_for_change`, behind :meth:`wait`): a backend
 gives it the primitive, :meth:`block`, not a loop of its own. A backend written before
@@ -36,7 +38,8 @@ from varsync.errors import ConfigurationError, PullTimeoutError
 from varsync.signature import Spec
 
 __all__ = [
-    "Backend", "Snapshot", "remaining", "deadline_after", "wait_for_change", "read_snapshot",
+    "Backend", "Snapshot", "LeafSnapshot", "remaining", "deadline_after", "wait_for_change",
+    "read_snapshot",
     "POLL_START", "POLL_MAX", "BLOCK_SLICE",
 ]
 
@@ -47,6 +50,12 @@ POLL_MAX = 0.05
 
 Snapshot = Tuple[int, Optional[List[np.ndarray]]]
 """The table's current version and, when asked for, that one version's arrays."""
+
+
+LeafSnapshot = Tuple[int, Optional[List[int]], Optional[List[Optional[np.ndarray]]]]
+"""What :meth:`Backend.read_leaves` answers: the table's current version, then, if it is
+newer than asked, every leaf's leaf version and the arrays of the leaves changed since
+(``None`` in the places of the leaves the caller holds already)."""
 
 
 class Backend(abc.ABC):
@@ -74,6 +83,13 @@ class Backend(abc.ABC):
     #: refuses them, ``dtype.str`` calls every float8 type ``"<V1"``), so a backend not
     #: checked with them claims nothing; the suite round-trips the dtypes declared.
     supported_ml_dtypes: ClassVar[Tuple[str, ...]] = ()
+    #: The engine records, with every stored version, the version at which each leaf
+    #: last changed, and implements :meth:`write_leaves`, :meth:`read_leaves` and
+    #: :meth:`leaf_versions`: pushes send only the leaves that changed and pulls fetch
+    #: only the leaves changed since what the caller holds (``docs/delta.md``). ``False``
+    #: (the default, and every backend written before this ability): the core writes and
+    #: reads whole versions, and ``push_leaves`` reads the current value to write a whole one.
+    supports_leaf_versions: ClassVar[bool] = False
 
     def __init__(
         self, url: str, *, timeout: Optional[float], namespace: str, **options: Any
@@ -126,7 +142,8 @@ class Backend(abc.ABC):
         """Store ``arrays`` as the table's new value; return its version.
 
         Readers must see either the previous value or this one, never a mix; a failed
-        write must leave the previous value readable.
+        write must leave the previous value readable. (With ``supports_leaf_versions``:
+        every leaf's leaf version becomes the new version.)
         """
 
     @abc.abstractmethod
@@ -143,6 +160,53 @@ class Backend(abc.ABC):
         before ``specs`` was passed, with ``read(name, newer_than, timeout)``, still
         works: the core passes only what its ``read`` takes.)
         """
+
+    # -- leaf versions (optional: only with ``supports_leaf_versions``) ------------------
+
+    def write_leaves(
+        self,
+        name: str,
+        leaves: Mapping[int, np.ndarray],
+        specs: Sequence[Spec],
+        base: Optional[int] = None,
+    ) -> int:
+        """Store a new version in which the leaf at each flat index of ``leaves`` takes
+        that array, and every other leaf keeps the value and leaf version it has in the
+        current version; return the new version (the given leaves' leaf version).
+
+        ``base`` ``None``: on top of whatever version is current when the write lands,
+        atomically (another writer's push lands wholly before or wholly after it). An
+        int: only if the current version is ``base`` in the history this backend trusts
+        (the one its last write or read saw); otherwise write nothing and return 0 (the
+        core then writes the whole nest). The arrays are checked as for :meth:`write`;
+        ``leaves`` may hold every index. The core writes every leaf into an empty table.
+        Readers see the previous version or this one, never a mix; a failed write leaves
+        the previous version readable; a leaf unchanged for any number of versions stays
+        readable whatever the backend's retention.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support leaf versions")
+
+    def read_leaves(
+        self, name: str, newer_than: int, timeout: Optional[float], specs: Sequence[Spec]
+    ) -> LeafSnapshot:
+        """``(version, leaf_versions, arrays)`` of the latest version if it is greater
+        than ``newer_than``, else ``(version, None, None)`` at the cost of one small
+        request, as :meth:`read`.
+
+        ``leaf_versions[i]`` is the version at which leaf ``i`` last changed (at most
+        ``version``); ``arrays[i]`` is its array if ``leaf_versions[i] > newer_than``,
+        else ``None``: the caller holds it already. ``newer_than`` 0: every leaf. The
+        caller holds version ``newer_than`` of the history this backend trusts: if the
+        table's history restarted since (another epoch), raise
+        :func:`~varsync.history.reset_error` (through :class:`Histories`), never answer
+        with the leaves of another history. ``timeout`` as for :meth:`read`.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support leaf versions")
+
+    def leaf_versions(self, name: str) -> Tuple[int, List[int]]:
+        """The table's current version and each leaf's leaf version (an empty table:
+        ``(0, [0, ...])``), in one small request; no data is moved."""
+        raise NotImplementedError(f"{type(self).__name__} does not support leaf versions")
 
     def block(self, name: str, newer_than: int, seconds: float) -> None:
         """Return after at most ``seconds``, or earlier once the table's version may
