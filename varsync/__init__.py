@@ -19,6 +19,7 @@ from varsync.errors import (
     ConfigurationError,
     CorruptDataError,
     ItemTooLargeError,
+    LeafPathError,
     MissingDependencyError,
     MissingSignatureError,
     PullTimeoutError,
@@ -29,6 +30,7 @@ from varsync.errors import (
     TableNotFoundError,
     TableResetError,
     UnknownBackendError,
+    UnsupportedError,
     VarsyncError,
 )
 from varsync.hookspecs import hookimpl
@@ -66,6 +68,8 @@ __all__ = [
     "ItemTooLargeError",
     "CorruptDataError",
     "PullTimeoutError",
+    "UnsupportedError",
+    "LeafPathError",
     "BackendConnectionError",
     "AuthenticationError",
     "__version__",

@@ -53,6 +53,7 @@ from varsync.errors import (
     TableExistsError,
     TableNotFoundError,
     TableResetError,
+    UnsupportedError,
     VarsyncError,
     translate_errors,
 )
@@ -83,7 +84,7 @@ __all__ = [
     "VarsyncError", "ConfigurationError", "TableNotFoundError", "TableExistsError",
     "TableConfigurationError", "TableResetError", "ConcurrentPushError", "ItemTooLargeError",
     "CorruptDataError", "PullTimeoutError", "BackendConnectionError", "AuthenticationError",
-    "MissingDependencyError", "ErrorMap", "translate_errors",
+    "MissingDependencyError", "UnsupportedError", "ErrorMap", "translate_errors",
     # time and waits
     "deadline_after", "remaining", "wait_for_change", "read_snapshot", "BLOCK_SLICE",
     "POLL_START", "POLL_MAX", "MAX_TIMEOUT",

@@ -6,11 +6,11 @@ import collections
 import math
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from varsync import adapters
+from varsync import adapters, delta
 from varsync import nest as nest_lib
 from varsync import signature as sig
 from varsync.backends.base import Backend, deadline_after, read_snapshot, remaining
@@ -22,6 +22,8 @@ from varsync.errors import (
     PullTimeoutError,
     TableExistsError,
     TableNotFoundError,
+    TableResetError,
+    UnsupportedError,
 )
 from varsync.history import reset_error
 from varsync.options import parse_timeout
@@ -64,6 +66,12 @@ class VariableContainer:
         self._likes_checked: Dict[str, "collections.OrderedDict[Any, None]"] = {}
         self._lock = threading.Lock()
         self._closed = False
+        # delta sync (docs/delta.md): what this container last wrote per table, the
+        # versions it handed out, the variables its updates assigned, tables not skipping
+        self._written: Dict[str, delta.Written] = {}
+        self._handed = delta.Handed()
+        self._assigned = delta.Assigned()
+        self._whole_pushes: Dict[str, bool] = {}
 
     # -- tables ----------------------------------------------------------------------
 
@@ -108,23 +116,120 @@ class VariableContainer:
 
     # -- publishing ------------------------------------------------------------------
 
-    def push(self, values: Any, table: str = DEFAULT_TABLE) -> int:
+    def push(
+        self, values: Any, table: str = DEFAULT_TABLE, *, skip_unchanged: Optional[bool] = None
+    ) -> int:
         """Publish ``values`` (a nest matching the table's signature); return the new
         version. Everything is checked first: on any mismatch nothing is written and the
-        table keeps its previous value and version."""
+        table keeps its previous value and version.
+
+        On a backend with leaf versions, leaves bit-identical to this container's last
+        push to the table are not sent (the new version keeps them); ``skip_unchanged``
+        ``False`` sends every leaf (default: the table's setting, see
+        :meth:`configure_table`; on by default)."""
         _, specs = self._table(table)
         arrays = sig.flatten_values(self.signature(table), values)
         backend = self._backend_call()
-        limit = backend.max_push_bytes
-        if limit is not None:
-            total = sum(a.nbytes for a in arrays)
-            if total > limit:
-                raise ItemTooLargeError(
-                    f"push to {table!r} is {total} bytes; {type(backend).__name__} accepts "
-                    f"at most {limit} bytes per push. Nothing was sent. Split the variables "
-                    "over several tables, or use a backend without this limit."
-                )
-        return backend.write(table, arrays, specs)
+        self._check_size(table, backend, arrays)
+        if skip_unchanged is None:
+            skip_unchanged = not self._whole_pushes.get(table, False)
+        last = self._written.pop(table, None)
+        if not (skip_unchanged and backend.supports_leaf_versions):
+            return backend.write(table, arrays, specs)
+        changed, samples, hashes = delta.changed_leaves(last, arrays)
+        version = 0
+        if last is not None and len(changed) < len(arrays):
+            leaves = {index: arrays[index] for index in changed}
+            version = backend.write_leaves(table, leaves, specs, last.version)
+        if version == 0:  # everything changed, a first push, or another writer's since
+            version = backend.write(table, arrays, specs)
+        self._written[table] = delta.Written(version, samples, hashes)
+        return version
+
+    def push_leaves(self, leaves: Mapping[Any, Any], table: str = DEFAULT_TABLE) -> int:
+        """Publish a new version that changes only the leaves given; every other leaf
+        keeps its current value. ``leaves``: ``{path: value}``, a path being a tuple of
+        keys, list indices and field names from the root (``("obs_norm", "mean")``), or
+        one top-level key; a path to an inner node takes a nest of that node's
+        structure. Each value is checked against its specs first, as :meth:`push`
+        checks a nest; a path not in the signature raises :class:`LeafPathError` naming
+        the nearest valid ones. Returns the new version.
+
+        The table must hold a value already (a first push gives every leaf). On a
+        backend without leaf versions this reads the current value and writes a whole
+        new one: a push by another writer in between is overwritten (``docs/delta.md``)."""
+        signature, specs = self._table(table)
+        if not isinstance(leaves, Mapping) or not leaves:
+            raise ConfigurationError(
+                f"push_leaves takes a non-empty mapping of leaf paths to values, got "
+                f"{leaves!r:.80}"
+            )
+        given: Dict[int, np.ndarray] = {}
+        for path, value in leaves.items():
+            node, indices, walked = delta.leaf_indices(signature, path)
+            try:
+                arrays = sig.flatten_values(node, value)
+            except sig.SignatureMismatchError as exc:
+                raise sig.SignatureMismatchError(
+                    f"push_leaves, path {nest_lib.format_path(walked)}: {exc}"
+                ) from None
+            for index, array in zip(indices, arrays):
+                if index in given:
+                    raise ConfigurationError(
+                        f"push_leaves names the leaf at {path!r} twice (paths overlap)"
+                    )
+                given[index] = array
+        backend = self._backend_call()
+        self._check_size(table, backend, list(given.values()))
+        last = self._written.pop(table, None)
+        if len(given) == len(specs):
+            return self.push(nest_lib.unflatten(signature, [given[i] for i in range(len(specs))]),
+                             table)
+        if not backend.supports_leaf_versions:
+            return self._push_leaves_whole(table, given, specs)
+        if backend.version(table) == 0 or not (
+            version := backend.write_leaves(table, given, specs, None)
+        ):
+            raise self._empty_for_leaves(table, signature, given)
+        if last is not None and last.version == version - 1:  # the rest is still ours
+            for index, array in given.items():
+                raw = delta._bytes_of(array)
+                last.samples[index], last.hashes[index] = delta._sample(raw), None
+            last.version = version
+            self._written[table] = last
+        return version
+
+    def configure_table(self, table: str = DEFAULT_TABLE, *, skip_unchanged: bool) -> None:
+        """This container's settings for its pushes to ``table``: ``skip_unchanged``
+        ``False`` sends every leaf of every push (the default, ``True``, skips leaves
+        bit-identical to this container's last push, on a backend with leaf versions)."""
+        self._table(table)
+        self._whole_pushes[table] = not skip_unchanged
+        if not skip_unchanged:
+            self._written.pop(table, None)
+
+    def leaf_versions(self, table: str = DEFAULT_TABLE) -> Tuple[int, Any]:
+        """``(version, nest)``: the table's version and, in its signature's structure,
+        the version at which each leaf last changed (0 everywhere while empty). One
+        small request. Raises :class:`UnsupportedError` on a backend without leaf
+        versions."""
+        signature, specs = self._table(table)
+        backend = self._backend_call()
+        if not backend.supports_leaf_versions:
+            raise UnsupportedError(
+                f"{type(backend).__name__} ({backend.url}) does not record leaf versions: "
+                "its every push writes every leaf. Use version(table), or a backend with "
+                "leaf versions (memory://, redis://, shm://; docs/delta.md)."
+            )
+        version, numbers = backend.leaf_versions(table)
+        if version == 0:
+            numbers = [0] * len(specs)
+        elif len(numbers) != len(specs) or any(not 0 < n <= version for n in numbers):
+            raise CorruptDataError(
+                f"table {table!r} at {backend.url}: version {version} has leaf versions "
+                f"{list(numbers)[:8]!r} for a signature of {len(specs)} leaves"
+            )
+        return version, nest_lib.unflatten(signature, [int(n) for n in numbers])
 
     # -- fetching --------------------------------------------------------------------
 
@@ -152,19 +257,47 @@ class VariableContainer:
         *,
         timeout: Any = None,
         like: Any = None,
+        held: Any = None,
     ) -> Optional[Tuple[int, Any]]:
         """``(new_version, nest)`` if the table holds a version greater than ``version``,
         else ``None`` at once. Learning that nothing changed costs one small request,
         whatever the size of the table. ``timeout`` bounds the whole call, every request
         included (0: the container's timeout bounds the transfer of a newer value).
-        ``like`` as for :meth:`pull`."""
+        ``like`` as for :meth:`pull`.
+
+        ``held``: the nest this container returned with ``version`` (by a pull or a
+        ``pull_if_newer``). On a backend with leaf versions only the leaves changed
+        since are fetched; the others in the nest returned are ``held``'s own leaves, not
+        copies. Without it (or for a ``version`` this container did not hand out) every
+        leaf is fetched."""
         version = self._check_version(version)
         specs = self._table(table)[1]
         shaped = None if like is None else self._like(table, like)
         limit = self._timeout(timeout)
-        current, arrays = read_snapshot(
-            self._backend_call(), table, version, self._transfer_bound(limit), specs
-        )
+        backend = self._backend_call()
+        bound = self._transfer_bound(limit)
+        if held is not None and version and backend.supports_leaf_versions and (
+            (table, version) in self._handed
+        ):
+            held_leaves = sig.flatten_like(self._table(table)[0], held)[1]
+            current, _, changed = backend.read_leaves(table, version, bound, specs)
+            if changed is None:
+                self._check_not_reset(table, current, version)
+                return None
+            changed = self._checked_leaves(table, current, changed)
+            fetched = [i for i, array in enumerate(changed) if array is not None]
+            if shaped is not None:
+                made = adapters.from_numpy_all(
+                    [changed[i] for i in fetched], [shaped[1][i] for i in fetched]  # type: ignore[misc]
+                )
+                for index, leaf in zip(fetched, made):
+                    changed[index] = leaf
+            leaves = [held_leaves[i] if a is None else a for i, a in enumerate(changed)]
+            self._handed.add(table, current)
+            if shaped is None:
+                return current, nest_lib.unflatten(self._table(table)[0], leaves)
+            return current, adapters.rebuild(like, shaped[0], leaves)
+        current, arrays = read_snapshot(backend, table, version, bound, specs)
         if arrays is None:
             self._check_not_reset(table, current, version)
             return None
@@ -181,15 +314,52 @@ class VariableContainer:
         self._check_not_reset(table, current, version)
         return current
 
-    def update(self, variables: Any, table: str = DEFAULT_TABLE, *, timeout: Any = None) -> int:
+    def update(
+        self, variables: Any, table: str = DEFAULT_TABLE, *, timeout: Any = None,
+        delta_only: bool = True,
+    ) -> int:
         """Pull the table and assign the values into ``variables`` in place; return the
         version. ``variables``: writable numpy arrays, ``tf.Variable``s, torch tensors or a
         ``torch.nn.Module`` (its parameters and buffers, under ``torch.no_grad()``). The
-        variables are all checked before any is assigned. ``timeout`` as for :meth:`pull`."""
-        signature, _ = self._table(table)
+        variables are all checked before any is assigned. ``timeout`` as for :meth:`pull`.
+
+        On a backend with leaf versions, an update into the very variables this
+        container's last update of the table assigned fetches and assigns only the
+        leaves changed since (none if nothing did): it assumes they still hold what it
+        assigned. ``delta_only=False`` fetches and assigns every leaf, e.g. after
+        changing the variables some other way."""
+        signature, specs = self._table(table)
         targets = sig.flatten_targets(signature, variables)
-        version, arrays = self._pull_flat(table, timeout)
-        sig.assign_all(targets, arrays)
+        backend = self._backend_call()
+        if not backend.supports_leaf_versions:
+            version, arrays = self._pull_flat(table, timeout)
+            sig.assign_all(targets, arrays)
+            return version
+        holds = self._assigned.version_of(table, targets) if delta_only else 0
+        self._assigned.forget(table, targets)  # until this assignment is complete
+        changed: Optional[List[Optional[np.ndarray]]] = None
+        if holds:
+            bound = self._transfer_bound(self._timeout(timeout))
+            try:
+                version, _, changed = backend.read_leaves(table, holds, bound, specs)
+            except TableResetError:
+                holds = 0  # another history: these variables hold nothing of it
+            else:
+                if changed is None and version == holds:  # nothing newer: nothing to do
+                    self._assigned.assigned(table, targets, holds)
+                    return version
+                if changed is None:
+                    holds = 0  # the table went back: another history
+        if not holds or changed is None:  # a first update, or the table was reset
+            version, arrays = self._pull_flat(table, timeout)
+            sig.assign_all(targets, arrays)
+        else:
+            changed = self._checked_leaves(table, version, changed)
+            fetched = [i for i, array in enumerate(changed) if array is not None]
+            sig.assign_all(
+                [targets[i] for i in fetched], [changed[i] for i in fetched]  # type: ignore[misc]
+            )
+        self._assigned.assigned(table, targets, version)
         return version
 
     # -- life cycle ------------------------------------------------------------------
@@ -326,17 +496,78 @@ class VariableContainer:
                 f"{len(specs)} leaves (version {version})"
             )
         for index, (array, spec) in enumerate(zip(arrays, specs)):
-            if (
-                not isinstance(array, np.ndarray)
-                or array.shape != spec.shape
-                or array.dtype != spec.dtype
-            ):
-                raise CorruptDataError(
-                    f"table {table!r} version {version}: leaf {index} is "
-                    f"{getattr(array, 'dtype', type(array).__name__)} "
-                    f"{getattr(array, 'shape', '')}, the signature says {spec}"
-                )
+            self._check_leaf(table, version, index, array, spec)
+        if self._backend.supports_leaf_versions:
+            self._handed.add(table, version)
         return version, list(arrays)
+
+    def _checked_leaves(
+        self, table: str, version: int, arrays: Sequence[Optional[np.ndarray]]
+    ) -> List[Optional[np.ndarray]]:
+        """A delta read's arrays (``None`` for leaves not fetched), verified."""
+        specs = self._table(table)[1]
+        if len(arrays) != len(specs):
+            raise CorruptDataError(
+                f"table {table!r} returned {len(arrays)} places for a signature of "
+                f"{len(specs)} leaves (version {version})"
+            )
+        for index, (array, spec) in enumerate(zip(arrays, specs)):
+            if array is not None:
+                self._check_leaf(table, version, index, array, spec)
+        return list(arrays)
+
+    @staticmethod
+    def _check_leaf(table: str, version: int, index: int, array: Any, spec: sig.Spec) -> None:
+        if (
+            not isinstance(array, np.ndarray)
+            or array.shape != spec.shape
+            or array.dtype != spec.dtype
+        ):
+            raise CorruptDataError(
+                f"table {table!r} version {version}: leaf {index} is "
+                f"{getattr(array, 'dtype', type(array).__name__)} "
+                f"{getattr(array, 'shape', '')}, the signature says {spec}"
+            )
+
+    def _check_size(self, table: str, backend: Backend, arrays: List[np.ndarray]) -> None:
+        limit = backend.max_push_bytes
+        if limit is not None:
+            total = sum(a.nbytes for a in arrays)
+            if total > limit:
+                raise ItemTooLargeError(
+                    f"push to {table!r} is {total} bytes; {type(backend).__name__} accepts "
+                    f"at most {limit} bytes per push. Nothing was sent. Split the variables "
+                    "over several tables, or use a backend without this limit."
+                )
+
+    def _push_leaves_whole(
+        self, table: str, given: Dict[int, np.ndarray], specs: List[sig.Spec]
+    ) -> int:
+        """``push_leaves`` on a backend without leaf versions: the current value with the
+        given leaves replaced, written whole."""
+        backend = self._backend_call()
+        current, arrays = read_snapshot(backend, table, 0, self.timeout, specs)
+        if arrays is None:
+            raise self._empty_for_leaves(table, self._table(table)[0], given)
+        arrays = list(self._checked(table, current, arrays)[1])
+        for index, array in given.items():
+            arrays[index] = array
+        return backend.write(table, arrays, specs)
+
+    def _empty_for_leaves(
+        self, table: str, signature: Any, given: Dict[int, np.ndarray]
+    ) -> TableNotFoundError:
+        missing = [
+            nest_lib.format_path(path)
+            for index, (path, _) in enumerate(nest_lib.flatten_with_paths(signature))
+            if index not in given
+        ]
+        return TableNotFoundError(
+            f"table {table!r} at {self._backend.url} holds no value yet, so push_leaves "
+            f"has nothing to keep for the leaves not given ({', '.join(missing[:5])}"
+            f"{', ...' if len(missing) > 5 else ''}): a first push gives every leaf, with "
+            "push(values)"
+        )
 
     @staticmethod
     def _check_name(name: Any) -> None:

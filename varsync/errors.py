@@ -5,6 +5,7 @@
     │   └── UnknownBackendError                no backend for that URL scheme
     ├── MissingDependencyError (ImportError)   a backend's optional extra is not installed
     ├── TableNotFoundError (KeyError)          no table of that name
+    ├── LeafPathError (KeyError)               a leaf path not in the table's signature
     ├── TableExistsError (ValueError)          create_table with another signature
     ├── TableConfigurationError (ValueError)   a server-side table varsync cannot use
     ├── MissingSignatureError (TypeError)      a server-side table without a signature
@@ -15,6 +16,7 @@
     ├── TableResetError (RuntimeError)         the table's history restarted (data lost)
     ├── ConcurrentPushError (RuntimeError)     published, but its version is unknown (two writers)
     ├── PullTimeoutError (TimeoutError)        a bounded wait ran out
+    ├── UnsupportedError (NotImplementedError) the backend lacks an optional ability
     └── BackendConnectionError (ConnectionError)   the engine cannot be reached
         └── AuthenticationError                    the engine refused the credentials
 
@@ -36,6 +38,7 @@ __all__ = [
     "UnknownBackendError",
     "MissingDependencyError",
     "TableNotFoundError",
+    "LeafPathError",
     "TableExistsError",
     "TableConfigurationError",
     "MissingSignatureError",
@@ -46,6 +49,7 @@ __all__ = [
     "TableResetError",
     "ConcurrentPushError",
     "PullTimeoutError",
+    "UnsupportedError",
     "BackendConnectionError",
     "AuthenticationError",
     "translate_errors",
@@ -73,6 +77,14 @@ class TableNotFoundError(VarsyncError, KeyError):
 
     def __str__(self) -> str:
         # KeyError.__str__ would show the message in quotes, as a repr.
+        return str(self.args[0]) if self.args else ""
+
+
+class LeafPathError(VarsyncError, KeyError):
+    """A leaf path (``push_leaves``) that is not in the table's signature; the message
+    names the nearest valid paths."""
+
+    def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
 
 
@@ -129,6 +141,11 @@ class PullTimeoutError(VarsyncError, TimeoutError):
     #: True when the pull found the table empty and its wait for a first push ran out
     #: (nothing was there to transfer), not when a transfer was too slow.
     still_empty: bool = False
+
+
+class UnsupportedError(VarsyncError, NotImplementedError):
+    """The backend does not have the optional ability a call needs (e.g. leaf versions
+    for ``leaf_versions``); the message says which, and what to use instead."""
 
 
 class BackendConnectionError(VarsyncError, ConnectionError):

@@ -179,7 +179,9 @@ class Backend(abc.ABC):
         int: only if the current version is ``base`` in the history this backend trusts
         (the one its last write or read saw); otherwise write nothing and return 0 (the
         core then writes the whole nest). The arrays are checked as for :meth:`write`;
-        ``leaves`` may hold every index. The core writes every leaf into an empty table.
+        ``leaves`` may hold every index. Into an empty table (version 0) only a write of
+        every leaf is possible: given fewer, write nothing and return 0 (the core checks
+        first; this covers a table emptied since).
         Readers see the previous version or this one, never a mix; a failed write leaves
         the previous version readable; a leaf unchanged for any number of versions stays
         readable whatever the backend's retention.
@@ -204,8 +206,9 @@ class Backend(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} does not support leaf versions")
 
     def leaf_versions(self, name: str) -> Tuple[int, List[int]]:
-        """The table's current version and each leaf's leaf version (an empty table:
-        ``(0, [0, ...])``), in one small request; no data is moved."""
+        """The table's current version and each leaf's leaf version, in one small
+        request; no data is moved. An empty table answers version 0 (its list, ``[]`` or
+        zeros, is not looked at)."""
         raise NotImplementedError(f"{type(self).__name__} does not support leaf versions")
 
     def block(self, name: str, newer_than: int, seconds: float) -> None:

@@ -7,6 +7,12 @@ and no reader can make them writable (numpy refuses ``flags.writeable = True`` o
 it does not own). A new version replaces the table's ``(version, arrays)`` pair in one
 assignment under a lock, so a reader gets one version's arrays, never a mix.
 
+Leaf versions (``supports_leaf_versions``): each stored version is its arrays and, per
+leaf, the version at which it last changed. A partial write copies only the leaves it is
+given and shares the other leaves' immutable arrays with the version before: nothing
+unchanged is copied, and a leaf untouched for any number of versions stays readable
+because every version that shows it holds a reference to it.
+
 Every lock here is a plain ``threading.Lock`` used by ``with`` (whose ``__enter__`` is
 C code), never a ``threading.Condition``, whose Python-level ``__enter__`` and ``wait``
 can be interrupted (Ctrl-C) after taking the lock and leave it held for good. A waiter
@@ -17,12 +23,12 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from urllib.parse import urlsplit
 
 import numpy as np
 
-from varsync.backends.base import Backend, Snapshot
+from varsync.backends.base import Backend, LeafSnapshot, Snapshot
 from varsync.errors import ConfigurationError
 from varsync.signature import Spec
 from varsync.spec import ML_DTYPE_NAMES
@@ -33,8 +39,9 @@ __all__ = ["MemoryBackend"]
 @dataclass
 class _Table:
     signature: str
-    #: ``(version, arrays)``, replaced whole: one assignment publishes a version.
-    value: Tuple[int, List[np.ndarray]] = (0, [])
+    #: ``(version, arrays, leaf versions)``, replaced whole: one assignment publishes a
+    #: version.
+    value: Tuple[int, List[np.ndarray], List[int]] = (0, [], [])
     #: One held lock per blocked waiter; a push releases them all.
     waiters: List[Any] = field(default_factory=list)
 
@@ -67,6 +74,7 @@ class MemoryBackend(Backend):
     shared_across_processes = False
     supports_blocking_wait = True
     supported_ml_dtypes = ML_DTYPE_NAMES  # bytes in, the spec's dtype out: any dtype
+    supports_leaf_versions = True
 
     def __init__(self, url: str, *, timeout: Optional[float], namespace: str, **options: Any):
         super().__init__(url, timeout=timeout, namespace=namespace, **options)
@@ -102,18 +110,43 @@ class MemoryBackend(Backend):
             return sorted(n for ns, n in self._store.tables if ns == self.namespace)
 
     def details(self, name: str) -> Dict[str, Any]:
-        _, arrays = self._table(name).value
+        arrays = self._table(name).value[1]
         return {"store": self.store_name, "stored_bytes": sum(a.nbytes for a in arrays)}
 
     def version(self, name: str) -> int:
         return self._table(name).value[0]
 
     def write(self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]) -> int:
-        copies = [_frozen(array) for array in arrays]
+        return self._publish(name, dict(enumerate(arrays)), None, whole=True)
+
+    def write_leaves(
+        self,
+        name: str,
+        leaves: Mapping[int, np.ndarray],
+        specs: Sequence[Spec],
+        base: Optional[int] = None,
+    ) -> int:
+        return self._publish(name, leaves, base, whole=len(leaves) == len(specs))
+
+    def _publish(
+        self, name: str, leaves: Mapping[int, np.ndarray], base: Optional[int], whole: bool
+    ) -> int:
+        copies = {index: _frozen(array) for index, array in leaves.items()}
         table = self._table(name)
         with self._store.lock:
-            version = table.value[0] + 1
-            table.value = (version, copies)
+            current, arrays, leaf_versions = table.value
+            if (base is not None and current != base) or (current == 0 and not whole):
+                return 0  # not on the version asked for, or nothing to keep the rest of
+            version = current + 1
+            if whole:
+                arrays = [copies[i] for i in range(len(copies))]
+                leaf_versions = [version] * len(arrays)
+            else:
+                arrays, leaf_versions = list(arrays), list(leaf_versions)
+                for index, copy in copies.items():
+                    arrays[index] = copy
+                    leaf_versions[index] = version
+            table.value = (version, arrays, leaf_versions)
             woken, table.waiters = table.waiters, []
         for waiter in woken:
             _release(waiter)
@@ -122,10 +155,25 @@ class MemoryBackend(Backend):
     def read(
         self, name: str, newer_than: int, timeout: Optional[float], specs: Sequence[Spec]
     ) -> Snapshot:
-        version, stored = self._table(name).value
+        version, stored, _ = self._table(name).value
         if version <= newer_than:
             return version, None
         return version, [array.view() for array in stored]
+
+    def read_leaves(
+        self, name: str, newer_than: int, timeout: Optional[float], specs: Sequence[Spec]
+    ) -> LeafSnapshot:
+        version, stored, leaf_versions = self._table(name).value
+        if version <= newer_than:
+            return version, None, None
+        return version, list(leaf_versions), [
+            array.view() if changed > newer_than else None
+            for array, changed in zip(stored, leaf_versions)
+        ]
+
+    def leaf_versions(self, name: str) -> Tuple[int, List[int]]:
+        version, _, leaf_versions = self._table(name).value
+        return version, list(leaf_versions)
 
     def block(self, name: str, newer_than: int, seconds: float) -> None:
         table = self._table(name)

@@ -32,6 +32,7 @@ from varsync.testing.concurrency_tests import ConcurrencyTests
 from varsync.testing.conformance import ConformanceTests
 from varsync.testing.contract_tests import ContractTests
 from varsync.testing.fault_tests import FaultTests
+from varsync.testing.leaf_version_tests import LeafVersionTests
 from varsync.testing.roundtrip_tests import RoundTripTests
 from varsync.testing.table_tests import TableTests
 from varsync.testing.validation_tests import ValidationTests
@@ -47,4 +48,5 @@ __all__ = [
     "ContractTests",
     "CapabilityTests",
     "FaultTests",
+    "LeafVersionTests",
 ]

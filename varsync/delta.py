@@ -1,0 +1,243 @@
+"""Moving only what changed: which leaves a push changed, which leaves a path names, and
+what a container handed out or assigned (so a later pull or ``update`` can fetch only
+the leaves changed since).
+
+Three pieces, each the core's, none a backend's (``docs/delta.md``):
+
+- :class:`Written`: what this container last wrote to a table, per leaf a *sample* of
+  its bytes and, once a leaf's sample stopped changing, a 128-bit xxh3 hash of all of
+  them. A push compares each leaf's sample first: a leaf whose sample differs changed,
+  for the cost of gathering 64 bytes (a trained weight changes everywhere, so this is
+  what a push where everything changed pays). A leaf whose sample is the same is hashed
+  whole and skipped only if that hash equals the one of the last write: never skipped
+  on a sample alone. A leaf of at most :data:`EXACT_BYTES` is compared byte for byte.
+  A container's first push to a table hashes every leaf, so a leaf frozen from the
+  start is skipped from the second push on; a leaf whose change showed in its sample is
+  not hashed, so once it stops changing it is sent once more, then skipped.
+- :func:`leaf_indices`: ``push_leaves``' paths to flat indices, with the nearest valid
+  paths in the error for one the signature does not have.
+- :class:`Handed` and :class:`Assigned`: the versions a container handed out per table
+  (a nest passed back as ``held=`` must be one of them), and the variables an
+  ``update`` last assigned, by identity (weak references), with their version.
+"""
+
+from __future__ import annotations
+
+import collections
+import difflib
+import weakref
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from varsync import nest as nest_lib
+from varsync.errors import LeafPathError
+
+__all__ = [
+    "Written", "changed_leaves", "leaf_indices", "Handed", "Assigned", "EXACT_BYTES",
+    "SAMPLE_POSITIONS",
+]
+
+#: Leaves of at most this many bytes are compared whole, byte for byte, not sampled.
+EXACT_BYTES = 256
+#: Bytes gathered from a larger leaf, evenly spread, as its sample.
+SAMPLE_POSITIONS = 64
+
+_POSITIONS: Dict[int, np.ndarray] = {}
+
+
+def _bytes_of(array: np.ndarray) -> np.ndarray:
+    """The array's bytes as a flat ``uint8`` view (the core's arrays are C-contiguous)."""
+    return array.reshape(-1).view(np.uint8)
+
+
+def _sample(raw: np.ndarray) -> bytes:
+    size = raw.size
+    if size <= EXACT_BYTES:
+        return raw.tobytes()
+    positions = _POSITIONS.get(size)
+    if positions is None:
+        positions = np.linspace(0, size - 1, SAMPLE_POSITIONS).astype(np.intp)
+        if len(_POSITIONS) < 4096:
+            _POSITIONS[size] = positions
+    return raw[positions].tobytes()
+
+
+def _hash(raw: np.ndarray) -> bytes:
+    import xxhash  # a core dependency; imported on a push that needs a hash
+
+    return bytes(xxhash.xxh3_128_digest(raw.data))
+
+
+@dataclass
+class Written:
+    """What this container's last write to a table held: its version, and per leaf the
+    sample of its bytes and their hash (``None`` until a push found the sample
+    unchanged)."""
+
+    version: int
+    samples: List[bytes]
+    hashes: List[Optional[bytes]]
+
+
+def changed_leaves(
+    last: Optional[Written], arrays: Sequence[np.ndarray]
+) -> Tuple[List[int], List[bytes], List[Optional[bytes]]]:
+    """The flat indices of ``arrays`` that differ from ``last`` (all of them without
+    one), and the samples and hashes of ``arrays`` for the next comparison."""
+    samples: List[bytes] = []
+    hashes: List[Optional[bytes]] = []
+    changed: List[int] = []
+    for index, array in enumerate(arrays):
+        raw = _bytes_of(array)
+        sample = _sample(raw)
+        samples.append(sample)
+        if last is None:  # a first push: every leaf is sent, and hashed for the next
+            hashes.append(None if raw.size <= EXACT_BYTES else _hash(raw))
+            changed.append(index)
+        elif last.samples[index] != sample:
+            hashes.append(None)
+            changed.append(index)
+        elif raw.size <= EXACT_BYTES:  # the sample is the whole leaf
+            hashes.append(None)
+        else:
+            digest = _hash(raw)
+            hashes.append(digest)
+            if last.hashes[index] != digest:
+                changed.append(index)
+    return changed, samples, hashes
+
+
+# -- paths ---------------------------------------------------------------------------------
+
+
+def _items(path: nest_lib.Path) -> Tuple[Any, ...]:
+    return tuple(item for _, item in path)
+
+
+def leaf_indices(signature: Any, path: Any) -> Tuple[Any, List[int], nest_lib.Path]:
+    """What ``path`` names in ``signature``: the signature's node there (a spec, or a
+    nest of them), the flat indices of its leaves (consecutive), and the path in the
+    nest library's form. ``path``: a tuple of keys, indices and field names from the
+    root (``("obs_norm", "mean")``, ``("policy", 0)``), or one key of the top level.
+    Raises :class:`LeafPathError` naming the nearest valid paths."""
+    wanted = path if isinstance(path, tuple) else (path,)
+    node, walked = signature, ()  # type: Tuple[Any, nest_lib.Path]
+    for step in wanted:
+        if not nest_lib.is_nested(node):
+            raise _no_such_path(signature, wanted)
+        for entry, child in nest_lib.children(node):
+            if _matches(entry, step):
+                node, walked = child, walked + (entry,)
+                break
+        else:
+            raise _no_such_path(signature, wanted)
+    paths = [p for p, _ in nest_lib.flatten_with_paths(signature)]
+    depth = len(walked)
+    indices = [i for i, p in enumerate(paths) if p[:depth] == walked]
+    if not indices:  # an empty node: no leaf to push
+        raise _no_such_path(signature, wanted, empty=True)
+    return node, indices, walked
+
+
+def _matches(entry: nest_lib.PathEntry, step: Any) -> bool:
+    kind, item = entry
+    if isinstance(step, bool) or isinstance(item, bool):
+        return type(step) is type(item) and step == item
+    if kind == "index":
+        return isinstance(step, (int, np.integer)) and item == step
+    try:
+        return bool(item == step)
+    except Exception:  # a key that cannot compare with this step is not it
+        return False
+
+
+def _no_such_path(signature: Any, wanted: Tuple[Any, ...], empty: bool = False) -> LeafPathError:
+    leaf_paths = [_items(p) for p, _ in nest_lib.flatten_with_paths(signature)]
+    inner = sorted({p[:n] for p in leaf_paths for n in range(1, len(p))}, key=repr)
+    candidates = {repr(p): p for p in [*leaf_paths, *inner]}
+    near = difflib.get_close_matches(repr(wanted), list(candidates), n=3, cutoff=0.3)
+    shown = near or list(candidates)[:3]
+    what = "names a node without leaves" if empty else "is not in the table's signature"
+    return LeafPathError(
+        f"leaf path {wanted!r} {what}; nearest valid path"
+        f"{'s' if len(shown) != 1 else ''}: {', '.join(shown)}. A path is a tuple of keys, "
+        "list indices and field names from the root, e.g. ('obs_norm', 'mean')"
+    )
+
+
+# -- what a container handed out and assigned ---------------------------------------------
+
+
+class Handed:
+    """The last :attr:`KEEP` versions of each table this container returned: a nest
+    passed back as ``held=`` with one of those versions came from this container, in a
+    history its backend checks."""
+
+    KEEP = 64
+
+    def __init__(self) -> None:
+        self._versions: Dict[str, "collections.OrderedDict[int, None]"] = {}
+
+    def add(self, table: str, version: int) -> None:
+        versions = self._versions.setdefault(table, collections.OrderedDict())
+        versions[version] = None
+        versions.move_to_end(version)
+        while len(versions) > self.KEEP:
+            versions.popitem(last=False)
+
+    def __contains__(self, key: Tuple[str, int]) -> bool:
+        table, version = key
+        return version in self._versions.get(table, ())
+
+    def forget(self, table: str) -> None:
+        self._versions.pop(table, None)
+
+
+@dataclass
+class _Assignment:
+    version: int
+    targets: List["weakref.ref[Any]"]
+    ids: frozenset
+
+
+class Assigned:
+    """For each table, the variables the last ``update`` assigned in full or in part
+    (by identity, through weak references) and the version they then held. An update
+    into any of them from another table forgets the record: they no longer hold it."""
+
+    def __init__(self) -> None:
+        self._records: Dict[str, _Assignment] = {}
+
+    def version_of(self, table: str, targets: Sequence[Any]) -> int:
+        """The version ``targets`` hold of ``table`` as the last update left them, or 0
+        if they are not exactly the variables it assigned (or one of them is gone)."""
+        record = self._records.get(table)
+        if record is None or len(record.targets) != len(targets):
+            return 0
+        for ref, target in zip(record.targets, targets):
+            if ref() is not target:
+                return 0
+        return record.version
+
+    def assigned(self, table: str, targets: Sequence[Any], version: int) -> None:
+        """``targets`` now hold ``version`` of ``table``; nothing else holds a record of
+        any of them."""
+        ids = frozenset(id(t) for t in targets)
+        for other in [t for t, r in self._records.items() if r.ids & ids]:
+            del self._records[other]
+        try:
+            refs = [weakref.ref(t) for t in targets]
+        except TypeError:  # a variable without weak references: updates stay whole
+            return
+        self._records[table] = _Assignment(version, refs, ids)
+
+    def forget(self, table: str, targets: Optional[Sequence[Any]] = None) -> None:
+        """Drop the record of ``table`` (and of any table whose variables overlap
+        ``targets``): an assignment is under way or failed."""
+        self._records.pop(table, None)
+        if targets is not None:
+            ids = {id(t) for t in targets}
+            for other in [t for t, r in self._records.items() if r.ids & ids]:
+                del self._records[other]
