@@ -3,9 +3,11 @@
 Keys, under ``P = "{prefix}:{namespace}:"`` (namespace and table names percent-encoded)::
 
     P tables                   set: the names of the tables
-    P <table>:head             hash: fmt, sig, epoch, version, data, layout, retained, spare, run
+    P <table>:head             hash: fmt, sig, epoch, version, data, layout, retained, spare, run,
+                               leaves, segments (leaf versions, :mod:`.leaves`)
     P <table>:events           stream: one entry with id "<version>-1" per publish
-    P <table>:d:<token>:<i>    string: chunk i of one version (24-byte header + bytes)
+    P <table>:d:<token>:<i>    string: chunk i of one segment: a version's leaves, or those
+                               of them a delta push wrote (24-byte header + bytes)
 
 A push sends the arrays' bytes, back to back in flat order, as chunks of ``chunk_size``
 bytes under a fresh random token: straight from the arrays' memory, pipelined, each reply
@@ -36,7 +38,8 @@ version of another epoch gets :class:`~varsync.TableResetError` (from the core's
 0), so holders of a version get the same error and ``pull`` waits for a writer to publish
 again. A writer publishing to a vanished table creates it again with its signature.
 
-Modules: :mod:`.protocol` (keys, head, Lua scripts and their named replies),
+Modules: :mod:`.protocol` (keys, head, Lua scripts and their named replies), :mod:`.leaves`
+(leaf versions: segments, the leaf map, delta pushes and pulls),
 :mod:`.wire` (the chunk format, its writer and reader), :mod:`.options`, :mod:`.errors`
 (redis-py's exceptions mapped), :mod:`.pool` (connections and requests),
 :mod:`.backend` (:class:`RedisBackend`).

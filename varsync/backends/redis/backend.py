@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
-from typing import Any, Callable, ContextManager, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, ContextManager, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 from redis import exceptions as rx
@@ -15,12 +15,13 @@ from varsync.backend import (
     Backend,
     BackendConnectionError,
     CorruptDataError,
-    PullTimeoutError,
+    LeafSnapshot,
     Snapshot,
     Spec,
     TableNotFoundError,
     deadline_after,
 )
+from varsync.backends.redis import leaves as leaf_map
 from varsync.backends.redis import wire
 from varsync.backends.redis.errors import OutOfTime, translated
 from varsync.backends.redis.options import DEFAULT_CHUNK, parse_settings
@@ -61,7 +62,6 @@ _RECYCLE_FROM_BYTES = DEFAULT_CHUNK
 _WAIT_SLICE = 1.0  # seconds per XREAD BLOCK: a vanished table is noticed this fast
 _WAIT_GRACE = 0.1  # seconds a wait's XREAD, and the look after it, may outlast its deadline
 _DISCARD_SECONDS = 1.0  # bound on deleting a failed push's chunks (they expire anyway)
-_MAX_RESTARTS = 1000
 
 
 class RedisBackend(Backend):
@@ -78,6 +78,8 @@ class RedisBackend(Backend):
     persistent = False  # only as persistent as the server's own configuration makes it
     max_push_bytes = None
     #: Chunks carry raw bytes, read back into arrays of the table's specs: any dtype.
+    #: Pushes of changed leaves only, pulls of leaves changed since: see :mod:`.leaves`.
+    supports_leaf_versions = True
     supported_ml_dtypes = (
         "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
         "float8_e4m3b11fnuz",
@@ -237,6 +239,35 @@ class RedisBackend(Backend):
             return head.version
 
     def write(self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]) -> int:
+        return self._push(name, arrays, len(specs))
+
+    def write_leaves(
+        self,
+        name: str,
+        leaves: Mapping[int, np.ndarray],
+        specs: Sequence[Spec],
+        base: Optional[int] = None,
+    ) -> int:
+        return leaf_map.write_leaves(self, name, leaves, specs, base)
+
+    def read_leaves(
+        self, name: str, newer_than: int, timeout: Optional[float], specs: Sequence[Spec]
+    ) -> LeafSnapshot:
+        deadline = deadline_after(self.timeout if timeout == 0 else timeout)
+        with self._errors(f"pulling table {name!r}"):
+            return leaf_map.read_leaves(self, name, newer_than, deadline, specs)
+
+    def leaf_versions(self, name: str) -> Tuple[int, List[int]]:
+        with self._errors(f"reading the leaf versions of table {name!r}"):
+            return leaf_map.leaf_versions(self, name)
+
+    def _push(
+        self, name: str, arrays: Sequence[np.ndarray], count: int, leaves: str = "",
+        base: str = "",
+    ) -> int:
+        """Publish ``arrays`` as one new segment: the whole value (``leaves`` empty), or
+        the leaves ``leaves`` names (``"+index.offset,..."``) on top of the current
+        version (``base``: only on that one); 0 if the script refused such leaves."""
         keys = self._keys(name)
         token = secrets.token_bytes(8)
         total = sum(a.nbytes for a in arrays)
@@ -245,6 +276,7 @@ class RedisBackend(Backend):
         layout = f"{total}:{payload}:{chunks}"
         recycle = total >= _RECYCLE_FROM_BYTES
         chunk_prefix = keys.chunks + token.hex() + ":"
+        extra = [count, leaves, base]
         with self._errors(f"pushing {total} bytes to table {name!r}"):
             table = self._known_table(name)
             # Keys under this fresh token are this push's alone, until the publish script
@@ -256,7 +288,7 @@ class RedisBackend(Backend):
                 ours = False
                 table.doubt(token.hex())
                 return wire.command("EVALSHA", PUBLISH.sha, *self._publish_arguments(
-                    keys, table, token.hex(), layout, chunks, recycle))
+                    keys, table, token.hex(), layout, chunks, recycle, extra))
 
             try:
                 recycled = recycle and self._claim(keys, table, layout, token.hex()) == chunks
@@ -276,7 +308,8 @@ class RedisBackend(Backend):
                             raise sent.error
                         ours = False
                         table.doubt(token.hex())
-                        answer = self._publish(keys, table, token.hex(), layout, chunks, recycle)
+                        answer = self._publish(
+                            keys, table, token.hex(), layout, chunks, recycle, extra)
                     elif isinstance(answer, rx.NoScriptError):  # the script did not run
                         ours, answer = True, None
                         continue
@@ -289,6 +322,8 @@ class RedisBackend(Backend):
                     ours = True  # refused before it touched anything: nothing published
                     if sent.error is not None:
                         raise sent.error  # why its chunk was missing
+                    if reply in (Published.BASE_MOVED, Published.NO_BASE):
+                        return 0  # leaves on another base: the core writes the whole value
                     table = self._republish_target(name, reply, rest, table)
                     answer = None
                 raise BackendConnectionError(
@@ -316,22 +351,26 @@ class RedisBackend(Backend):
         return int(rest[0]) if reply is Claimed.CLAIMED else 0
 
     def _publish_arguments(
-        self, keys: Keys, table: Table, token: str, layout: str, chunks: int, recycle: bool
+        self, keys: Keys, table: Table, token: str, layout: str, chunks: int, recycle: bool,
+        extra: Sequence[Any],
     ) -> List[Any]:
-        """The publish script's key count, keys and arguments."""
+        """The publish script's key count, keys and arguments (``extra``: leaf count,
+        leaves, base; see :meth:`_push`)."""
         return [
             2, keys.head, keys.events,
             table.epoch, token, layout, chunks, self.keep, keys.chunks, table.published,
             secrets.token_hex(8), STREAM_LENGTH, wire.HEADER.size, "1" if recycle else "0",
-            table.vouched(),
+            table.vouched(), *extra,
         ]
 
     def _publish(
-        self, keys: Keys, table: Table, token: str, layout: str, chunks: int, recycle: bool
+        self, keys: Keys, table: Table, token: str, layout: str, chunks: int, recycle: bool,
+        extra: Sequence[Any],
     ) -> Any:
         """Run the publish script once (never retried: a second run after a lost answer
         would publish the same token twice); its raw reply."""
-        count, *rest = self._publish_arguments(keys, table, token, layout, chunks, recycle)
+        count, *rest = self._publish_arguments(
+            keys, table, token, layout, chunks, recycle, extra)
         return self._client.script(PUBLISH, rest[:count], rest[count:], retry=False)
 
     def _published(self, name: str, table: Table, version: int, epoch: str, token: str) -> int:
@@ -408,62 +447,17 @@ class RedisBackend(Backend):
     ) -> Snapshot:
         # 0 does not wait for a push (the core never asks read to); it bounds nothing else
         deadline = deadline_after(self.timeout if timeout == 0 else timeout)
-        chunks = self._keys(name).chunks
         with self._errors(f"pulling table {name!r}"):
-            gone: Optional[str] = None
-            for _ in range(_MAX_RESTARTS):
-                head = self._head(name, "data", "layout", deadline=deadline)
-                if head is None:
-                    return 0, None  # vanished: reads as empty; holders get TableResetError
-                self._trusted(name, head, newer_than, deadline)
-                if head.version <= newer_than:
-                    return head.version, None
-                if head.data is None or head.data == gone:
-                    raise CorruptDataError(
-                        f"table {name!r} at {self.address} version {head.version}: "
-                        + ("its head names no data" if head.data is None else
-                           "a chunk of the current version is missing (evicted? varsync "
-                           "needs maxmemory-policy noeviction)")
-                    )
-                arrays = self._fetch(name, specs, head, chunks + head.data + ":", deadline)
-                if arrays is not None:
-                    return head.version, arrays
-                gone = head.data  # retired by newer versions while we read: start again
-                self.pulls_restarted += 1
-            raise PullTimeoutError(
-                f"table {name!r} at {self.address}: {_MAX_RESTARTS} pulls in a row found "
-                "their version retired before they finished; the writer publishes faster "
-                "than this reader can fetch one version. Connect the writer with a larger "
-                "keep."
+            version, _, arrays = leaf_map.read_leaves(
+                self, name, newer_than, deadline, specs, every=True
             )
+        return version, None if arrays is None else [a for a in arrays if a is not None]
 
     def _fetch(
         self, name: str, specs: Sequence[Spec], head: Head, chunk_prefix: str, deadline: float
     ) -> Optional[List[np.ndarray]]:
-        """The version's arrays, or ``None`` if one of its chunks is gone."""
-        where = f"{self._where(name)} version {head.version}"
-        total, payload, chunks = parse_layout(self._where(name), head.layout)
-        expected = sum(s.nbytes for s in specs)
-        if total != expected:
-            raise CorruptDataError(
-                f"{where} holds {total} bytes; its signature needs {expected}"
-            )
-        try:
-            token = bytes.fromhex(head.data or "")
-            if len(token) != 8:
-                raise ValueError
-        except ValueError:
-            raise CorruptDataError(
-                f"{where}: its head names data {head.data!r}, not a token varsync writes; "
-                "is something else writing under this prefix?"
-            ) from None
-        arrays = [np.empty(s.shape, s.dtype) for s in specs]
-        return self._client.on_connection(
-            deadline,
-            lambda conn: wire.receive_chunks(
-                conn, deadline, chunk_prefix, token, arrays, payload, chunks, where
-            ),
-        )
+        """A whole version's arrays, or ``None`` if one of its chunks is gone."""
+        return leaf_map.fetch_whole(self, name, specs, head, chunk_prefix, deadline)
 
     # -- waiting -----------------------------------------------------------------------------
 

@@ -19,7 +19,13 @@ from redis import exceptions as rx
 from varsync.backend import CorruptDataError
 
 FORMAT = "1"
-"""Layout version written in every head; a head of another format is refused."""
+"""Layout format of a head whose current version is one whole segment (every version
+written by :meth:`write`): what every varsync reads."""
+LEAF_FORMAT = "2"
+"""Layout format of a head whose current version was composed by ``write_leaves``: its
+leaves lie in several segments (``leaves`` and ``segments`` fields, :mod:`.leaves`).
+Readers of format 1 only refuse it with their format error."""
+FORMATS = (FORMAT, LEAF_FORMAT)
 
 PENDING_TTL_MS = 3_600_000  # chunks of a push not yet published expire after an hour
 STREAM_LENGTH = 16  # entries kept in a table's events stream
@@ -52,6 +58,9 @@ class Head:
     version: int
     data: Optional[str]
     layout: Optional[str]
+    fmt: str = FORMAT
+    leaves: Optional[str] = None  # format 2: the leaf map, see :mod:`.leaves`
+    segments: Optional[str] = None  # the live segments, see :mod:`.leaves`
 
 
 def text(value: Any) -> Any:
@@ -66,10 +75,10 @@ def is_epoch(epoch: Optional[str]) -> bool:
 
 def check_format(where: str, fmt: Optional[str]) -> None:
     """``where``: ``"table 'name' at <address>"``, for messages (as below)."""
-    if fmt != FORMAT:
+    if fmt not in FORMATS:
         raise CorruptDataError(
-            f"{where} has layout format {fmt!r}; this varsync reads format {FORMAT} (a "
-            "newer varsync wrote it, or something else did)"
+            f"{where} has layout format {fmt!r}; this varsync reads formats "
+            f"{' and '.join(FORMATS)} (a newer varsync wrote it, or something else did)"
         )
 
 
@@ -96,7 +105,8 @@ def parse_head(
             "something else writing under this prefix?"
         ) from None
     named = dict(zip(fields, extra))
-    return Head(epoch, number, named.get("data"), named.get("layout"))
+    return Head(epoch, number, named.get("data"), named.get("layout"), fmt,
+                named.get("leaves"), named.get("segments"))
 
 
 def parse_layout(where: str, layout: Optional[str]) -> Tuple[int, int, int]:
@@ -130,6 +140,8 @@ class Published(Reply):
     OTHER_EPOCH = "other-epoch"  # epoch: the table was created again since the writer looked
     CHUNK_MISSING = "chunk-missing"  # index of a chunk not there at its length
     MALFORMED_HEAD = "malformed-head"  # the head field that is malformed
+    BASE_MOVED = "base-moved"  # version: leaves written on another base: nothing published
+    NO_BASE = "no-base"  # why: no version of this history to compose leaves on: nothing
 
 
 class Claimed(Reply):
@@ -182,26 +194,31 @@ return {CREATED, ARGV[4], ARGV[2], ARGV[3]}
 PUBLISH = Script.of("publish", """
 -- KEYS: head, events. ARGV: epoch the writer knows, token, layout, chunk count, keep,
 -- chunk key prefix, last version this writer published, a fresh epoch, stream length,
--- chunk header size, '1' to keep the oldest retired version as the spare, the tokens
--- of the versions this writer published or may have published (comma-separated).
+-- chunk header size, '1' to keep the oldest retired segment as the spare, the tokens
+-- of the versions this writer published or may have published (comma-separated), the
+-- table's leaf count, '' for a whole write or '+' and the leaves it holds as
+-- 'index.offset' (comma-separated, offsets into its bytes), '' or the base version.
+-- Every check comes before the first change, so a refusal leaves the table as it was.
 local h = redis.call('HMGET', KEYS[1], 'epoch', 'version', 'data', 'retained', 'layout', 'spare',
-                     'run')
-if not h[1] then return {VANISHED} end
-if h[1] ~= ARGV[1] then return {OTHER_EPOCH, h[1]} end
+                     'run', 'fmt', 'leaves', 'segments')
+local partial = ARGV[14] ~= ''
+if not h[1] then
+  if partial then return {NO_BASE, 'vanished'} end
+  return {VANISHED}
+end
+if h[1] ~= ARGV[1] then
+  if partial then return {NO_BASE, 'another history'} end
+  return {OTHER_EPOCH, h[1]}
+end
 -- digits only, below 2^53: Lua numbers are doubles, exact up to there
 if not string.match(h[2] or '', '^%d+$') then return {MALFORMED_HEAD, 'version'} end
 local version = tonumber(h[2])
 if version >= 9007199254740992 then return {MALFORMED_HEAD, 'version'} end
-local chunks = tonumber(ARGV[4])
-local data = ARGV[6] .. ARGV[2] .. ':'
-local total, payload = string.match(ARGV[3], '^(%d+):(%d+):')
-local header = tonumber(ARGV[10])
-for i = 0, chunks - 1 do
-  local size = header + tonumber(payload)
-  if i == chunks - 1 then size = header + tonumber(total) - tonumber(payload) * (chunks - 1) end
-  if redis.call('STRLEN', data .. i) ~= size then return {CHUNK_MISSING, tostring(i)} end
+local before = h[2]
+if partial then
+  if ARGV[15] ~= '' and ARGV[15] ~= before then return {BASE_MOVED, before} end
+  if version == 0 or not h[3] or h[3] == '' then return {NO_BASE, 'empty'} end
 end
-for i = 0, chunks - 1 do redis.call('PERSIST', data .. i) end
 local epoch = h[1]
 local published = tonumber(ARGV[7])
 local run = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') or ''
@@ -216,45 +233,129 @@ elseif version > 0 and h[7] ~= run and h[3] and
   -- value before the restart, so start a new history
   epoch = ARGV[8]
 end
+-- leaves are never composed on a history the writer does not know
+if partial and epoch ~= h[1] then return {NO_BASE, 'new history'} end
 version = version + 1
+local now = string.format('%d', version)
+local chunks = tonumber(ARGV[4])
+local data = ARGV[6] .. ARGV[2] .. ':'
+local total, payload = string.match(ARGV[3], '^(%d+):(%d+):')
+local header = tonumber(ARGV[10])
+for i = 0, chunks - 1 do
+  local size = header + tonumber(payload)
+  if i == chunks - 1 then size = header + tonumber(total) - tonumber(payload) * (chunks - 1) end
+  if redis.call('STRLEN', data .. i) ~= size then return {CHUNK_MISSING, tostring(i)} end
+end
+-- segments: 'version that wrote it:token:bytes:bytes per chunk:chunks'
+local segments, token_of = {}, {}
+for item in string.gmatch(h[10] or '', '[^,]+') do
+  local w, token = string.match(item, '^(%d+):(%x+):%d+:%d+:%d+$')
+  if not w then return {MALFORMED_HEAD, 'segments'} end
+  table.insert(segments, item)
+  token_of[w] = token
+end
+local whole = string.match(h[5] or '', '^%d+:%d+:%d+$')
+if h[3] and h[3] ~= '' and whole and not token_of[before] then
+  table.insert(segments, before .. ':' .. h[3] .. ':' .. h[5])
+  token_of[before] = h[3]
+end
+-- the current version's leaf map ('w': leaf of whole segment w; 'w.offset'), if partial
+local entries = nil
+if h[8] == '2' and string.sub(h[9] or '', 1, #before + 1) == before .. '|' then
+  entries = {}
+  for e in string.gmatch(string.sub(h[9], #before + 2), '[^,]+') do table.insert(entries, e) end
+end
+local function refs(map)  -- the segments (by version) a leaf map references
+  local seen, list = {}, {}
+  for _, e in ipairs(map) do
+    local w = string.match(e, '^(%d+)')
+    if not w or not token_of[w] then return nil end
+    if not seen[w] then seen[w] = true; table.insert(list, w) end
+  end
+  return list
+end
+local count = tonumber(ARGV[13])
+local map = nil
+if partial then
+  map = {}
+  for i = 1, count do map[i] = before end
+  if entries then
+    map = {}
+    for i, e in ipairs(entries) do map[i] = e end
+  end
+  if #map ~= count then return {MALFORMED_HEAD, 'leaves'} end
+  for index, offset in string.gmatch(ARGV[14], '(%d+)%.(%d+)') do
+    map[tonumber(index) + 1] = now .. '.' .. offset
+  end
+end
+-- retained items, newest first: 'token:bytes:bytes per chunk:chunks' (or 'token:chunks',
+-- from before spares), then '/' and the segments it references if not only its own
+local retained = {}
+if h[3] and h[3] ~= '' then
+  local item = h[3] .. ':' .. (whole and h[5] or '0')
+  if entries then
+    local list = refs(entries)
+    if not list then return {MALFORMED_HEAD, 'leaves'} end
+    item = item .. '/' .. table.concat(list, '.')
+  end
+  table.insert(retained, item)
+end
+for item in string.gmatch(h[4] or '', '[^,]+') do table.insert(retained, item) end
+table.insert(segments, now .. ':' .. ARGV[2] .. ':' .. ARGV[3])
+token_of[now] = ARGV[2]
+local live = {}
+if partial then
+  local list = refs(map)
+  if not list then return {MALFORMED_HEAD, 'leaves'} end
+  for _, w in ipairs(list) do live[token_of[w]] = true end
+else
+  live[ARGV[2]] = true
+end
+local keep = tonumber(ARGV[5])
+for index, item in ipairs(retained) do
+  if index <= keep then
+    local own, list = string.match(item, '^(%x+):[^/]*/?(.*)$')
+    if list == '' then live[own or ''] = true end
+    for w in string.gmatch(list or '', '%d+') do
+      if token_of[w] then live[token_of[w]] = true end
+    end
+  end
+end
+-- every check is done: publish
+for i = 0, chunks - 1 do redis.call('PERSIST', data .. i) end
 local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
 if last[1] and tonumber(string.match(last[1][1], '^(%d+)')) >= version then
   redis.call('DEL', KEYS[2])
 end
-redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[9], string.format('%d-1', version),
-           'v', string.format('%d', version))
--- retained items: 'token:bytes:bytes per chunk:chunks' (or 'token:chunks', from before
--- spares), newest first
-local retained = {}
-if h[3] and h[3] ~= '' then
-  if string.match(h[5] or '', '^%d+:%d+:%d+$') then
-    table.insert(retained, h[3] .. ':' .. h[5])
+redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[9], string.format('%d-1', version), 'v', now)
+local spare = h[6] or ''
+local function retire(token, layout)  -- a segment no retained version references
+  local count = tonumber(string.match(layout, '(%d+)$') or '0')
+  if spare == '' and ARGV[11] == '1' and string.match(layout, '^[1-9]%d*:%d+:%d+$') then
+    spare = token .. ':' .. layout  -- its chunks stay, for the next push to overwrite in place
   else
-    table.insert(retained, h[3] .. ':' .. (string.match(h[5] or '', '^%d+:%d+:(%d+)$') or '0'))
+    for i = 0, count - 1 do redis.call('UNLINK', ARGV[6] .. token .. ':' .. i) end
   end
 end
-if h[4] and h[4] ~= '' then
-  for item in string.gmatch(h[4], '[^,]+') do table.insert(retained, item) end
+local kept, alive, known = {}, {}, {}
+for _, item in ipairs(segments) do
+  local token, layout = string.match(item, '^%d+:(%x+):(.*)$')
+  known[token] = true
+  if live[token] then table.insert(alive, item) else retire(token, layout) end
 end
-local keep = tonumber(ARGV[5])
-local spare = h[6] or ''
-local kept = {}
 for index, item in ipairs(retained) do
   if index <= keep then
     table.insert(kept, item)
-  elseif spare == '' and ARGV[11] == '1' and string.match(item, '^%x+:%d+:%d+:%d+$') then
-    spare = item  -- its chunks stay, for the next push to overwrite in place
   else
-    local token = string.match(item, '^(%x+):')
-    local count = string.match(item, ':(%d+)$')
-    if token and count then
-      for i = 0, tonumber(count) - 1 do redis.call('UNLINK', ARGV[6] .. token .. ':' .. i) end
-    end
+    local token, layout = string.match(item, '^(%x+):([^/]*)')
+    if token and not known[token] and not live[token] then retire(token, layout) end
   end
 end
-redis.call('HSET', KEYS[1], 'epoch', epoch, 'version', string.format('%d', version),
-           'data', ARGV[2], 'layout', ARGV[3], 'retained', table.concat(kept, ','),
-           'spare', spare, 'run', run)
+redis.call('HSET', KEYS[1], 'epoch', epoch, 'version', now, 'data', ARGV[2], 'layout', ARGV[3],
+           'retained', table.concat(kept, ','), 'spare', spare, 'run', run,
+           'fmt', partial and '2' or '1',
+           'leaves', partial and (now .. '|' .. table.concat(map, ',')) or '',
+           'segments', table.concat(alive, ','))
 return {PUBLISHED, version, epoch}
 """, Published)
 
@@ -264,13 +365,14 @@ CLAIM = Script.of("claim", """
 -- Hands the spare version's chunks to a push (renamed to its chunk keys) when they have
 -- exactly the push's layout. Otherwise the spare is dropped (its chunks deleted, unless
 -- they are a readable version's).
-local h = redis.call('HMGET', KEYS[1], 'epoch', 'spare', 'data', 'retained')
+local h = redis.call('HMGET', KEYS[1], 'epoch', 'spare', 'data', 'retained', 'segments')
 if not h[1] or h[1] ~= ARGV[1] or not h[2] or h[2] == '' then return {NO_SPARE} end
 redis.call('HSET', KEYS[1], 'spare', '')
 local token, layout = string.match(h[2], '^(%x+):(%d+:%d+:%d+)$')
 if not token then return {SPARE_DROPPED} end
--- never the chunks of a version still readable (only a damaged head could say so)
-if token == h[3] or string.find(',' .. (h[4] or ''), ',' .. token .. ':', 1, true) then
+-- never the chunks of a segment still readable (only a damaged head could say so)
+if token == h[3] or string.find(',' .. (h[4] or ''), ',' .. token .. ':', 1, true) or
+   string.find(h[5] or '', ':' .. token .. ':', 1, true) then
   return {SPARE_DROPPED}
 end
 local count = tonumber(string.match(layout, ':(%d+)$'))

@@ -24,6 +24,7 @@ class Table:
     published: int = 0
     token: str = ""
     in_doubt: Tuple[str, ...] = ()
+    leaf_count: Optional[int] = None  # leaves of its signature, once a call needed it
 
     def doubt(self, token: str) -> None:
         """``token``'s publish script is about to be sent: from now on it may publish."""

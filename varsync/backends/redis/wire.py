@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import socket
 import struct
-from typing import Any, Callable, Iterator, List, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 from redis import exceptions as rx
@@ -165,17 +165,35 @@ def receive_chunks(
     """Read the ``chunks`` chunks under ``chunk_prefix`` into ``arrays`` (in flat order),
     checking each one's length, header and checksum; ``None`` if one is gone. ``where``
     names the version in messages (``"table 'name' at <address> version 3"``)."""
+    parts = chunk_parts(byte_views(arrays), payload)
+    if not receive_selected(conn, deadline, chunk_prefix, token, range(chunks), parts, where):
+        return None
+    return arrays
+
+
+def receive_selected(
+    conn: Any,
+    deadline: float,
+    chunk_prefix: str,
+    token: bytes,
+    indices: Sequence[int],
+    parts_of: Iterable[List[memoryview]],
+    where: str,
+) -> bool:
+    """Read the chunks ``indices`` under ``chunk_prefix``, each whole into its list of
+    ``parts_of`` (views whose lengths add up to its payload), checking each one's length,
+    header and checksum; ``False`` if one is gone."""
     wire = Wire(conn, deadline)
     requested = 0
-    for _ in range(min(READ_AHEAD, chunks)):
-        wire.request_get(f"{chunk_prefix}{requested}".encode())
+    for _ in range(min(READ_AHEAD, len(indices))):
+        wire.request_get(f"{chunk_prefix}{indices[requested]}".encode())
         requested += 1
     wire.flush()
-    for index, parts in enumerate(chunk_parts(byte_views(arrays), payload)):
+    for index, parts in zip(indices, parts_of):
         wire.arm()
         length = wire.bulk_length()
         if length is None:
-            return None
+            return False
         nbytes = sum(len(p) for p in parts)
         chunk = f"{where} chunk {index}"
         if length != nbytes + HEADER.size:
@@ -189,13 +207,13 @@ def receive_chunks(
         for part in parts:
             wire.readinto(part)
         wire.end_of_bulk()
-        if requested < chunks:
-            wire.request_get(f"{chunk_prefix}{requested}".encode())
+        if requested < len(indices):
+            wire.request_get(f"{chunk_prefix}{indices[requested]}".encode())
             requested += 1
             wire.flush()
         if checksum(parts) != crc:
             raise CorruptDataError(f"{chunk} fails its checksum: the stored bytes were changed")
-    return arrays
+    return True
 
 
 def command(*args: Any) -> bytes:
