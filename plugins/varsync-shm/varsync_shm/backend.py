@@ -37,7 +37,8 @@ arrays viewing the segment (no copy), which keep its shared lock while any of th
 (:mod:`varsync_shm.mappings`); smaller pulls copy the segment in one ``pread``.
 :meth:`ShmBackend.block`, which the core's wait loop sleeps on, sleeps on an inotify watch
 of the table's directory (:mod:`varsync_shm._inotify`), or where there is none, for at
-most ``POLL_MAX`` (50 ms).
+most ``POLL_MAX`` (50 ms). Leaf versions (``supports_leaf_versions``: partial pushes,
+pulls of only what changed) are recorded in each segment's head: :mod:`varsync_shm.leaves`.
 """
 
 from __future__ import annotations
@@ -45,10 +46,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import stat
 import threading
 import time
-from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -61,6 +61,7 @@ from varsync.backend import (
     CorruptDataError,
     ErrorMap,
     Histories,
+    LeafSnapshot,
     PullTimeoutError,
     Snapshot,
     Spec,
@@ -71,31 +72,19 @@ from varsync.backend import (
     translate_errors,
 )
 from varsync_shm import _dirs, layout, reading, writing
+from varsync_shm import leaves as leafsync
 from varsync_shm._fds import Descriptors
 from varsync_shm._inotify import Watch
+from varsync_shm.epochs import Identity, identity_of, table_exists
 from varsync_shm.mappings import Mappings
-from varsync_shm.reading import MAP_ABOVE
+from varsync_shm.reading import MAP_ABOVE, READ_ATTEMPTS
 from varsync_shm.writing import LOCK, SIGNATURE, token
 
 __all__ = ["ShmBackend", "MAP_ABOVE", "SPARES"]
 
 SPARES = writing.SPARES
 
-_READ_ATTEMPTS = 1000
 _ERRORS: ErrorMap = {PermissionError: AuthenticationError, OSError: BackendConnectionError}
-
-
-class Identity(NamedTuple):
-    """What identifies one ``signature.json`` file, so one history of its table (the
-    epoch): the file is written once, by rename, when the table is made; a table made
-    again has another one."""
-
-    device: int
-    inode: int
-    mtime_ns: int
-
-    def __str__(self) -> str:  # for reset messages
-        return f"signature.json inode {self.inode}"
 
 
 class ShmBackend(Backend):
@@ -105,6 +94,7 @@ class ShmBackend(Backend):
     shared_across_processes = True
     supports_blocking_wait = True
     persistent = False  # tables outlive processes, not a reboot (tmpfs)
+    supports_leaf_versions = True  # in each segment's head: see varsync_shm.leaves
     #: Segments hold raw bytes; their index names these by name (see :mod:`.segment`).
     supported_ml_dtypes = (
         "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
@@ -129,9 +119,9 @@ class ShmBackend(Backend):
         self.root = root
         self.path = layout.namespace_path(self.store, namespace, root)
         self._store_entry = layout.store_entry(self.store)
-        self._store_path = layout.store_path(self.store, root)  # for messages
+        self.store_path = layout.store_path(self.store, root)  # for messages
         self._namespace_entry = layout.namespace_entry(namespace)
-        self._mappings = Mappings()
+        self.mappings = Mappings()
         self._held = Descriptors()  # the store directories this backend opened
         self._store_fd = -1
         self._store_lock = threading.Lock()
@@ -139,6 +129,9 @@ class ShmBackend(Backend):
         self._histories = Histories()  # the signature file each table's readers trust
         self._seen: Dict[str, int] = {}  # the last version seen per table, for messages
         self._paths: Dict[str, Tuple[str, str]] = {}
+        #: per table, the signature file (the history) of this backend's last write or read
+        self.bases: Dict[str, Identity] = {}
+        self.leaf_bytes: Dict[str, Dict[str, int]] = {}  # per table, for details()
 
     # -- tables ----------------------------------------------------------------------
 
@@ -154,7 +147,7 @@ class ShmBackend(Backend):
                 rel = self._rel(name)
                 lock = fds.open(f"{rel}/{LOCK}", os.O_RDWR | os.O_CREAT, 0o600, dir_fd=store)
                 fcntl.flock(lock, fcntl.LOCK_EX)
-                stored = reading.read_signature(store, rel, fds, self._store_path)
+                stored = reading.read_signature(store, rel, fds, self.store_path)
                 if stored is None:
                     temporary = f"{rel}/.sig-{token()}"
                     made.append(temporary)
@@ -182,7 +175,7 @@ class ShmBackend(Backend):
                 if store < 0 or self._private_table(store, name, fds, create=False) is None:
                     return None
                 rel = self._rel(name)
-                text = reading.read_signature(store, rel, fds, self._store_path)
+                text = reading.read_signature(store, rel, fds, self.store_path)
                 if text is not None and name not in self._known:
                     self._histories.adopt(name, self._remember(name, text, store, rel))
                 return text
@@ -224,9 +217,10 @@ class ShmBackend(Backend):
                         used += os.stat(f, dir_fd=directory, follow_symlinks=False).st_blocks
                 return {
                     "path": table,
-                    "current": reading.current_segment(store, rel, self._store_path),
+                    "current": reading.current_segment(store, rel, self.store_path),
                     "segments": sorted(f for f in files if f.startswith(writing.SEGMENTS)),
                     "bytes_in_shm": used * 512,
+                    **self.leaf_bytes.get(name, leafsync.counters()),
                 }
         finally:
             fds.close()
@@ -239,19 +233,13 @@ class ShmBackend(Backend):
     def version(self, name: str) -> int:
         with self._errors(self._table_path(name)):
             store, rel = self._table(name)
-            version = 0 if store < 0 else reading.current_version(store, rel, self._store_path)
+            version = 0 if store < 0 else reading.current_version(store, rel, self.store_path)
             self._seen[name] = version
             return version
 
     def write(self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]) -> int:
-        table = self._table_path(name)
-        with self._errors(table):
-            store, rel = self._table(name)
-            if store < 0 or not _exists(store, rel):
-                raise BackendConnectionError(
-                    f"table {name!r} of {self.url} is gone ({table} was deleted); "
-                    "create_table() it again, then push"
-                )
+        with self._errors(self._table_path(name)):
+            store, rel = self._writable(name)
             version = writing.write(self, name, store, rel, arrays, specs)
             self._seen[name] = version
             return version
@@ -264,24 +252,26 @@ class ShmBackend(Backend):
         table = self._table_path(name)
         deadline = deadline_after(timeout)
         with self._errors(table):
-            for _ in range(_READ_ATTEMPTS):  # a retry when the segment was being replaced
-                store, rel = self._table(name, held=newer_than)
+            for _ in range(READ_ATTEMPTS):  # a retry when the segment was being replaced
+                store, rel, epoch = self.table_epoch(name, held=newer_than)
                 if store < 0:
                     return 0, None  # vanished: reads as empty; holders get TableResetError
-                pointer = reading.current_segment(store, rel, self._store_path)
-                version = reading.version_of(rel, pointer, self._store_path)
+                pointer = reading.current_segment(store, rel, self.store_path)
+                version = reading.version_of(rel, pointer, self.store_path)
                 self._seen[name] = version
                 if version <= newer_than:
+                    self.saw(name, epoch)
                     return version, None
                 assert pointer is not None
                 fds = Descriptors()
                 try:
                     arrays = reading.open_version(
-                        store, rel, pointer, version, fds, self._mappings, self._store_path
+                        store, rel, pointer, version, fds, self.mappings, self.store_path
                     )
                 finally:
                     fds.close()
                 if arrays is not None:
+                    self.saw(name, epoch)
                     return version, arrays
                 if remaining(deadline) <= 0:
                     raise PullTimeoutError(
@@ -289,9 +279,35 @@ class ShmBackend(Backend):
                         f"within {timeout} s (it was being replaced); pull again"
                     )
             raise CorruptDataError(
-                f"table {name!r} at {table}: {_READ_ATTEMPTS} attempts found no stable "
+                f"table {name!r} at {table}: {READ_ATTEMPTS} attempts found no stable "
                 "segment; is a foreign process locking its files?"
             )
+
+    # -- leaf versions (varsync_shm.leaves) ----------------------------------------------
+
+    def write_leaves(
+        self,
+        name: str,
+        leaves: Mapping[int, np.ndarray],
+        specs: Sequence[Spec],
+        base: Optional[int] = None,
+    ) -> int:
+        with self._errors(self._table_path(name)):
+            store, rel = self._writable(name)
+            version = leafsync.write_leaves(self, name, store, rel, leaves, specs, base)
+            if version:
+                self._seen[name] = version
+            return version
+
+    def read_leaves(
+        self, name: str, newer_than: int, timeout: Optional[float], specs: Sequence[Spec]
+    ) -> LeafSnapshot:
+        with self._errors(self._table_path(name)):  # the segment's index describes it
+            return leafsync.read_leaves(self, name, newer_than, timeout)
+
+    def leaf_versions(self, name: str) -> Tuple[int, List[int]]:
+        with self._errors(self._table_path(name)):
+            return leafsync.leaf_versions(self, name)
 
     def block(self, name: str, newer_than: int, seconds: float) -> None:
         """Sleep on an inotify watch of the table's directory until a file is renamed into
@@ -307,11 +323,11 @@ class ShmBackend(Backend):
             watch = Watch.open(table, fds)  # armed before the look: no push goes unseen
             with self._errors(table):
                 store, rel = self._table(name, held=newer_than)
-                if store < 0 or not _exists(store, rel):
+                if store < 0 or not table_exists(store, rel):
                     if newer_than == 0:  # nothing to watch until it is made again
                         time.sleep(min(seconds, POLL_MAX))
                     return
-                if reading.current_version(store, rel, self._store_path) != newer_than:
+                if reading.current_version(store, rel, self.store_path) != newer_than:
                     return
             if watch is None:  # inotify missing or exhausted: the core's loop polls
                 time.sleep(min(seconds, POLL_MAX))
@@ -321,7 +337,7 @@ class ShmBackend(Backend):
             fds.close()
 
     def close(self) -> None:
-        self._mappings.clear()
+        self.mappings.clear()
         self._held.close()
 
     # -- the store's directory and the table's signature ----------------------------------
@@ -378,28 +394,51 @@ class ShmBackend(Backend):
         """``(store descriptor, table directory relative to it)``, after checking that the
         table still has the signature this backend handed out and, for a caller holding
         version ``held``, the history it trusts; store -1: no store."""
+        store, rel, _ = self.table_epoch(name, held)
+        return store, rel
+
+    def _writable(self, name: str) -> Tuple[int, str]:
+        """:meth:`_table`, for a push: a table whose directory is gone is an error."""
+        store, rel = self._table(name)
+        if store < 0 or not table_exists(store, rel):
+            raise BackendConnectionError(
+                f"table {name!r} of {self.url} is gone ({self._table_path(name)} was "
+                "deleted); create_table() it again, then push"
+            )
+        return store, rel
+
+    def table_epoch(
+        self, name: str, held: Optional[int] = None
+    ) -> Tuple[int, str, Optional[Identity]]:
+        """:meth:`_table`, and the identity of the ``signature.json`` checked (``None``:
+        no table yet)."""
         rel = self._rel(name)
         store = self._store_fd  # as a rule, one stat: the signature file's
         for _ in range(2):  # a second pass only if the store's directory was replaced
             if store < 0:
                 store = self._store(create=False)
                 if store < 0:
-                    return -1, rel
+                    return -1, rel, None
             try:
                 status = os.stat(f"{rel}/{SIGNATURE}", dir_fd=store, follow_symlinks=False)
             except (FileNotFoundError, NotADirectoryError):
                 if os.fstat(store).st_nlink > 0:
-                    return store, rel  # no table (yet): it reads as empty
+                    return store, rel, None  # no table (yet): it reads as empty
                 store = -1  # the store's directory was deleted: look for a new one
                 continue
-            identity = _identity(status)
+            identity = identity_of(status)
             known = self._known.get(name)
             if known is None or known[1] != identity:
                 self._adopt(name, store, rel)
             if held is not None:
                 self._histories.check(name, identity, held, where=self.url)
-            return store, rel
-        return -1, rel
+            return store, rel, identity
+        return -1, rel, None
+
+    def saw(self, name: str, epoch: Optional[Identity]) -> None:
+        """This backend wrote or read the table's history ``epoch`` (:attr:`bases`)."""
+        if epoch is not None:
+            self.bases[name] = epoch
 
     def _adopt(self, name: str, store: int, rel: str) -> None:
         """The table's ``signature.json`` is not the one this backend knows: check it."""
@@ -407,7 +446,7 @@ class ShmBackend(Backend):
         try:
             if self._private_table(store, name, fds, create=False) is None:
                 return
-            text = reading.read_signature(store, rel, fds, self._store_path)
+            text = reading.read_signature(store, rel, fds, self.store_path)
             if text is None:
                 return
             known = self._known.get(name)
@@ -428,15 +467,16 @@ class ShmBackend(Backend):
         """Know ``text`` as the table's signature, held by its current ``signature.json``
         (whose identity is returned), unless another one is known and not ``replace``d:
         the container still holds that one."""
-        identity = _identity(os.stat(f"{rel}/{SIGNATURE}", dir_fd=store, follow_symlinks=False))
+        identity = identity_of(os.stat(f"{rel}/{SIGNATURE}", dir_fd=store, follow_symlinks=False))
         known = self._known.get(name)
         if known is None or known[0] == text or replace:
             self._known[name] = (text, identity)
         return identity
 
-    def check_signature(self, name: str, store: int, rel: str) -> None:
+    def check_signature(self, name: str, store: int, rel: str) -> Identity:
         """Raise :class:`TableResetError` if the table's signature is no longer the one
-        this backend handed out (writers call it under the writers' lock)."""
+        this backend handed out (writers call it under the writers' lock); return the
+        identity of its ``signature.json`` (the history written into)."""
         try:
             status = os.stat(f"{rel}/{SIGNATURE}", dir_fd=store, follow_symlinks=False)
         except FileNotFoundError:
@@ -444,9 +484,11 @@ class ShmBackend(Backend):
                 f"table {name!r} of {self.url} is gone ({self._table_path(name)} was "
                 "deleted); create_table() it again, then push"
             ) from None
+        identity = identity_of(status)
         known = self._known.get(name)
-        if known is None or known[1] != _identity(status):
+        if known is None or known[1] != identity:
             self._adopt(name, store, rel)
+        return identity
 
     # -- internals -------------------------------------------------------------------
 
@@ -457,15 +499,5 @@ class ShmBackend(Backend):
 
     def writable_mapping(self, rel: str, fd: int, size: int) -> Any:
         """A writable mapping of the file open as ``fd`` (kept for the next pushes)."""
-        return self._mappings.get(rel, fd, size, writable=True)
+        return self.mappings.get(rel, fd, size, writable=True)
 
-
-def _identity(status: os.stat_result) -> Identity:
-    return Identity(status.st_dev, status.st_ino, status.st_mtime_ns)
-
-
-def _exists(store: int, rel: str) -> bool:
-    try:
-        return stat.S_ISDIR(os.stat(rel, dir_fd=store, follow_symlinks=False).st_mode)
-    except (FileNotFoundError, NotADirectoryError):
-        return False

@@ -28,11 +28,14 @@ from varsync_shm.writing import CURRENT, SEGMENT, SIGNATURE, open_regular, try_l
 
 __all__ = [
     "MAP_ABOVE", "read_signature", "current_segment", "current_version", "version_of",
-    "open_version",
+    "open_version", "READ_ATTEMPTS",
 ]
 
 MAP_ABOVE = 1 << 20
 """Segments larger than this many bytes are mapped by pulls instead of copied."""
+READ_ATTEMPTS = 1000
+"""Looks at ``current`` a pull makes before it calls the table corrupt (a retry each time
+the segment it named was retired and reused meanwhile)."""
 _SIGNATURE_MAX = 64 << 20  # bytes: a signature.json larger than this is not one
 
 

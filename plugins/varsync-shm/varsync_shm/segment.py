@@ -1,16 +1,25 @@
-"""One version of a table in one file: a 64-byte header, a JSON leaf index, the arrays.
+"""One version of a table in one file: a 64-byte header, a JSON leaf index, the leaf
+versions, the arrays.
 
     offset  size  field
     0       8     magic b"VSYNCSHM"
     8       4     layout version (1)
-    12      4     bytes before the first array (header + index, a multiple of 64)
+    12      4     bytes before the first array (header, index, leaf versions; 64-aligned)
     16      8     table version held; 0 while a writer fills the file
     24      8     file size
     32      4     number of leaves
     36      4     index length in bytes
-    40      24    reserved (zero)
+    40      4     offset of the leaf versions (0: none, as in files of varsync-shm 0.1)
+    44      20    reserved (zero)
     64      ...   index: JSON [[dtype, shape, offset], ...] in flat order
+    ...           leaf versions: one little-endian uint64 per leaf, 8-byte aligned: the
+                  table version at which the leaf last changed, 0 for "this file's
+                  version" (so a whole push, which changes every leaf, writes zeros)
     ...           each array's raw bytes, C order, native byte order, 64-byte aligned
+
+A file without leaf versions (offset 0) holds every leaf at its own version. The layout
+version stays 1: readers of 0.1 ignore the field, and a writer of 0.1 that refills a file
+writes a whole header without it, which is right for its whole push.
 
 Arrays are raw bytes described by a dtype string and a shape, never pickles; the dtype
 must be a plain number or bool, named by its ``dtype.str`` (``"<f4"``), or one of
@@ -37,14 +46,17 @@ from varsync.backend import CorruptDataError, Spec
 
 __all__ = [
     "Plan", "Leaf", "plan", "write", "fill", "set_version", "read_version", "parse", "arrays_of",
+    "read_head", "parse_head", "leaf_versions", "head_with", "version_in", "pwrite_all",
 ]
 
 MAGIC = b"VSYNCSHM"
 LAYOUT = 1
 ALIGN = 64
-_HEADER = struct.Struct("<8sIIQQII24x")
+_HEADER = struct.Struct("<8sIIQQIII20x")
 _VERSION = struct.Struct("<Q")
 _VERSION_OFFSET = 16
+_START = struct.Struct("<I")  # at offset 12
+_HEAD_GUESS = 16384  # bytes read at first for a head: a header and index of ~300 leaves
 HEADER_SIZE = _HEADER.size  # 64
 _CHUNK = 1 << 24  # bytes per pwrite call
 _NUMERIC_KINDS = "biufc"
@@ -52,6 +64,11 @@ _NUMERIC_KINDS = "biufc"
 
 def _aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
+
+
+def _versions_at(index_length: int) -> int:
+    """Where the leaf versions start, after an index of this many bytes."""
+    return -(-(HEADER_SIZE + index_length) // 8) * 8
 
 
 @dataclass(frozen=True)
@@ -69,9 +86,10 @@ class Leaf:
 class Plan:
     """Where each array of a table goes in its files; the same for every version."""
 
-    head: bytes  # header (version 0) + index + padding
+    head: bytes  # header (version 0) + index + leaf versions (all 0) + padding
     leaves: Tuple[Leaf, ...]
     size: int
+    versions_offset: int
 
 
 def plan(specs: Sequence[Spec]) -> Plan:
@@ -89,29 +107,30 @@ def plan(specs: Sequence[Spec]) -> Plan:
             index_entries.append([_dtype_text(spec.dtype), list(spec.shape), offset])
             offset = _aligned(offset + spec.nbytes)
         index = json.dumps(index_entries, separators=(",", ":")).encode()
-        needed = _aligned(HEADER_SIZE + len(index))
+        needed = _aligned(_versions_at(len(index)) + 8 * len(specs))
         if needed <= start:
             break
         start = needed
     else:  # pragma: no cover - would need an index of astronomical size
         raise AssertionError("segment layout did not converge")
     size = max(offset, start)
-    header = _HEADER.pack(MAGIC, LAYOUT, start, 0, size, len(leaves), len(index))
+    versions = _versions_at(len(index))
+    header = _HEADER.pack(MAGIC, LAYOUT, start, 0, size, len(leaves), len(index), versions)
     head = header + index + bytes(start - HEADER_SIZE - len(index))
-    return Plan(head=head, leaves=tuple(leaves), size=size)
+    return Plan(head=head, leaves=tuple(leaves), size=size, versions_offset=versions)
 
 
 def write(fd: int, layout: Plan, arrays: Sequence[np.ndarray]) -> None:
     """Write header (version 0), index and arrays into the file ``fd`` with ``pwrite``
     (faster than a mapping for a new file, whose pages the kernel must allocate)."""
-    _pwrite_all(fd, memoryview(layout.head), 0)
+    pwrite_all(fd, memoryview(layout.head), 0)
     for leaf, array in zip(layout.leaves, arrays):
         if leaf.nbytes:
             raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-            _pwrite_all(fd, raw.data, leaf.offset)
+            pwrite_all(fd, raw.data, leaf.offset)
 
 
-def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
     done = 0
     while done < len(data):  # bounded: every pass writes at least one byte or raises
         written = os.pwrite(fd, data[done : done + _CHUNK], offset + done)
@@ -136,6 +155,11 @@ def set_version(fd: int, version: int) -> None:
     os.pwrite(fd, _VERSION.pack(version), _VERSION_OFFSET)
 
 
+def version_in(head: bytes) -> int:
+    """The table version in a head :func:`read_head` read (0: none)."""
+    return _VERSION.unpack_from(head, _VERSION_OFFSET)[0] if len(head) >= HEADER_SIZE else 0
+
+
 def read_version(fd: int) -> int:
     data = os.pread(fd, _VERSION.size, _VERSION_OFFSET)
     return _VERSION.unpack(data)[0] if len(data) == _VERSION.size else 0
@@ -145,16 +169,30 @@ def read_version(fd: int) -> int:
 class Parsed:
     version: int
     leaves: Tuple[Leaf, ...]
+    start: int = 0  # bytes before the first array
+    versions_offset: int = 0  # where the leaf versions are; 0: none
 
 
 def parse(buffer: Any, size: int, where: str) -> Parsed:
     """The header and index of a file of ``size`` bytes whose start is in ``buffer``."""
     view = memoryview(buffer)
+    parsed = parse_head(view, size, where)
+    if len(view) < size:
+        raise CorruptDataError(f"{where}: {len(view)} bytes read of a {size}-byte segment")
+    return parsed
+
+
+def parse_head(buffer: Any, size: int, where: str) -> Parsed:
+    """Like :func:`parse`, from only the file's first bytes (:func:`read_head`): enough
+    for the header, the index and the leaf versions."""
+    view = memoryview(buffer)
     if len(view) < HEADER_SIZE:
         raise CorruptDataError(
             f"{where} is {len(view)} bytes, too short to be a varsync-shm segment"
         )
-    magic, layout, start, version, total, count, index_len = _HEADER.unpack_from(view, 0)
+    magic, layout, start, version, total, count, index_len, versions = _HEADER.unpack_from(
+        view, 0
+    )
     if magic != MAGIC:
         raise CorruptDataError(f"{where} is not a varsync-shm segment (magic {magic!r})")
     if layout != LAYOUT:
@@ -162,16 +200,57 @@ def parse(buffer: Any, size: int, where: str) -> Parsed:
             f"{where} has segment layout {layout}; this varsync-shm reads layout {LAYOUT} "
             "(upgrade varsync-shm on every process that shares the store)"
         )
-    if total != size or HEADER_SIZE + index_len > start or start > total or len(view) < size:
+    if total != size or HEADER_SIZE + index_len > start or start > total or len(view) < start:
         raise CorruptDataError(
             f"{where}: header says {total} bytes with data from {start}, index {index_len} "
             f"bytes; the file has {size}"
+        )
+    if versions and (
+        versions % 8 or versions < HEADER_SIZE + index_len or versions + 8 * count > start
+    ):
+        raise CorruptDataError(
+            f"{where}: leaf versions at {versions} do not fit between the index (ending at "
+            f"{HEADER_SIZE + index_len}) and the data (from {start})"
         )
     try:
         leaves = _leaves(bytes(view[HEADER_SIZE : HEADER_SIZE + index_len]), start, total, count)
     except CorruptDataError as exc:
         raise CorruptDataError(f"{where}: {exc}") from None
-    return Parsed(version=version, leaves=leaves)
+    return Parsed(version=version, leaves=leaves, start=start, versions_offset=versions)
+
+
+def read_head(fd: int, size: int) -> bytes:
+    """The first bytes of the file ``fd`` (of ``size`` bytes) up to its data: the header,
+    the index and the leaf versions, in one ``pread`` as a rule (two for a large index)."""
+    head = os.pread(fd, min(size, _HEAD_GUESS), 0)
+    if len(head) >= HEADER_SIZE:
+        start = _START.unpack_from(head, 12)[0]
+        if len(head) < start <= size:
+            head += os.pread(fd, start - len(head), len(head))
+    return head
+
+
+def leaf_versions(head: Any, parsed: Parsed, where: str) -> List[int]:
+    """The version at which each leaf last changed, from a head :func:`parse_head` read
+    (a file without leaf versions: every leaf at the file's version)."""
+    count, version = len(parsed.leaves), parsed.version
+    if not parsed.versions_offset:
+        return [version] * count
+    table = np.frombuffer(head, "<u8", count, parsed.versions_offset)
+    numbers = np.where(table == 0, version, table)
+    if count and int(numbers.max()) > version:
+        raise CorruptDataError(
+            f"{where}: a leaf version above the file's version {version} "
+            f"({int(numbers.max())})"
+        )
+    return [int(n) for n in numbers.tolist()]
+
+
+def head_with(layout: Plan, versions: Sequence[int], version: int) -> bytes:
+    """``layout.head`` recording these leaf versions for a file of ``version``."""
+    table = np.array([0 if v == version else v for v in versions], "<u8").tobytes()
+    offset = layout.versions_offset
+    return layout.head[:offset] + table + layout.head[offset + len(table):]
 
 
 def _dtype_text(dtype: np.dtype) -> str:

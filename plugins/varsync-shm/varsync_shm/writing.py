@@ -35,7 +35,10 @@ from varsync_shm._fds import Descriptors
 if TYPE_CHECKING:  # pragma: no cover
     from varsync_shm.backend import ShmBackend
 
-__all__ = ["write", "open_regular", "try_lock", "token", "unlink_all", "SPARES"]
+__all__ = [
+    "write", "claim", "allocate", "publish", "reclaim", "pointer", "version_named",
+    "open_regular", "try_lock", "token", "unlink_all", "SPARES",
+]
 
 SPARES = 1
 """Retired segments kept per table for reuse (besides the current one)."""
@@ -97,28 +100,19 @@ def write(
         lock = fds.open(f"{rel}/{LOCK}", os.O_RDWR | os.O_CREAT, 0o600, dir_fd=store)
         fcntl.flock(lock, fcntl.LOCK_EX)
         backend.check_signature(name, store, rel)
-        _reclaim(store, rel, _pointer(store, rel))
-        fd, fresh = _claim(store, rel, plan.size, fds, made)
+        reclaim(store, rel, pointer(store, rel))
+        fd, fresh, _ = claim(store, rel, plan.size, fds, made)
         fcntl.flock(lock, fcntl.LOCK_UN)  # copy without it: writers fill in parallel
         if fresh:  # pages to allocate anyway: pwrite beats faulting them in
-            _allocate(fd, plan.size, backend.root, rel)
+            allocate(fd, plan.size, backend.root, rel)
             segment.write(fd, plan, arrays)
         else:  # a spare: through a mapping kept from earlier, at memcpy speed
             segment.fill(backend.writable_mapping(rel, fd, plan.size), plan, arrays)
         fcntl.flock(lock, fcntl.LOCK_EX)
-        backend.check_signature(name, store, rel)  # the table may have been created again
-        version = _version(rel, _pointer(store, rel)) + 1
-        # Readers may take their shared lock as soon as the link is renamed; only
-        # writers, all excluded by the writers' lock, wanted LOCK_EX.
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        segment.set_version(fd, version)
-        published = f"{SEGMENT}{version}"
-        os.rename(made[0], f"{rel}/{published}", src_dir_fd=store, dst_dir_fd=store)
-        link = f"{rel}/.link-{token()}"
-        made.append(link)
-        os.symlink(published, link, dir_fd=store)
-        os.rename(link, f"{rel}/{CURRENT}", src_dir_fd=store, dst_dir_fd=store)
-        _reclaim(store, rel, published)
+        epoch = backend.check_signature(name, store, rel)  # it may have been made again
+        version = version_named(rel, pointer(store, rel)) + 1
+        publish(store, rel, fd, version, made)
+        backend.saw(name, epoch)
         return version
     finally:
         # First (an interrupt may land in anything after it): the writers' lock and the
@@ -128,25 +122,47 @@ def write(
         unlink_all(store, made)
 
 
-def _pointer(store: int, rel: str) -> Optional[str]:
+def publish(store: int, rel: str, fd: int, version: int, made: List[str]) -> None:
+    """Publish the filled file ``fd`` (named ``made[0]``) as ``version`` and reclaim what
+    it retires. Call under the writers' lock, with ``fd`` locked LOCK_EX."""
+    # Readers may take their shared lock as soon as the link is renamed; only
+    # writers, all excluded by the writers' lock, wanted LOCK_EX.
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    segment.set_version(fd, version)
+    published = f"{SEGMENT}{version}"
+    os.rename(made[0], f"{rel}/{published}", src_dir_fd=store, dst_dir_fd=store)
+    link = f"{rel}/.link-{token()}"
+    made.append(link)
+    os.symlink(published, link, dir_fd=store)
+    os.rename(link, f"{rel}/{CURRENT}", src_dir_fd=store, dst_dir_fd=store)
+    reclaim(store, rel, published)
+
+
+def pointer(store: int, rel: str) -> Optional[str]:
+    """The segment ``current`` names (``None`` before the first push)."""
     try:
         return os.readlink(f"{rel}/{CURRENT}", dir_fd=store)
     except FileNotFoundError:
         return None
 
 
-def _version(rel: str, pointer: Optional[str]) -> int:
-    if pointer is None:
+def version_named(rel: str, entry: Optional[str]) -> int:
+    """The version a segment's name says (0 for ``None``)."""
+    if entry is None:
         return 0
-    digits = pointer[len(SEGMENT):]
-    if not pointer.startswith(SEGMENT) or not digits.isdigit():
-        raise CorruptDataError(f"{rel}/{CURRENT} points to {pointer!r}, not a segment")
+    digits = entry[len(SEGMENT):]
+    if not entry.startswith(SEGMENT) or not digits.isdigit():
+        raise CorruptDataError(f"{rel}/{CURRENT} points to {entry!r}, not a segment")
     return int(digits)
 
 
-def _claim(store: int, rel: str, size: int, fds: Descriptors, made: List[str]) -> Tuple[int, bool]:
+def claim(
+    store: int, rel: str, size: int, fds: Descriptors, made: List[str], keep: int = 0
+) -> Tuple[int, bool, bytes]:
     """A file to fill, locked LOCK_EX and named ``made[0]`` (``.fill-*``): a spare if one
-    is free, else a new one. Returns ``(fd, fresh)``. Call under the writers' lock."""
+    is free, else a new one. Returns ``(fd, fresh, head)``: ``head``, the first ``keep``
+    bytes a spare held before it was claimed (the retired version's header, index and
+    leaf versions; ``b""`` for a new file). Call under the writers' lock."""
     filling = f"{rel}/{FILL}{token()}"
     made.append(filling)  # before it exists: an interrupt after rename or open leaves none
     for entry in sorted(_list(store, rel)):
@@ -160,19 +176,20 @@ def _claim(store: int, rel: str, size: int, fds: Descriptors, made: List[str]) -
         try:
             fd = candidate.open(filling, os.O_RDWR | os.O_NOFOLLOW, dir_fd=store)
             if try_lock(fd, fcntl.LOCK_EX) and os.fstat(fd).st_size == size:
+                head = os.pread(fd, keep, 0) if keep else b""
                 segment.set_version(fd, 0)  # before any byte of the new version
                 candidate.give(fd, fds)
-                return fd, False
+                return fd, False, head
         finally:
             candidate.close()
         # A late reader still holds it: let the kernel free it when the reader is done.
         os.unlink(filling, dir_fd=store)
     fd = fds.open(filling, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=store)
     fcntl.flock(fd, fcntl.LOCK_EX)
-    return fd, True
+    return fd, True, b""
 
 
-def _allocate(fd: int, size: int, root: str, rel: str) -> None:
+def allocate(fd: int, size: int, root: str, rel: str) -> None:
     """Reserve the file's pages now, so a full /dev/shm is an error here and never a
     SIGBUS in a reader later."""
     try:
@@ -192,7 +209,7 @@ def _allocate(fd: int, size: int, root: str, rel: str) -> None:
         raise
 
 
-def _reclaim(store: int, rel: str, current: Optional[str]) -> None:
+def reclaim(store: int, rel: str, current: Optional[str]) -> None:
     """Keep at most :data:`SPARES` free retired segments, delete the rest and what
     dead writers left behind. Call under the writers' lock."""
     spares = 0
