@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import math
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -12,6 +13,7 @@ import numpy as np
 
 from varsync import adapters, delta
 from varsync import nest as nest_lib
+from varsync import readers as readers_lib
 from varsync import signature as sig
 from varsync.backends.base import Backend, deadline_after, read_snapshot, remaining
 from varsync.config import check_text
@@ -72,6 +74,7 @@ class VariableContainer:
         self._handed = delta.Handed()
         self._assigned = delta.Assigned()
         self._whole_pushes: Dict[str, bool] = {}
+        self._reporter: Optional[readers_lib.Reporter] = None
 
     # -- tables ----------------------------------------------------------------------
 
@@ -294,6 +297,7 @@ class VariableContainer:
                     changed[index] = leaf
             leaves = [held_leaves[i] if a is None else a for i, a in enumerate(changed)]
             self._handed.add(table, current)
+            self._holds(table, current)
             if shaped is None:
                 return current, nest_lib.unflatten(self._table(table)[0], leaves)
             return current, adapters.rebuild(like, shaped[0], leaves)
@@ -360,7 +364,76 @@ class VariableContainer:
                 [targets[i] for i in fetched], [changed[i] for i in fetched]  # type: ignore[misc]
             )
         self._assigned.assigned(table, targets, version)
+        self._holds(table, version)
         return version
+
+    # -- who holds which version -------------------------------------------------------
+
+    def report_as(
+        self, reader: Optional[str] = None, *, ttl: float = readers_lib.DEFAULT_TTL
+    ) -> None:
+        """Report, from now on, the version of each table this container hands out (by
+        ``pull``, ``pull_if_newer`` and ``update``) under the id ``reader`` (default:
+        ``host:pid``), for ``readers`` and ``wait_for_readers`` anywhere. Reports go out
+        from a background thread, so pulls never wait for them; an entry expires ``ttl``
+        seconds after this container stops (closed, killed or cut off). Raises
+        :class:`UnsupportedError` on a backend without a reader registry."""
+        backend = self._backend_call()
+        self._registry(backend)
+        reporter = readers_lib.Reporter(backend, reader or readers_lib.reader_id(), ttl)
+        with self._lock:
+            previous, self._reporter = self._reporter, reporter
+        if previous is not None:
+            previous.close()
+
+    def readers(self, table: str = DEFAULT_TABLE) -> List[readers_lib.ReaderInfo]:
+        """The readers of ``table`` whose reports have not expired: id, host, pid, the
+        version each holds, since when, and when its entry expires (sorted by id).
+        ``info.lag(container.version(table))`` is how many versions one is behind."""
+        self._table(table)
+        backend = self._backend_call()
+        self._registry(backend)
+        return readers_lib.parse_records(table, backend.readers(table))
+
+    def wait_for_readers(
+        self, version: int, count: int, table: str = DEFAULT_TABLE, *, timeout: Any = None
+    ) -> List[readers_lib.ReaderInfo]:
+        """Block until at least ``count`` readers report holding ``version`` or newer;
+        return them. Raises :class:`PullTimeoutError` after ``timeout`` seconds (default:
+        the container's), naming the readers that do report and what they hold."""
+        version = self._check_version(version)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ConfigurationError(f"count must be an int >= 1, got {count!r}")
+        limit = self._timeout(timeout)
+        deadline = deadline_after(limit)
+        interval = 0.002
+        while True:
+            seen = self.readers(table)
+            holding = [r for r in seen if r.version >= version]
+            if len(holding) >= count:
+                return holding
+            left = remaining(deadline)
+            if left <= 0:
+                raise PullTimeoutError(
+                    f"table {table!r}: {len(holding)} of the {count} readers asked for hold "
+                    f"version {version} or newer after {limit:g} s; reporting: "
+                    f"{readers_lib.describe(seen, version)}"
+                )
+            time.sleep(min(interval, left))
+            interval = min(interval * 2, 0.1)
+
+    def _registry(self, backend: Backend) -> None:
+        if not backend.supports_reader_registry:
+            raise UnsupportedError(
+                f"{type(backend).__name__} ({backend.url}) keeps no reader registry: no "
+                "reader can report what it holds there. Use a backend with one "
+                "(memory://, redis://, shm://; docs/guide.md, who holds what)."
+            )
+
+    def _holds(self, table: str, version: int) -> None:
+        reporter = self._reporter
+        if reporter is not None:
+            reporter.held(table, version)
 
     # -- life cycle ------------------------------------------------------------------
 
@@ -370,6 +443,9 @@ class VariableContainer:
             if self._closed:
                 return
             self._closed = True
+            reporter, self._reporter = self._reporter, None
+        if reporter is not None:
+            reporter.close()
         self._backend.close()
 
     def __enter__(self) -> "VariableContainer":
@@ -499,6 +575,7 @@ class VariableContainer:
             self._check_leaf(table, version, index, array, spec)
         if self._backend.supports_leaf_versions:
             self._handed.add(table, version)
+        self._holds(table, version)
         return version, list(arrays)
 
     def _checked_leaves(

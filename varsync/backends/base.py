@@ -12,7 +12,8 @@ Required: :meth:`create_table`, :meth:`signature`, :meth:`tables`, :meth:`versio
 have changed; the default sleeps, so waits poll), :meth:`version_within`,
 :meth:`details`, :meth:`describe_options`, :meth:`close`; with the ability
 ``supports_leaf_versions``, :meth:`write_leaves`, :meth:`read_leaves` and
-:meth:`leaf_versions`.
+:meth:`leaf_versions`; with ``supports_reader_registry``, :meth:`report_reader` and
+:meth:`readers`.
 
 The core owns the wait loop (:func:`wait_for_change`, behind :meth:`wait`): a backend
 gives it the primitive, :meth:`block`, not a loop of its own. A backend written before
@@ -90,6 +91,11 @@ class Backend(abc.ABC):
     #: (the default, and every backend written before this ability): the core writes and
     #: reads whole versions, and ``push_leaves`` reads the current value to write a whole one.
     supports_leaf_versions: ClassVar[bool] = False
+    #: The engine keeps, per table, records of the readers that report what they hold
+    #: (:meth:`report_reader`, :meth:`readers`), each expiring unless reported again: the
+    #: core's ``readers`` and ``wait_for_readers``. ``False``: those raise
+    #: :class:`~varsync.UnsupportedError`.
+    supports_reader_registry: ClassVar[bool] = False
 
     def __init__(
         self, url: str, *, timeout: Optional[float], namespace: str, **options: Any
@@ -210,6 +216,20 @@ class Backend(abc.ABC):
         request; no data is moved. An empty table answers version 0 (its list, ``[]`` or
         zeros, is not looked at)."""
         raise NotImplementedError(f"{type(self).__name__} does not support leaf versions")
+
+    # -- the reader registry (optional: only with ``supports_reader_registry``) ----------
+
+    def report_reader(self, name: str, reader: str, record: str, ttl: float) -> None:
+        """Store ``record`` (JSON text made by the core, opaque here) as reader
+        ``reader``'s entry for table ``name``, replacing its previous one; it expires
+        ``ttl`` seconds from now unless reported again. One small request; it never
+        touches the table's data or version."""
+        raise NotImplementedError(f"{type(self).__name__} has no reader registry")
+
+    def readers(self, name: str) -> Dict[str, str]:
+        """The table's unexpired reader entries: reader id -> record text. One small
+        request (a few, for many readers); expired entries are never returned."""
+        raise NotImplementedError(f"{type(self).__name__} has no reader registry")
 
     def block(self, name: str, newer_than: int, seconds: float) -> None:
         """Return after at most ``seconds``, or earlier once the table's version may

@@ -22,6 +22,7 @@ sleeps on a lock of its own that the next push releases.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from urllib.parse import urlsplit
@@ -44,6 +45,8 @@ class _Table:
     value: Tuple[int, List[np.ndarray], List[int]] = (0, [], [])
     #: One held lock per blocked waiter; a push releases them all.
     waiters: List[Any] = field(default_factory=list)
+    #: The reader registry: reader id -> (record text, ``time.monotonic()`` it expires).
+    readers: Dict[str, Tuple[str, float]] = field(default_factory=dict)
 
 
 class _Store:
@@ -75,6 +78,7 @@ class MemoryBackend(Backend):
     supports_blocking_wait = True
     supported_ml_dtypes = ML_DTYPE_NAMES  # bytes in, the spec's dtype out: any dtype
     supports_leaf_versions = True
+    supports_reader_registry = True
 
     def __init__(self, url: str, *, timeout: Optional[float], namespace: str, **options: Any):
         super().__init__(url, timeout=timeout, namespace=namespace, **options)
@@ -174,6 +178,19 @@ class MemoryBackend(Backend):
     def leaf_versions(self, name: str) -> Tuple[int, List[int]]:
         version, _, leaf_versions = self._table(name).value
         return version, list(leaf_versions)
+
+    def report_reader(self, name: str, reader: str, record: str, ttl: float) -> None:
+        table = self._table(name)
+        with self._store.lock:
+            table.readers[reader] = (record, time.monotonic() + ttl)
+
+    def readers(self, name: str) -> Dict[str, str]:
+        table = self._table(name)
+        now = time.monotonic()
+        with self._store.lock:
+            for gone in [r for r, (_, expires) in table.readers.items() if expires <= now]:
+                del table.readers[gone]
+            return {reader: record for reader, (record, _) in table.readers.items()}
 
     def block(self, name: str, newer_than: int, seconds: float) -> None:
         table = self._table(name)

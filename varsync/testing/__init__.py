@@ -33,6 +33,7 @@ from varsync.testing.conformance import ConformanceTests
 from varsync.testing.contract_tests import ContractTests
 from varsync.testing.fault_tests import FaultTests
 from varsync.testing.leaf_version_tests import LeafVersionTests
+from varsync.testing.reader_tests import ReaderRegistryTests
 from varsync.testing.roundtrip_tests import RoundTripTests
 from varsync.testing.table_tests import TableTests
 from varsync.testing.validation_tests import ValidationTests
@@ -49,4 +50,5 @@ __all__ = [
     "CapabilityTests",
     "FaultTests",
     "LeafVersionTests",
+    "ReaderRegistryTests",
 ]

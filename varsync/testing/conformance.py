@@ -5,6 +5,7 @@ from varsync.testing.concurrency_tests import ConcurrencyTests
 from varsync.testing.contract_tests import ContractTests
 from varsync.testing.fault_tests import FaultTests
 from varsync.testing.leaf_version_tests import LeafVersionTests
+from varsync.testing.reader_tests import ReaderRegistryTests
 from varsync.testing.roundtrip_tests import RoundTripTests
 from varsync.testing.table_tests import TableTests
 from varsync.testing.validation_tests import ValidationTests
@@ -16,5 +17,6 @@ __all__ = ["ConformanceTests"]
 class ConformanceTests(
     TableTests, RoundTripTests, ValidationTests, VersionTests, ConcurrencyTests,
     ContractTests, CapabilityTests, FaultTests, LeafVersionTests,
+    ReaderRegistryTests,
 ):
     """The whole suite. Subclass it and define the ``url`` fixture."""
