@@ -130,11 +130,12 @@ class ReverbVariableContainer:
         waiting for a push while the table is empty (see ``wait_for_push``).
 
         ``KeyError`` for an unknown table; ``ValueError`` when the variables' structure
-        or dtypes do not match.
+        or dtypes do not match. Every variable is assigned, as TF-Agents' class does (not
+        only the leaves changed since the last update: ``docs/delta.md``).
         """
         self._check_table(table)
         self._when_filled(
-            table, lambda: self._live().update(variables, table, timeout=0)
+            table, lambda: self._live().update(variables, table, timeout=0, delta_only=False)
         )
 
     def _check_table(self, table: str) -> None:
