@@ -19,13 +19,25 @@ def connect(url: Optional[str] = None, **options: Any) -> VariableContainer:
     ``memory://default``. Options common to every backend: ``timeout`` (seconds bounding
     every wait, default 30; ``None`` for no bound) and ``namespace`` (isolates tables).
     Other options are the backend's own and may also come from the URL's query string.
+    ``metrics``: ``True`` or a ``prometheus_client.CollectorRegistry`` records Prometheus
+    metrics of the backend's calls (:mod:`varsync.metrics`; off by default, and free then).
     """
     settings = resolve(url, options)
+    backend_options = dict(settings.options)
+    metrics = backend_options.pop("metrics", None)
     cls = backend_class(settings.scheme)
     backend = cls(
         settings.url,
         timeout=settings.timeout,
         namespace=settings.namespace,
-        **settings.options,
+        **backend_options,
     )
+    if metrics is not None and metrics is not False:
+        try:
+            from varsync.metrics import metered
+
+            backend = metered(backend, metrics, settings.scheme)
+        except BaseException:
+            backend.close()
+            raise
     return VariableContainer(backend, timeout=settings.timeout)
