@@ -7,7 +7,8 @@ taken round by round between operations timed side by side. The sections live by
 report_sweep.py (1-4), report_readers.py (5-6), report_targets.py (the targets of issue 15,
 beside the previous run's figures, and of issues 3-5; 7), report_frameworks.py (8:
 PyTorch and JAX, from a run in the modern environment); section 9 (issue 15) comes from
-report_sweep.py and report_readers.py.
+report_sweep.py and report_readers.py; section 11 (issue 17.4) from
+results_scaleout.json beside results.json, by report_scaleout.py.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .report_readers import (
     memory_section,
     reader_memory_section,
 )
+from .report_scaleout import saved_section
 from .report_sweep import (
     big_section,
     many_section,
@@ -241,6 +243,7 @@ def write(results: Dict[str, Any], out: Path, images: Dict[str, Path], json_path
     lines += backends_section(r)
     lines += frameworks_section(results, images, out)
     lines += issue_15_section(r)
+    lines += saved_section(json_path.parent)  # section 11: python -m benchmarks.scaleout
     if "cross-backend" not in results.get("groups_skipped", {}):
         lines += plan_section(r)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,123 @@
+"""RESULTS.md section 11: scaling out over hosts (issue 17.4), from
+benchmarks/results_scaleout.json (scaleout.py). Spliced into RESULTS.md in place of its
+previous text, so that a run of scaleout.py alone leaves every other section as it is.
+
+    python -m benchmarks.report_scaleout [results_scaleout.json] [RESULTS.md]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from .common import machine_line, size_label, summary
+from .report_base import table
+
+HEADING = "## 11. Scaling out over hosts (issue 17)"
+GOAL = 1.3  # t(R)/t(0) <= GOAL / R
+
+
+def _median(case: Dict[str, Any], key: str) -> float:
+    return float(summary([v[key] for v in case["versions"]])["median"])
+
+
+def _base(cases: List[Dict[str, Any]], case: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    return next((c for c in cases if c["replicas"] == 0 and c["bytes"] == case["bytes"]
+                 and c["actors"] == case["actors"]), None)
+
+
+def ratio(cases: List[Dict[str, Any]], case: Dict[str, Any]) -> Optional[float]:
+    """t(R)/t(0): median time until every actor holds a version, over the primary
+    alone's, same size and actor count."""
+    base = _base(cases, case)
+    if base is None or not case["replicas"]:
+        return None
+    return _median(case, "all_seconds") / _median(base, "all_seconds")
+
+
+def section(results: Dict[str, Any]) -> List[str]:
+    cases = results.get("cases", [])
+    if not cases:
+        return []
+    m = results["machine"]
+    lines = [HEADING, "",
+             f"*{machine_line(m)}; load average {m['load_average'][0]:.1f} when the run "
+             f"started, {results.get('load_average_end', [0])[0]:.1f} when it ended.* "
+             "`python -m benchmarks.scaleout` (root): hosts are network namespaces on one "
+             f"Linux bridge, each host's link capped at {results['rate']} each way with "
+             "`tc tbf`" + (f", {results['delay_ms']} ms netem delay" if results.get(
+                 "delay_ms") else "") + ". One learner host pushes to the primary "
+             "redis-server's host; R replica hosts (`--replicaof` the primary, "
+             f"{results.get('topology', 'star')}); the actors spread evenly over "
+             f"{results['actor_hosts']} actor hosts, host aj reading from replica "
+             "r((j-1) mod R + 1), or from the primary when R = 0. Each actor loops "
+             "`wait_for` + `pull_if_newer` and records when it got each version. Per "
+             "version, pushed once every actor held the one before: the time from the push's "
+             "return until every actor holds it (median, IQR in brackets, over versions), "
+             "the bytes delivered to all actors per second of that time, and each actor's "
+             "lag in versions when the push returned (1: it held the version before). "
+             "Every server and process ran on this machine's 2 cores.", ""]
+    rows = []
+    for case in sorted(cases, key=lambda c: (c["bytes"], c["actors"], c["replicas"])):
+        times = summary([v["all_seconds"] for v in case["versions"]])
+        rate = summary([v["bytes_per_s"] for v in case["versions"]])
+        push = summary([v["push_seconds"] for v in case["versions"]])
+        lags = [lag for v in case["versions"] for lag in v["lag_at_push"]]
+        r = ratio(cases, case)
+        goal = GOAL / case["replicas"] if case["replicas"] else None
+        verdict = "" if r is None or goal is None else ("met" if r <= goal else "missed")
+        rows.append([
+            size_label(case["bytes"]), str(case["actors"]), str(case["replicas"]),
+            f"{times['median']:.2f} s ({times['q1']:.2f}–{times['q3']:.2f})",
+            f"{r:.2f}" if r is not None else "–",
+            f"≤ {goal:.2f} {verdict}" if goal else "–",
+            f"{rate['median'] / 1e6:.0f} MB/s",
+            f"{push['median']:.2f} s",
+            f"{summary(lags)['median']:.0f} (max {max(lags)})",
+            f"{max(v['load_average'] for v in case['versions']):.1f}",
+            str(len(case["versions"])),
+        ])
+    lines += table(["nest", "actors", "R", "until all hold it", "t(R)/t(0)",
+                    "goal 1.3/R", "to all actors", "push", "lag at push, median",
+                    "load (1 min)", "versions"], rows)
+    return lines
+
+
+def splice(results: Dict[str, Any], out: Path) -> None:
+    """Write section 11 into ``out`` in place of its previous text (up to the next ``## ``
+    heading), or before "## What was run", or at the end."""
+    mine = section(results)
+    lines = out.read_text().rstrip("\n").split("\n") if out.exists() else []
+    heads = [i for i, line in enumerate(lines) if line.startswith("## ")]
+    at = [i for i in heads if lines[i] == HEADING]
+    if at:
+        end = next((i for i in heads if i > at[0]), len(lines))
+        lines[at[0]:end] = mine
+    else:
+        before = next((i for i in heads if lines[i].startswith("## What was run")),
+                      len(lines))
+        lines[before:before] = mine
+    out.write_text("\n".join(lines).rstrip() + "\n")
+
+
+def main(argv: List[str]) -> int:
+    here = Path(__file__).resolve().parent
+    source = Path(argv[0]) if argv else here / "results_scaleout.json"
+    target = Path(argv[1]) if len(argv) > 1 else here / "RESULTS.md"
+    splice(json.loads(source.read_text()), target)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+
+
+def saved_section(folder: Path) -> List[str]:
+    """Section 11 from ``folder``'s results_scaleout.json (none if absent or unreadable):
+    report.py's hook, so that ``make bench``'s RESULTS.md keeps the last scale-out run."""
+    try:
+        return section(json.loads((folder / "results_scaleout.json").read_text()))
+    except (OSError, ValueError, KeyError):
+        return []
