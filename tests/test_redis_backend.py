@@ -40,6 +40,20 @@ class TestRedisConformance(ConformanceTests):
         return None if shared_redis_server is None else shared_redis_server.pid
 
     @pytest.fixture
+    def new_history(self, redis_url: str) -> Callable[[str, str], None]:
+        """The table's keys deleted, as a server that lost its data; the suite then
+        creates it again (a new epoch)."""
+
+        def restart(url: str, table: str) -> None:
+            with varsync.connect(url) as container:
+                pattern = container.backend._keys(table).head[: -len("head")] + "*"
+            with redis.Redis.from_url(redis_url.split("?")[0]) as admin:
+                for key in list(admin.scan_iter(match=pattern, count=1000)):
+                    admin.delete(key)
+
+        return restart
+
+    @pytest.fixture
     def leak_counts(self, redis_url: str) -> Callable[[], Dict[str, int]]:
         def counts() -> Dict[str, int]:  # the server's clients, this one included
             with redis.Redis.from_url(redis_url.split("?")[0]) as admin:

@@ -139,6 +139,8 @@ class VariableContainer:
         last = self._written.pop(table, None)
         if not (skip_unchanged and backend.supports_leaf_versions):
             return backend.write(table, arrays, specs)
+        if last is not None and last.history != backend.history_of(table):
+            last = None  # the table restarted since: nothing of it is this writer's
         changed, samples, hashes = delta.changed_leaves(last, arrays)
         version = 0
         if last is not None and len(changed) < len(arrays):
@@ -146,7 +148,9 @@ class VariableContainer:
             version = backend.write_leaves(table, leaves, specs, last.version)
         if version == 0:  # everything changed, a first push, or another writer's since
             version = backend.write(table, arrays, specs)
-        self._written[table] = delta.Written(version, samples, hashes)
+        self._written[table] = delta.Written(
+            version, samples, hashes, backend.history_of(table)
+        )
         return version
 
     def push_leaves(self, leaves: Mapping[Any, Any], table: str = DEFAULT_TABLE) -> int:
@@ -194,7 +198,9 @@ class VariableContainer:
             version := backend.write_leaves(table, given, specs, None)
         ):
             raise self._empty_for_leaves(table, signature, given)
-        if last is not None and last.version == version - 1:  # the rest is still ours
+        if last is not None and last.version == version - 1 and (
+            last.history == backend.history_of(table)
+        ):  # the rest is still ours
             for index, array in given.items():
                 raw = delta._bytes_of(array)
                 last.samples[index], last.hashes[index] = delta._sample(raw), None
@@ -279,11 +285,15 @@ class VariableContainer:
         limit = self._timeout(timeout)
         backend = self._backend_call()
         bound = self._transfer_bound(limit)
-        if held is not None and version and backend.supports_leaf_versions and (
-            (table, version) in self._handed
-        ):
+        handed = delta.NOT_HANDED
+        if version and backend.supports_leaf_versions:
+            handed = self._handed.history(table, version)
+            if handed is not delta.NOT_HANDED:
+                self._check_same_history(table, version, handed)
+        if held is not None and handed is not delta.NOT_HANDED:
             held_leaves = sig.flatten_like(self._table(table)[0], held)[1]
             current, _, changed = backend.read_leaves(table, version, bound, specs)
+            self._check_same_history(table, version, handed)  # the answer's, too
             if changed is None:
                 self._check_not_reset(table, current, version)
                 return None
@@ -296,7 +306,7 @@ class VariableContainer:
                 for index, leaf in zip(fetched, made):
                     changed[index] = leaf
             leaves = [held_leaves[i] if a is None else a for i, a in enumerate(changed)]
-            self._handed.add(table, current)
+            self._handed.add(table, current, handed)
             self._holds(table, current)
             if shaped is None:
                 return current, nest_lib.unflatten(self._table(table)[0], leaves)
@@ -339,7 +349,8 @@ class VariableContainer:
             version, arrays = self._pull_flat(table, timeout)
             sig.assign_all(targets, arrays)
             return version
-        holds = self._assigned.version_of(table, targets) if delta_only else 0
+        history = backend.history_of(table)
+        holds = self._assigned.version_of(table, targets, history) if delta_only else 0
         self._assigned.forget(table, targets)  # until this assignment is complete
         changed: Optional[List[Optional[np.ndarray]]] = None
         if holds:
@@ -349,10 +360,12 @@ class VariableContainer:
             except TableResetError:
                 holds = 0  # another history: these variables hold nothing of it
             else:
-                if changed is None and version == holds:  # nothing newer: nothing to do
-                    self._assigned.assigned(table, targets, holds)
+                if backend.history_of(table) != history:
+                    holds = 0  # the answer is of another history than the variables
+                elif changed is None and version == holds:  # nothing newer: nothing to do
+                    self._assigned.assigned(table, targets, holds, history)
                     return version
-                if changed is None:
+                elif changed is None:
                     holds = 0  # the table went back: another history
         if not holds or changed is None:  # a first update, or the table was reset
             version, arrays = self._pull_flat(table, timeout)
@@ -363,7 +376,7 @@ class VariableContainer:
             sig.assign_all(
                 [targets[i] for i in fetched], [changed[i] for i in fetched]  # type: ignore[misc]
             )
-        self._assigned.assigned(table, targets, version)
+        self._assigned.assigned(table, targets, version, backend.history_of(table))
         self._holds(table, version)
         return version
 
@@ -557,6 +570,17 @@ class VariableContainer:
         leaves = adapters.from_numpy_all(arrays, like_leaves)
         return adapters.rebuild(like, plain_like, leaves)
 
+    def _check_same_history(self, table: str, version: int, handed: Any) -> None:
+        """A caller holding ``version``, which this container handed out in history
+        ``handed``: a reset if its backend has moved to another history since (another
+        call of this container saw the table restart)."""
+        if self._backend.history_of(table) != handed:
+            raise reset_error(
+                table, self._backend.url, version,
+                why="this container saw the table start a new history since it handed "
+                "out that version",
+            )
+
     def _check_not_reset(self, table: str, current: int, held: int) -> None:
         if current < held:
             raise reset_error(table, self._backend.url, held, current=current)
@@ -574,7 +598,7 @@ class VariableContainer:
         for index, (array, spec) in enumerate(zip(arrays, specs)):
             self._check_leaf(table, version, index, array, spec)
         if self._backend.supports_leaf_versions:
-            self._handed.add(table, version)
+            self._handed.add(table, version, self._backend.history_of(table))
         self._holds(table, version)
         return version, list(arrays)
 

@@ -27,7 +27,7 @@ import collections
 import difflib
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -79,6 +79,8 @@ class Written:
     version: int
     samples: List[bytes]
     hashes: List[Optional[bytes]]
+    #: The history (``Backend.history_of``) the write landed in.
+    history: Hashable = None
 
 
 def changed_leaves(
@@ -170,26 +172,33 @@ def _no_such_path(signature: Any, wanted: Tuple[Any, ...], empty: bool = False) 
 # -- what a container handed out and assigned ---------------------------------------------
 
 
+#: :meth:`Handed.history` of a version this container did not hand out (recently).
+NOT_HANDED: Any = object()
+
+
 class Handed:
-    """The last :attr:`KEEP` versions of each table this container returned: a nest
-    passed back as ``held=`` with one of those versions came from this container, in a
-    history its backend checks."""
+    """The last :attr:`KEEP` versions of each table this container returned, each with
+    the history it was in: a nest passed back as ``held=`` with one of those versions
+    came from this container, and its leaves may be combined only with leaves of the
+    same history."""
 
     KEEP = 64
 
     def __init__(self) -> None:
-        self._versions: Dict[str, "collections.OrderedDict[int, None]"] = {}
+        self._versions: Dict[str, "collections.OrderedDict[int, Hashable]"] = {}
 
-    def add(self, table: str, version: int) -> None:
+    def add(self, table: str, version: int, history: Hashable) -> None:
         versions = self._versions.setdefault(table, collections.OrderedDict())
-        versions[version] = None
+        versions[version] = history
         versions.move_to_end(version)
         while len(versions) > self.KEEP:
             versions.popitem(last=False)
 
-    def __contains__(self, key: Tuple[str, int]) -> bool:
-        table, version = key
-        return version in self._versions.get(table, ())
+    def history(self, table: str, version: int) -> Any:
+        """The history in which this container handed out ``version`` of ``table``, or
+        :data:`NOT_HANDED`."""
+        versions = self._versions.get(table)
+        return NOT_HANDED if versions is None else versions.get(version, NOT_HANDED)
 
     def forget(self, table: str) -> None:
         self._versions.pop(table, None)
@@ -200,6 +209,7 @@ class _Assignment:
     version: int
     targets: List["weakref.ref[Any]"]
     ids: frozenset
+    history: Hashable
 
 
 class Assigned:
@@ -210,18 +220,21 @@ class Assigned:
     def __init__(self) -> None:
         self._records: Dict[str, _Assignment] = {}
 
-    def version_of(self, table: str, targets: Sequence[Any]) -> int:
+    def version_of(self, table: str, targets: Sequence[Any], history: Hashable) -> int:
         """The version ``targets`` hold of ``table`` as the last update left them, or 0
-        if they are not exactly the variables it assigned (or one of them is gone)."""
+        if they are not exactly the variables it assigned (or one of them is gone), or
+        that version was of another history."""
         record = self._records.get(table)
-        if record is None or len(record.targets) != len(targets):
+        if record is None or len(record.targets) != len(targets) or record.history != history:
             return 0
         for ref, target in zip(record.targets, targets):
             if ref() is not target:
                 return 0
         return record.version
 
-    def assigned(self, table: str, targets: Sequence[Any], version: int) -> None:
+    def assigned(
+        self, table: str, targets: Sequence[Any], version: int, history: Hashable
+    ) -> None:
         """``targets`` now hold ``version`` of ``table``; nothing else holds a record of
         any of them."""
         ids = frozenset(id(t) for t in targets)
@@ -231,7 +244,7 @@ class Assigned:
             refs = [weakref.ref(t) for t in targets]
         except TypeError:  # a variable without weak references: updates stay whole
             return
-        self._records[table] = _Assignment(version, refs, ids)
+        self._records[table] = _Assignment(version, refs, ids, history)
 
     def forget(self, table: str, targets: Optional[Sequence[Any]] = None) -> None:
         """Drop the record of ``table`` (and of any table whose variables overlap

@@ -11,9 +11,9 @@ Required: :meth:`create_table`, :meth:`signature`, :meth:`tables`, :meth:`versio
 :meth:`write`, :meth:`read`. Optional: :meth:`block` (how to sleep until the table may
 have changed; the default sleeps, so waits poll), :meth:`version_within`,
 :meth:`details`, :meth:`describe_options`, :meth:`close`; with the ability
-``supports_leaf_versions``, :meth:`write_leaves`, :meth:`read_leaves` and
-:meth:`leaf_versions`; with ``supports_reader_registry``, :meth:`report_reader` and
-:meth:`readers`.
+``supports_leaf_versions``, :meth:`write_leaves`, :meth:`read_leaves`,
+:meth:`leaf_versions` and :meth:`history_of`; with ``supports_reader_registry``,
+:meth:`report_reader` and :meth:`readers`.
 
 The core owns the wait loop (:func:`wait_for_change`, behind :meth:`wait`): a backend
 gives it the primitive, :meth:`block`, not a loop of its own. A backend written before
@@ -30,7 +30,18 @@ import abc
 import inspect
 import math
 import time
-from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence, Tuple, Type
+from typing import (
+    Any,
+    ClassVar,
+    Dict,
+    Hashable,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+)
 
 import numpy as np
 
@@ -210,6 +221,16 @@ class Backend(abc.ABC):
         with the leaves of another history. ``timeout`` as for :meth:`read`.
         """
         raise NotImplementedError(f"{type(self).__name__} does not support leaf versions")
+
+    def history_of(self, name: str) -> Hashable:
+        """The history (epoch) of table ``name`` this backend trusts now, as its last
+        answer showed it: no request. With ``supports_leaf_versions`` the core keeps it
+        beside every version it hands out and every write it skips leaves on, and moves
+        only leaves of the same history: leaves held from one history are never
+        combined with another's, even after another call of the same backend moved to
+        the new one. Default ``None``: this store never starts a new history of a table
+        (memory); a backend whose tables can restart must override it."""
+        return None
 
     def leaf_versions(self, name: str) -> Tuple[int, List[int]]:
         """The table's current version and each leaf's leaf version, in one small

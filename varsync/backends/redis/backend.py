@@ -46,6 +46,7 @@ from varsync.backends.redis.protocol import (
     parse_layout,
     text,
 )
+from varsync.backends.redis.readers import ReaderRegistry
 from varsync.backends.redis.tables import Known, Table
 
 __all__ = ["RedisBackend"]
@@ -64,7 +65,7 @@ _WAIT_GRACE = 0.1  # seconds a wait's XREAD, and the look after it, may outlast 
 _DISCARD_SECONDS = 1.0  # bound on deleting a failed push's chunks (they expire anyway)
 
 
-class RedisBackend(Backend):
+class RedisBackend(ReaderRegistry, Backend):
     """Tables in a Redis server (``redis://[user:password@]host:port/db``; ``rediss://``
     for TLS). Options: ``db``, ``username``, ``password``, ``prefix`` (key prefix, default
     ``varsync``), ``chunk_size`` (bytes, default 4 MiB), ``keep`` (previous versions kept
@@ -260,6 +261,10 @@ class RedisBackend(Backend):
     def leaf_versions(self, name: str) -> Tuple[int, List[int]]:
         with self._errors(f"reading the leaf versions of table {name!r}"):
             return leaf_map.leaf_versions(self, name)
+
+    def history_of(self, name: str) -> Optional[str]:
+        table = self._known.get(name)  # the epoch this backend trusts (its Histories')
+        return None if table is None else table.epoch
 
     def _push(
         self, name: str, arrays: Sequence[np.ndarray], count: int, leaves: str = "",

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Tuple
 
+from varsync.backend import TableNotFoundError
 from varsync.backends.redis.protocol import Reply, Script, text
 
-__all__ = ["REPORT", "LIST", "Reported", "reader_keys"]
+__all__ = ["ReaderRegistry", "REPORT", "LIST", "Reported", "reader_keys"]
 
 
 class Reported(Reply):
@@ -77,3 +78,26 @@ def parse_listing(raw: Any) -> Dict[str, str]:
     _, rest = LIST.answer(raw)
     pairs: List[Any] = list(rest)
     return {text(pairs[i]): text(pairs[i + 1]) for i in range(0, len(pairs) - 1, 2)}
+
+
+class ReaderRegistry:
+    """Mixed into :class:`~varsync.backends.redis.backend.RedisBackend` (its ``_keys``,
+    ``_errors`` and ``_client``): ``report_reader`` and ``readers``, one script each."""
+
+    supports_reader_registry = True
+
+    def report_reader(self, name: str, reader: str, record: str, ttl: float) -> None:
+        backend: Any = self
+        head = backend._keys(name).head
+        with backend._errors(f"reporting a reader of table {name!r}"):
+            reply, _ = REPORT.answer(backend._client.script(
+                REPORT, [head, *reader_keys(head)], [reader, record, max(int(ttl * 1000), 1)]
+            ))
+        if reply is Reported.NO_TABLE:
+            raise TableNotFoundError(f"no table {name!r} at {backend.address}")
+
+    def readers(self, name: str) -> Dict[str, str]:
+        backend: Any = self
+        head = backend._keys(name).head
+        with backend._errors(f"listing the readers of table {name!r}"):
+            return parse_listing(backend._client.script(LIST, list(reader_keys(head)), []))
