@@ -28,6 +28,31 @@ def _base(cases: List[Dict[str, Any]], case: Dict[str, Any]) -> Optional[Dict[st
                  and c["actors"] == case["actors"]), None)
 
 
+def link_rate(cases: List[Dict[str, Any]], case: Dict[str, Any]) -> Optional[float]:
+    """Bytes per second one link delivered: the primary alone's (R = 0) rate to all
+    actors, same size and actor count (its uplink carried every copy)."""
+    base = _base(cases, case)
+    return None if base is None else base["actors"] * base["bytes"] / _median(base, "all_seconds")
+
+
+def link_model(cases: List[Dict[str, Any]], case: Dict[str, Any]) -> Optional[float]:
+    """Seconds after the push's return the links alone allow, at ``link_rate``: the
+    busiest server's actors' copies (A_max: the most actors one server serves), after,
+    for a star of R replicas, the R - 1 copies the primary's link still sends once the
+    learner's push is in (it sends one to each replica); a chain forwards one copy per
+    link as it arrives, so only A_max remains."""
+    rate = link_rate(cases, case)
+    if rate is None:
+        return None
+    served: Dict[str, int] = {}
+    for _, url in case["placement"]:
+        served[url] = served.get(url, 0) + 1
+    copies = max(served.values())
+    if case["replicas"] > 1 and case.get("topology", "star") == "star":
+        copies += case["replicas"] - 1
+    return copies * case["bytes"] / rate
+
+
 def ratio(cases: List[Dict[str, Any]], case: Dict[str, Any]) -> Optional[float]:
     """t(R)/t(0): median time until every actor holds a version, over the primary
     alone's, same size and actor count."""
@@ -45,44 +70,71 @@ def section(results: Dict[str, Any]) -> List[str]:
     lines = [HEADING, "",
              f"*{machine_line(m)}; load average {m['load_average'][0]:.1f} when the run "
              f"started, {results.get('load_average_end', [0])[0]:.1f} when it ended.* "
-             "`python -m benchmarks.scaleout` (root): hosts are network namespaces on one "
-             f"Linux bridge, each host's link capped at {results['rate']} each way with "
-             "`tc tbf`" + (f", {results['delay_ms']} ms netem delay" if results.get(
-                 "delay_ms") else "") + ". One learner host pushes to the primary "
-             "redis-server's host; R replica hosts (`--replicaof` the primary, "
-             f"{results.get('topology', 'star')}); the actors spread evenly over "
+             "`python -m benchmarks.scaleout` (root; [docs/benchmarks.md]"
+             "(../docs/benchmarks.md#scaling-out-over-hosts-issue-174)): hosts are network "
+             "namespaces on one Linux bridge, each host's link capped at "
+             f"{results['rate']} each way with `tc tbf`"
+             + (f", {results['delay_ms']} ms netem delay" if results.get("delay_ms") else "")
+             + ". A learner host pushes to the primary redis-server's host; R replica hosts, "
+             "each replica `--replicaof` the primary (star) or the one before it (chain: r1 "
+             "of the primary, r2 of r1, ...); the actors spread evenly over "
              f"{results['actor_hosts']} actor hosts, host aj reading from replica "
-             "r((j-1) mod R + 1), or from the primary when R = 0. Each actor loops "
-             "`wait_for` + `pull_if_newer` and records when it got each version. Per "
-             "version, pushed once every actor held the one before: the time from the push's "
-             "return until every actor holds it (median, IQR in brackets, over versions), "
-             "the bytes delivered to all actors per second of that time, and each actor's "
-             "lag in versions when the push returned (1: it held the version before). "
-             "Every server and process ran on this machine's 2 cores.", ""]
+             "r((j-1) mod R + 1), or from the primary when R = 0, so that the serving "
+             "host's uplink is the link that limits. Each actor loops `wait_for` + "
+             "`pull_if_newer` and records when it got each version.", "",
+             "Per version, pushed once every actor held the one before: the time from the "
+             "push's return until every actor holds it (median over versions, IQR in "
+             "brackets); what the links allow: the copies the busiest link still carries "
+             "after the push returned (the busiest server's actors', plus R - 1 replication "
+             "copies on a star's primary) at the rate one link delivered with R = 0, and the "
+             "measured time as a multiple of it (1.00×: the links are the limit, not "
+             "varsync); t(R)/t(0) against the goal 1.3/R; the bytes delivered to all actors "
+             "per second of that time; each actor's lag in versions when a push returned (1: "
+             "it held the version before). Then pushes back to back, none waiting for the "
+             "fan-out: the actors' lag at each push, when all held the last one, and how many "
+             "of those versions each actor pulled (`pull_if_newer` skips to the newest). "
+             "Every server and process ran on this machine's 2 cores; the load column is "
+             "the 1-minute load average during the case.", ""]
     rows = []
-    for case in sorted(cases, key=lambda c: (c["bytes"], c["actors"], c["replicas"])):
+    for case in sorted(cases, key=lambda c: (c["bytes"], c["actors"], c["replicas"],
+                                              c.get("topology", "star") != "star")):
         times = summary([v["all_seconds"] for v in case["versions"]])
         rate = summary([v["bytes_per_s"] for v in case["versions"]])
         push = summary([v["push_seconds"] for v in case["versions"]])
         lags = [lag for v in case["versions"] for lag in v["lag_at_push"]]
         r = ratio(cases, case)
+        model = link_model(cases, case)
         goal = GOAL / case["replicas"] if case["replicas"] else None
         verdict = "" if r is None or goal is None else ("met" if r <= goal else "missed")
         rows.append([
             size_label(case["bytes"]), str(case["actors"]), str(case["replicas"]),
+            case.get("topology", "star") if case["replicas"] > 1 else "–",
             f"{times['median']:.2f} s ({times['q1']:.2f}–{times['q3']:.2f})",
+            f"{model:.2f} s ({times['median'] / model:.2f}×)" if model else "–",
             f"{r:.2f}" if r is not None else "–",
             f"≤ {goal:.2f} {verdict}" if goal else "–",
             f"{rate['median'] / 1e6:.0f} MB/s",
             f"{push['median']:.2f} s",
             f"{summary(lags)['median']:.0f} (max {max(lags)})",
+            _back_to_back_cell(case),
             f"{max(v['load_average'] for v in case['versions']):.1f}",
             str(len(case["versions"])),
         ])
-    lines += table(["nest", "actors", "R", "until all hold it", "t(R)/t(0)",
+    lines += table(["nest", "actors", "R", "replication", "until all hold it",
+                    "links allow (measured ×)", "t(R)/t(0)",
                     "goal 1.3/R", "to all actors", "push", "lag at push, median",
+                    "back to back: lag at push, median (max); all hold the last",
                     "load (1 min)", "versions"], rows)
     return lines
+
+
+def _back_to_back_cell(case: Dict[str, Any]) -> str:
+    fast = case.get("back_to_back")
+    if not fast:
+        return "–"
+    lags = [lag for p in fast["pushes"] for lag in p["lag_at_push"]]
+    return (f"{summary(lags)['median']:.0f} ({max(lags)}); {fast['all_seconds']:.2f} s, "
+            f"{min(fast['pulled'])}–{max(fast['pulled'])} of {len(fast['pushes'])} pulled")
 
 
 def splice(results: Dict[str, Any], out: Path) -> None:
