@@ -5,12 +5,15 @@
     varsync serve reverb --port P --table NAME=SPEC_FILE ...
                                               a Reverb server, until interrupted
     varsync bench URL [--size 40MB]           push / pull / poll timings
+    varsync watch URL [--interval S] [--table T ...]
+                                              a live view: versions, push rates, readers
 
 Results go to stdout; errors are one line on stderr and a non-zero exit status (1 for a
 failure, 2 for a command line that does not parse). ``--traceback`` shows the whole
 traceback instead. See docs/cli.md.
 
-Each command is a module of this package (``backends``, ``info``, ``serve``, ``bench``)
+Each command is a module of this package (``backends``, ``info``, ``serve``, ``bench``,
+``watch``)
 that adds its own options; ``usage`` holds the errors, ``formatting`` sizes and columns.
 """
 
@@ -23,7 +26,7 @@ import traceback
 from typing import Optional, Sequence
 
 import varsync
-from varsync.cli import backends, bench, info, serve
+from varsync.cli import backends, bench, info, serve, watch
 from varsync.cli.formatting import parse_size
 from varsync.cli.info import signature_tree
 from varsync.cli.serve import load_spec_file
@@ -35,7 +38,7 @@ __all__ = ["main", "parse_size", "load_spec_file", "signature_tree"]
 def _build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog=PROG,
-        description="Inspect, serve and benchmark varsync tables.",
+        description="Inspect, serve, benchmark and watch varsync tables.",
         epilog="Run 'varsync COMMAND --help' for a command's options. Docs: docs/cli.md.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {varsync.__version__}")
@@ -43,7 +46,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "--traceback", action="store_true", help="on an error, show the whole traceback"
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for command in (backends, info, serve, bench):
+    for command in (backends, info, serve, bench, watch):
         command.add_parser(commands)
     return parser
 
@@ -58,7 +61,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         args = parser.parse_args(argv)
         if getattr(args, "run", None) is None:
-            raise UsageError("a command is required: backends, info, serve or bench", PROG)
+            raise UsageError("a command is required: backends, info, serve, bench or watch", PROG)
         return int(args.run(args, out, err) or 0)
     except UsageError as exc:
         print(f"{exc.prog}: error: {exc} (see '{exc.prog} --help')", file=err)
