@@ -75,7 +75,7 @@ from varsync_shm import _dirs, layout, reading, writing
 from varsync_shm import leaves as leafsync
 from varsync_shm._fds import Descriptors
 from varsync_shm._inotify import Watch
-from varsync_shm.epochs import Identity, identity_of, table_exists
+from varsync_shm.epochs import Handed, Identity, identity_of, record, table_exists
 from varsync_shm.mappings import Mappings
 from varsync_shm.reading import MAP_ABOVE, READ_ATTEMPTS
 from varsync_shm.writing import LOCK, SIGNATURE, token
@@ -129,8 +129,8 @@ class ShmBackend(Backend):
         self._histories = Histories()  # the signature file each table's readers trust
         self._seen: Dict[str, int] = {}  # the last version seen per table, for messages
         self._paths: Dict[str, Tuple[str, str]] = {}
-        #: per table, the signature file (the history) of this backend's last write or read
-        self.bases: Dict[str, Identity] = {}
+        #: per table, the history of this backend's last write or read, and what it handed out
+        self.handed: Dict[str, Handed] = {}
         self.leaf_bytes: Dict[str, Dict[str, int]] = {}  # per table, for details()
 
     # -- tables ----------------------------------------------------------------------
@@ -271,7 +271,7 @@ class ShmBackend(Backend):
                 finally:
                     fds.close()
                 if arrays is not None:
-                    self.saw(name, epoch)
+                    self.saw(name, epoch, version)
                     return version, arrays
                 if remaining(deadline) <= 0:
                     raise PullTimeoutError(
@@ -435,10 +435,9 @@ class ShmBackend(Backend):
             return store, rel, identity
         return -1, rel, None
 
-    def saw(self, name: str, epoch: Optional[Identity]) -> None:
-        """This backend wrote or read the table's history ``epoch`` (:attr:`bases`)."""
-        if epoch is not None:
-            self.bases[name] = epoch
+    def saw(self, name: str, epoch: Optional[Identity], version: int = 0) -> None:
+        """A write or read of the table returned ``version`` of history ``epoch``."""
+        record(self.handed, name, epoch, version)
 
     def _adopt(self, name: str, store: int, rel: str) -> None:
         """The table's ``signature.json`` is not the one this backend knows: check it."""

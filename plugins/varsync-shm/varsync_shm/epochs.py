@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import NamedTuple, Optional
+from typing import Dict, NamedTuple, Optional, Set
 
 from varsync_shm.writing import SIGNATURE
 
-__all__ = ["Identity", "identity_of", "epoch_now", "table_exists"]
+__all__ = ["Identity", "identity_of", "epoch_now", "table_exists", "Handed", "record"]
 
 
 class Identity(NamedTuple):
@@ -46,3 +46,48 @@ def table_exists(store: int, rel: str) -> bool:
         return stat.S_ISDIR(os.stat(rel, dir_fd=store, follow_symlinks=False).st_mode)
     except (FileNotFoundError, NotADirectoryError):
         return False
+
+
+class Handed:
+    """What one backend handed out of one table: the history (``epoch``) it last wrote or
+    read, the highest version it returned in it (``top``), the highest it returned in any
+    earlier history (``retired``), and which versions up to ``retired`` it returned in
+    this one (``low``: a version below ``retired`` not in it is of an earlier history).
+
+    :class:`~varsync.backend.Histories` tells a holder of an old version that the table
+    restarted only until this backend adopts the new history (a pull from version 0 does):
+    after that a holder of version 3 of the old one asks with a number that also means
+    something in the new one. A whole value is still never a mix, but a delta pull would
+    assemble leaves of two histories, so :func:`varsync_shm.leaves.read_leaves` asks
+    :meth:`older` first.
+    """
+
+    __slots__ = ("epoch", "top", "retired", "low")
+
+    def __init__(self, epoch: Identity, retired: int = 0) -> None:
+        self.epoch = epoch
+        self.top = 0
+        self.retired = retired
+        self.low: Set[int] = set()
+
+    def older(self, epoch: Optional[Identity], held: int) -> bool:
+        """Whether a caller holding version ``held`` (> 0) holds it of an earlier history
+        than ``epoch``, the table's now: this backend returned ``held`` in an earlier one
+        and never in this one."""
+        if epoch != self.epoch:
+            return held > 0
+        return 0 < held <= self.retired and held not in self.low
+
+
+def record(handed: Dict[str, Handed], name: str, epoch: Optional[Identity], version: int) -> None:
+    """Note that a write or read of table ``name`` returned ``version`` (0: none) of the
+    history ``epoch``."""
+    if epoch is None:
+        return
+    state = handed.get(name)
+    if state is None or state.epoch != epoch:
+        retired = 0 if state is None else max(state.retired, state.top)
+        state = handed[name] = Handed(epoch, retired)
+    state.top = max(state.top, version)
+    if 0 < version <= state.retired:
+        state.low.add(version)

@@ -43,6 +43,7 @@ from varsync.backend import (
     Spec,
     deadline_after,
     remaining,
+    reset_error,
 )
 from varsync_shm import layout, segment, writing
 from varsync_shm._fds import Descriptors
@@ -80,7 +81,8 @@ def write_leaves(
         epoch = backend.check_signature(name, store, rel)
         pointer = writing.pointer(store, rel)
         version = writing.version_named(rel, pointer)
-        trusted = backend.bases.get(name)
+        handed = backend.handed.get(name)
+        trusted = None if handed is None else handed.epoch
         if version == 0 or base is not None and (base != version or trusted != epoch):
             return 0
         assert pointer is not None
@@ -122,7 +124,7 @@ def write_leaves(
             copied += leaf.nbytes
         segment.pwrite_all(fd, memoryview(segment.head_with(plan, wanted, new)), 0)
         writing.publish(store, rel, fd, new, made)
-        backend.saw(name, epoch)
+        backend.saw(name, epoch, new)
         _count(backend, name, "leaf_bytes_written", copied)
         return new
     finally:
@@ -164,6 +166,13 @@ def read_leaves(
         store, rel, epoch = backend.table_epoch(name, held=newer_than)
         if store < 0:
             return 0, None, None  # vanished: reads as empty; holders get TableResetError
+        handed = backend.handed.get(name)
+        if handed is not None and epoch is not None and handed.older(epoch, newer_than):
+            raise reset_error(
+                name, backend.url, newer_than,
+                why="this container read or wrote version "
+                f"{newer_than} of the table's earlier history, not of its current one",
+            )
         pointer = current_segment(store, rel, backend.store_path)
         version = version_of(rel, pointer, backend.store_path)
         if version <= newer_than:
@@ -177,7 +186,7 @@ def read_leaves(
             fds.close()
         if got is not None and epoch_now(store, rel) == epoch:
             numbers, arrays, read = got
-            backend.saw(name, epoch)
+            backend.saw(name, epoch, version)
             _count(backend, name, "leaf_bytes_read", read)
             return version, numbers, arrays
         if remaining(deadline) <= 0:

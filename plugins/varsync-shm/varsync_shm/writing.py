@@ -112,7 +112,7 @@ def write(
         epoch = backend.check_signature(name, store, rel)  # it may have been made again
         version = version_named(rel, pointer(store, rel)) + 1
         publish(store, rel, fd, version, made)
-        backend.saw(name, epoch)
+        backend.saw(name, epoch, version)
         return version
     finally:
         # First (an interrupt may land in anything after it): the writers' lock and the

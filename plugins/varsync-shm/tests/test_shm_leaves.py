@@ -1,0 +1,256 @@
+"""Leaf versions on shm:// (varsync_shm.leaves): what a partial push copies, what a delta
+pull reads, retention of leaves unchanged for long, bases, two writer processes, and a
+table created again. Bytes moved are counted by the backend itself (``details()``'s
+``leaf_bytes_written`` and ``leaf_bytes_read``); the conformance suite checks the rest
+of the ability on every backend.
+"""
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+from shm_helpers import CONTEXT
+
+import varsync
+from varsync_shm import layout
+from varsync_shm.backend import ShmBackend
+from varsync_shm.reading import MAP_ABOVE
+
+#: Leaf 0 is mapped by pulls (2 MiB > MAP_ABOVE), the others are copied.
+SPECS = [
+    varsync.Spec((512, 1024), "float32"),
+    varsync.Spec((1000,), "float32"),
+    varsync.Spec((3, 3), "float64"),
+    varsync.Spec((), "int64"),
+]
+SIZES = [s.nbytes for s in SPECS]
+TABLE = "t"
+
+
+def leaf(index, number):
+    return np.full(SPECS[index].shape, number, SPECS[index].dtype)
+
+
+def numbers_of(arrays):
+    out = []
+    for array in arrays:
+        held = np.unique(np.asarray(array))
+        assert held.size == 1, f"a torn leaf: {held[:4]}"
+        out.append(int(held[0]))
+    return out
+
+
+def open_backend(store_name):
+    backend = ShmBackend(f"shm://{store_name}", timeout=30.0, namespace="")
+    backend.create_table(TABLE, "signature text", SPECS)
+    return backend
+
+
+@pytest.fixture
+def backend(store_name):
+    backend = open_backend(store_name)
+    yield backend
+    backend.close()
+
+
+def moved(backend):
+    details = backend.details(TABLE)
+    return details["leaf_bytes_written"], details["leaf_bytes_read"]
+
+
+def write_whole(backend, number):
+    return backend.write(TABLE, [leaf(i, number) for i in range(len(SPECS))], SPECS)
+
+
+def test_partial_pushes_compose_on_the_current_version(backend):
+    assert write_whole(backend, 1) == 1
+    assert backend.write_leaves(TABLE, {1: leaf(1, 2)}, SPECS) == 2
+    assert backend.write_leaves(TABLE, {3: leaf(3, 3), 2: leaf(2, 3)}, SPECS) == 3
+    assert backend.leaf_versions(TABLE) == (3, [1, 2, 3, 3])
+    version, arrays = backend.read(TABLE, 0, None, SPECS)
+    assert version == 3 and numbers_of(arrays) == [1, 2, 3, 3]
+    assert write_whole(backend, 4) == 4  # a whole push: every leaf at its version
+    assert backend.leaf_versions(TABLE) == (4, [4, 4, 4, 4])
+
+
+def test_write_leaves_into_an_empty_table_writes_nothing(backend):
+    assert backend.write_leaves(TABLE, {1: leaf(1, 2)}, SPECS) == 0
+    assert backend.write_leaves(TABLE, {1: leaf(1, 2)}, SPECS, base=0) == 0
+    assert backend.version(TABLE) == 0 and backend.details(TABLE)["segments"] == []
+    assert backend.leaf_versions(TABLE) == (0, [])
+
+
+def test_a_delta_pull_returns_and_reads_only_the_changed_leaves(backend):
+    write_whole(backend, 1)
+    backend.write_leaves(TABLE, {1: leaf(1, 2)}, SPECS)
+    backend.write_leaves(TABLE, {3: leaf(3, 3)}, SPECS)
+    before = moved(backend)[1]
+    version, numbers, arrays = backend.read_leaves(TABLE, 2, None, SPECS)
+    assert (version, numbers) == (3, [1, 2, 1, 3])
+    assert [a is None for a in arrays] == [True, True, True, False] and int(arrays[3]) == 3
+    assert moved(backend)[1] - before == SIZES[3]  # 8 bytes, not the 2 MB table
+    version, numbers, arrays = backend.read_leaves(TABLE, 1, None, SPECS)
+    assert [a is None for a in arrays] == [True, False, True, False]
+    assert numbers_of([arrays[1], arrays[3]]) == [2, 3]
+    assert moved(backend)[1] - before == 2 * SIZES[3] + SIZES[1]
+    assert backend.read_leaves(TABLE, 3, None, SPECS) == (3, None, None)
+    version, numbers, arrays = backend.read_leaves(TABLE, 0, None, SPECS)
+    assert numbers_of(arrays) == [1, 2, 1, 3]
+    assert not any(a.flags.writeable for a in arrays)
+    assert SIZES[0] > MAP_ABOVE and not arrays[0].flags.owndata  # a view of the segment
+
+
+def test_a_delta_pull_of_small_leaves_pins_no_version(backend):
+    """Small changed leaves are copied: holding them keeps no segment from reclaiming."""
+    write_whole(backend, 1)
+    backend.write_leaves(TABLE, {3: leaf(3, 2)}, SPECS)
+    _, _, held = backend.read_leaves(TABLE, 1, None, SPECS)
+    for k in range(3, 6):
+        backend.write_leaves(TABLE, {3: leaf(3, k)}, SPECS)
+    assert len(backend.details(TABLE)["segments"]) == 2  # current and the spare
+    assert int(held[3]) == 2
+    _, _, mapped = backend.read_leaves(TABLE, 0, None, SPECS)  # leaf 0 is a view: a pin
+    backend.write_leaves(TABLE, {3: leaf(3, 6)}, SPECS)
+    backend.write_leaves(TABLE, {3: leaf(3, 7)}, SPECS)
+    assert len(backend.details(TABLE)["segments"]) == 3  # the pinned one stays
+    assert numbers_of(mapped) == [1, 1, 1, 5]
+
+
+def test_a_partial_push_onto_the_spare_copies_only_what_changed_since_it(backend):
+    write_whole(backend, 1)
+    assert backend.details(TABLE)["segments"] == ["seg-1"]  # no spare yet
+    backend.write_leaves(TABLE, {3: leaf(3, 2)}, SPECS)  # a new file: one whole copy
+    assert moved(backend)[0] == sum(SIZES)
+    backend.write_leaves(TABLE, {3: leaf(3, 3)}, SPECS)  # onto seg-1's spare: leaf 3
+    assert moved(backend)[0] == sum(SIZES) + SIZES[3]
+    # onto seg-2's spare: leaf 1, given, and leaf 3, which changed at version 3
+    backend.write_leaves(TABLE, {1: leaf(1, 4)}, SPECS)
+    assert moved(backend)[0] == sum(SIZES) + 2 * SIZES[3] + SIZES[1]
+    version, arrays = backend.read(TABLE, 0, None, SPECS)
+    assert version == 4 and numbers_of(arrays) == [1, 4, 1, 3]
+    assert backend.leaf_versions(TABLE) == (4, [1, 4, 1, 3])
+
+
+def test_a_leaf_unchanged_for_10000_versions_stays_readable(backend):
+    write_whole(backend, 1)
+    pushes = 10_000
+    for k in range(2, pushes + 2):
+        backend.write_leaves(TABLE, {3: leaf(3, k)}, SPECS)
+    last = pushes + 1
+    assert backend.leaf_versions(TABLE) == (last, [1, 1, 1, last])
+    version, arrays = backend.read(TABLE, 0, None, SPECS)
+    assert version == last and numbers_of(arrays) == [1, 1, 1, last]
+    _, _, changed = backend.read_leaves(TABLE, last - 1, None, SPECS)
+    assert [a is None for a in changed] == [True, True, True, False]
+    assert len(backend.details(TABLE)["segments"]) <= 2  # current and the spare
+    # the first partial push copied the table once; every other one its 8 bytes
+    assert moved(backend)[0] == sum(SIZES) + (pushes - 1) * SIZES[3]
+
+
+def test_a_base_that_is_not_current_writes_nothing(backend):
+    write_whole(backend, 1)
+    assert backend.write_leaves(TABLE, {1: leaf(1, 2)}, SPECS, base=1) == 2
+    files = sorted(os.listdir(backend.details(TABLE)["path"]))
+    assert backend.write_leaves(TABLE, {1: leaf(1, 3)}, SPECS, base=1) == 0
+    assert backend.write_leaves(TABLE, {1: leaf(1, 3)}, SPECS, base=7) == 0
+    assert sorted(os.listdir(backend.details(TABLE)["path"])) == files
+    assert backend.leaf_versions(TABLE) == (2, [1, 2, 1, 1])
+    assert backend.write_leaves(TABLE, {1: leaf(1, 3)}, SPECS, base=2) == 3
+
+
+def test_a_base_of_another_history_writes_nothing(backend, store_name):
+    write_whole(backend, 1)
+    assert backend.write_leaves(TABLE, {1: leaf(1, 2)}, SPECS) == 2
+    delete_table(store_name)
+    other = open_backend(store_name)
+    try:
+        write_whole(other, 5)
+        other.write_leaves(TABLE, {3: leaf(3, 6)}, SPECS)  # version 2 of the new history
+        assert backend.write_leaves(TABLE, {1: leaf(1, 3)}, SPECS, base=2) == 0
+        assert other.leaf_versions(TABLE) == (2, [1, 1, 1, 2])
+    finally:
+        other.close()
+
+
+def delete_table(store_name):
+    shutil.rmtree(layout.table_path(layout.namespace_path(store_name, ""), TABLE))
+
+
+def test_a_table_created_again_is_a_reset_for_a_delta_pull_of_the_old_history(
+    backend, store_name
+):
+    write_whole(backend, 1)
+    backend.write_leaves(TABLE, {1: leaf(1, 2)}, SPECS)
+    held, _ = backend.read(TABLE, 0, None, SPECS)
+    assert held == 2
+    delete_table(store_name)
+    other = open_backend(store_name)
+    try:
+        write_whole(other, 5)
+        for k in range(6, 9):  # past the version held, in the new history
+            other.write_leaves(TABLE, {0: leaf(0, k)}, SPECS)
+        with pytest.raises(varsync.TableResetError):
+            backend.read_leaves(TABLE, held, None, SPECS)
+        version, arrays = backend.read(TABLE, 0, None, SPECS)  # adopts the new history
+        assert version == 4 and numbers_of(arrays) == [8, 5, 5, 5]
+        # a holder of the old history's version 2 still gets the reset, never leaves
+        # assembled from the two histories
+        with pytest.raises(varsync.TableResetError):
+            backend.read_leaves(TABLE, held, None, SPECS)
+        other.write_leaves(TABLE, {3: leaf(3, 9)}, SPECS)
+        _, _, changed = backend.read_leaves(TABLE, version, None, SPECS)
+        assert [a is None for a in changed] == [True, True, True, False]
+    finally:
+        other.close()
+
+
+def test_a_segment_without_leaf_versions_reads_as_all_at_its_version(backend):
+    """Files of varsync-shm 0.1 have no leaf versions: every leaf is at the file's."""
+    write_whole(backend, 1)
+    backend.write_leaves(TABLE, {1: leaf(1, 2)}, SPECS)
+    path = os.path.join(backend.details(TABLE)["path"], "seg-2")
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.pwrite(fd, bytes(4), 40)  # the header's leaf-versions offset: none
+    finally:
+        os.close(fd)
+    assert backend.leaf_versions(TABLE) == (2, [2, 2, 2, 2])
+    _, _, changed = backend.read_leaves(TABLE, 1, None, SPECS)
+    assert numbers_of(changed) == [1, 2, 1, 1]
+    assert backend.write_leaves(TABLE, {3: leaf(3, 3)}, SPECS) == 3
+    assert backend.leaf_versions(TABLE) == (3, [2, 2, 2, 3])
+
+
+def _push_one_leaf(store_name, index, count, start, results):
+    """Child: push leaf ``index`` alone with the numbers 1..count."""
+    backend = ShmBackend(f"shm://{store_name}", timeout=30.0, namespace="")
+    try:
+        backend.signature(TABLE)
+        start.wait(30)
+        versions = [backend.write_leaves(TABLE, {index: leaf(index, k)}, SPECS)
+                    for k in range(1, count + 1)]
+        results.put((index, versions))
+    except Exception as exc:  # reported to the parent
+        results.put((index, f"{type(exc).__name__}: {exc}"))
+    finally:
+        backend.close()
+
+
+def test_partial_pushes_from_two_processes_lose_no_leaf(backend, store_name, children):
+    write_whole(backend, 0)
+    count = 300
+    start, results = CONTEXT.Event(), CONTEXT.Queue()
+    for index in (1, 3):
+        children(_push_one_leaf, store_name, index, count, start, results)
+    start.set()
+    got = dict(results.get(timeout=120) for _ in range(2))
+    for index in (1, 3):
+        assert isinstance(got[index], list), got[index]
+    versions = sorted(got[1] + got[3])
+    assert versions == list(range(2, 2 * count + 2))  # every push its own version
+    last, numbers = backend.leaf_versions(TABLE)
+    assert last == 2 * count + 1
+    assert numbers == [1, got[1][-1], 1, got[3][-1]]
+    _, arrays = backend.read(TABLE, 0, None, SPECS)
+    assert numbers_of(arrays) == [0, count, 0, count]
