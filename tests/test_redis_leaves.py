@@ -466,3 +466,26 @@ def test_details_and_the_head_stay_small_with_many_leaves(server: Any) -> None:
         # unchanged leaves of the whole segment cost one short entry each
         assert len(head["leaves"]) < 500 * 3 + 10 * 12, len(head["leaves"])
         assert store.backend.leaf_versions("variables")[1][:12] == [1, 1] + list(range(2, 12))
+
+
+def test_a_head_written_before_leaf_versions_takes_partial_pushes_and_retires_its_chunks(
+    server: Any,
+) -> None:
+    specs = specs_of(MIXED)
+    with varsync.connect(server.url + "?keep=1&chunk_size=4096") as store, \
+            server.client() as admin:
+        store.create_table("variables", MIXED)
+        for version in (1, 2, 3):
+            store.backend.write("variables", [filled_leaf(s, version) for s in specs], specs)
+        # what a varsync before leaf versions leaves: no segments, retained items only
+        admin.hdel("varsync::variables:head", "segments", "leaves")
+        whole = len(chunk_keys(admin)) // 2  # chunks of one whole version
+        for version in (4, 5, 6):
+            store.backend.write_leaves("variables", {0: filled_leaf(specs[0], version)}, specs)
+        _, versions, arrays = store.backend.read_leaves("variables", 0, None, specs)
+        assert versions == [6, 3, 3, 3, 3, 3] and numbers(arrays or [])[:2] == [6, 3]
+        # version 3's whole segment (still referenced), and 5's and 6's of leaf 0: version
+        # 2's chunks were retired through the old retained list
+        leaf = -(-specs[0].nbytes // 4032)
+        assert len(chunk_keys(admin)) == whole + 2 * leaf
+        assert store.backend.details("variables")["segments"] == 3

@@ -165,9 +165,10 @@ class RedisBackend(ReaderRegistry, Backend):
         head = self._keys(name).head
         with self._errors(f"reading table {name!r}"):
             raw = self._client.call(
-                "HMGET", head, "epoch", "version", "data", "layout", "retained", "spare"
+                "HMGET", head, "epoch", "version", "data", "layout", "retained", "spare",
+                "fmt", "segments",
             )
-        epoch, _, data, layout, retained, spare = (text(x) for x in raw)
+        epoch, _, data, layout, retained, spare, fmt, segments = (text(x) for x in raw)
         total, payload, chunks = parse_layout(self._where(name), layout) if layout else (0, 0, 0)
         return {
             "server": self.address,
@@ -179,6 +180,8 @@ class RedisBackend(ReaderRegistry, Backend):
             "chunks": chunks,
             "retained_versions": len(retained.split(",")) if retained else 0,
             "spare_version": bool(spare),
+            "layout_format": fmt,  # "2": the current version was composed by write_leaves
+            "segments": len(segments.split(",")) if segments else 0,
             "keep": self.keep,
             "pulls_restarted": self.pulls_restarted,
         }
