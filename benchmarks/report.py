@@ -7,7 +7,8 @@ taken round by round between operations timed side by side. The sections live by
 report_sweep.py (1-4), report_readers.py (5-6), report_targets.py (the targets of issue 15,
 beside the previous run's figures, and of issues 3-5; 7), report_frameworks.py (8:
 PyTorch and JAX, from a run in the modern environment); section 9 (issue 15) comes from
-report_sweep.py and report_readers.py; section 11 (issue 17.4) from
+report_sweep.py and report_readers.py; section 10 (issue 16's delta sync, from a run of
+``--group delta``) from report_delta.py; section 11 (issue 17.4) from
 results_scaleout.json beside results.json, by report_scaleout.py.
 """
 
@@ -15,10 +16,11 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Sequence
 
 from .common import GB, LABELS, MB, seconds_text, size_label, summary
 from .report_base import Results, rate, rel, table
+from .report_delta import delta_section
 from .report_frameworks import frameworks_section
 from .report_readers import (
     cold_start_section,
@@ -243,6 +245,7 @@ def write(results: Dict[str, Any], out: Path, images: Dict[str, Path], json_path
     lines += backends_section(r)
     lines += frameworks_section(results, images, out)
     lines += issue_15_section(r)
+    lines += delta_section(results)
     lines += saved_section(json_path.parent)  # section 11: python -m benchmarks.scaleout
     if "cross-backend" not in results.get("groups_skipped", {}):
         lines += plan_section(r)
@@ -250,25 +253,33 @@ def write(results: Dict[str, Any], out: Path, images: Dict[str, Path], json_path
     out.write_text("\n".join(lines).rstrip() + "\n")
 
 
-def splice(results: Dict[str, Any], out: Path, images: Dict[str, Path]) -> None:
-    """Write section 8 (the frameworks group) into the RESULTS.md already at ``out``, in
-    place of its previous text (up to the next ``## `` heading) or before "## What was
-    run", leaving every other section as it is: a run of the frameworks group alone (in
-    the modern environment) does not rewrite the cross-backend group's report, which a run
-    of that group regenerates, section 8 included, from results.json."""
-    section = frameworks_section(results, images, out)
+def splice(results: Dict[str, Any], out: Path, images: Dict[str, Path],
+           groups: Sequence[str] = ("frameworks",)) -> None:
+    """Write the sections of ``groups`` (8: frameworks, 10: delta) into the RESULTS.md
+    already at ``out``, each in place of its previous text (up to the next ``## ``
+    heading) or before "## What was run", leaving every other section as it is: a run of
+    those groups alone (in the modern environment) does not rewrite the cross-backend
+    group's report, which a run of that group regenerates, these sections included, from
+    results.json."""
     if not out.exists():
         write(results, out, images, out.parent / "results.json")
         return
     lines = out.read_text().rstrip("\n").split("\n")
-    heads = [i for i, line in enumerate(lines) if line.startswith("## ")]
-    mine = [i for i in heads if lines[i] == section[0]] if section else []
-    if mine:
-        end = next((i for i in heads if i > mine[0]), len(lines))
-        lines[mine[0]:end] = section
-    else:
-        before = next((i for i in heads if lines[i].startswith("## What was run")), len(lines))
-        lines[before:before] = section
+    made = {"frameworks": lambda: frameworks_section(results, images, out),
+            "delta": lambda: delta_section(results)}
+    for group in groups:
+        section = made[group]() if group in made else []
+        if not section:
+            continue
+        heads = [i for i, line in enumerate(lines) if line.startswith("## ")]
+        mine = [i for i in heads if lines[i] == section[0]]
+        if mine:
+            end = next((i for i in heads if i > mine[0]), len(lines))
+            lines[mine[0]:end] = section
+        else:
+            before = next((i for i in heads if lines[i].startswith(("## What was run",
+                                                                     "## 11."))), len(lines))
+            lines[before:before] = section
     out.write_text("\n".join(lines).rstrip() + "\n")
 
 

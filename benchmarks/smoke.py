@@ -4,7 +4,7 @@ failed, and every section of RESULTS.md with its target rows."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Set, Tuple
+from typing import Any, Dict, List, Sequence, Set, Tuple
 
 #: (group, contender, operation) of every case; then what a target size adds.
 EVERY_CASE = {
@@ -73,11 +73,16 @@ FRAMEWORK_OPS = {
 FRAMEWORK_ROWS = 4  # the issue's four targets, one row each
 
 
-def missing_figures(results: Dict[str, Any], markdown: str) -> List[str]:
-    """Everything a run should have produced and did not, in words; empty if complete.
-    A group skipped because its frameworks do not import here is not missing."""
-    skipped = results.get("groups_skipped", {})
+def missing_figures(results: Dict[str, Any], markdown: str,
+                    groups: Sequence[str] = ("cross-backend", "frameworks", "delta")
+                    ) -> List[str]:
+    """Everything a run of ``groups`` should have produced and did not, in words; empty
+    if complete. A group skipped because its frameworks do not import here is not
+    missing."""
+    skipped = set(results.get("groups_skipped", {})) | {
+        g for g in ("cross-backend", "frameworks", "delta") if g not in groups}
     missing = [] if "frameworks" in skipped else missing_framework_figures(results, markdown)
+    missing += [] if "delta" in skipped else missing_delta_figures(results, markdown)
     if "cross-backend" in skipped:
         return missing
     return missing + missing_cross_backend(results, markdown)
@@ -108,6 +113,54 @@ def missing_framework_figures(results: Dict[str, Any], markdown: str) -> List[st
     if len(rows) != FRAMEWORK_ROWS:
         missing.append(f"RESULTS.md: {len(rows)} framework target rows, expected "
                        f"{FRAMEWORK_ROWS}")
+    return missing
+
+
+#: (stage, operation) the delta group times on every backend it runs (delta.py).
+DELTA_OPS = {(stage, op) for stage in ("frozen90", "one_of_50", "one_of_50_rotating")
+             for op in ("push", "pull_if_newer(held)", "update", "pull")}
+DELTA_OPS |= {("all_changed", "push"), ("all_changed", "push, skip_unchanged=False")}
+DELTA_BACKENDS = ("memory", "redis", "shm")
+#: rows of section 10's target tables per backend: 16.1 three, 16.2 two, 16.3 five, 16.4 one
+DELTA_ROWS = {"16.1": 3, "16.2": 2, "16.3": 5, "16.4": 1}
+
+
+def missing_delta_figures(results: Dict[str, Any], markdown: str) -> List[str]:
+    """The delta group: every backend timed and counted every operation of every stage,
+    or was skipped for a reason other than a failure; the detection timings; its section
+    with a figure and a verdict in every target row."""
+    from .report_delta import SECTION
+
+    section = results.get("delta")
+    if not section:
+        return ["delta: the group neither ran nor said why it was skipped"]
+    missing = []
+    have = {(r["backend"], r["stage"], r["op"]) for r in section.get("records", [])
+            if r["seconds"] and len(r["moved"]) == len(r["seconds"])}
+    ran = []
+    for backend in DELTA_BACKENDS:
+        reason = section.get("skipped", {}).get(backend)
+        if reason is not None:
+            if reason.startswith("failed"):
+                missing.append(f"delta: {backend} {reason}")
+            continue
+        ran.append(backend)
+        missing += [f"delta: {backend} {stage} {op}" for stage, op in sorted(DELTA_OPS)
+                    if (backend, stage, op) not in have]
+    cases = (section.get("detection") or {}).get("cases", [])
+    if not cases or any(not c["seconds"] or c["found"] != c["expected"] for c in cases):
+        missing.append("delta: changed_leaves timings missing or finding the wrong leaves")
+    if SECTION not in markdown:
+        missing.append(f"RESULTS.md: no section {SECTION!r}")
+    for target, per_backend in DELTA_ROWS.items():
+        rows = [line for line in markdown.splitlines() if line.startswith(f"| {target} |")]
+        if len(rows) != per_backend * len(ran):
+            missing.append(f"RESULTS.md: {len(rows)} rows of target {target}, expected "
+                           f"{per_backend * len(ran)}")
+        for row in rows:
+            cells = [c.strip() for c in row.strip(" |").split("|")]
+            if cells[5] == "–" or cells[-1] not in ("**met**", "**missed**", "reference"):
+                missing.append(f"RESULTS.md: a delta target without a figure or verdict: {row}")
     return missing
 
 

@@ -11,7 +11,11 @@
 2. ``frameworks.py`` (group ``frameworks``, needs torch and/or jax: the modern env): a
    100 MB PyTorch state_dict over shm:// and redis:// and a JAX pytree over shm://, beside
    what their users write by hand (issue 14.8).
-3. ``benchmarks/results.json`` (every sample), ``benchmarks/RESULTS.md`` (report.py) and
+3. ``delta.py`` (group ``delta``, issue 16, needs redis-py and the shm plugin for those
+   backends: ``make bench`` runs it in the modern env): delta sync on memory://, redis://
+   and shm://, bytes moved against bytes changed, delta pulls and updates against a whole
+   pull, a push where everything changed with and without change detection.
+4. ``benchmarks/results.json`` (every sample), ``benchmarks/RESULTS.md`` (report.py) and
    the PNGs under ``docs/img/`` (plots.py; ``python -m benchmarks.plots results.json``
    redraws them). results.json also keeps, under "previous", issue 15's target figures of
    the results.json that was there when the run started (the committed run, in a fresh
@@ -22,8 +26,9 @@ failure, also under ``--smoke``). ``--group NAME`` runs only that group; a full 
 ``--quick``/``--smoke``) keeps the sections of results.json of the groups it did not run
 and regenerates RESULTS.md from every group present, so the two environments' runs merge:
 
-    scripts/loopback-only .venv/bin/python -m benchmarks.suite                 # TF env
-    scripts/loopback-only .tox/modern/bin/python -m benchmarks.suite --group frameworks
+    scripts/loopback-only .venv/bin/python -m benchmarks.suite --group cross-backend   # TF env
+    scripts/loopback-only .tox/modern/bin/python -m benchmarks.suite --group frameworks \
+        --group delta
 
 ``--smoke`` (in ``make test``): every group and stage on every backend with tiny sizes and
 one or two rounds, in well under a minute; prints RESULTS.md as it would be, checks that
@@ -53,7 +58,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from .common import machine, machine_line, stage
 
 HERE = Path(__file__).resolve().parent
-GROUPS = ("cross-backend", "frameworks")
+GROUPS = ("cross-backend", "frameworks", "delta")
+#: results.json's key of each group but cross-backend, whose keys are all the others
+OWN_KEYS = {"frameworks": "frameworks", "delta": "delta"}
 CROSS_BACKEND_MODULES = ("tensorflow", "reverb", "tf_agents")
 FRAMEWORKS_SECONDS = 150  # the frameworks group at 100 MB, about (15 rounds)
 ROOT = HERE.parent
@@ -142,13 +149,14 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
     from . import report
 
     with stage("plots and RESULTS.md", log):
-        images = draw(results, img_dir, required=not args.smoke, groups=ran)
+        plotted = any(g in ran for g in ("cross-backend", "frameworks"))  # delta: no plots
+        images = draw(results, img_dir, required=plotted and not args.smoke, groups=ran)
         if trial or "cross-backend" in ran:
             report.write(results, out_path, images, json_path)
-        else:  # only section 8 is new: the rest of RESULTS.md stays as it was written
-            report.splice(results, out_path, images)
+        else:  # only sections 8 and 10 are new: the rest of RESULTS.md stays as written
+            report.splice(results, out_path, images, ran)
     if args.smoke:
-        return smoke_verdict(results, out_path.read_text(), started)
+        return smoke_verdict(results, out_path.read_text(), started, args.group or GROUPS)
     log(f"done in {(time.monotonic() - started) / 60:.1f} min: {out_path}, {json_path}, "
         f"{len(images)} plots in {img_dir}")
     return 0
@@ -195,6 +203,9 @@ def run_groups(groups: List[str], chosen: Any, results: Dict[str, Any],
 
                 with stage("cross-backend measurements", log, results["stage_seconds"]):
                     cross_backend.run(chosen, results, log, time_left)
+            elif group == "delta":
+                if not run_delta(results, time_left):
+                    continue
             else:
                 from . import frameworks
 
@@ -217,6 +228,23 @@ def run_groups(groups: List[str], chosen: Any, results: Dict[str, Any],
         for child in multiprocessing.active_children():  # none should be left; be sure
             child.kill()
             child.join(5)
+
+
+def run_delta(results: Dict[str, Any], time_left: Callable[[], float]) -> bool:
+    """The delta group, into ``results["delta"]``, with a redis-server of its own; False
+    (and the reason recorded) if it did not run."""
+    from . import delta
+
+    plan = delta.plan_for(smoke=results["smoke"], quick=results["quick"] and not results["smoke"])
+    if time_left() < plan.seconds:
+        skip(results, "delta", f"{time_left():.0f} s of the time budget left and it needs "
+             f"about {plan.seconds:.0f} s")
+        return False
+    with contextlib.ExitStack() as servers, \
+            stage("delta sync (issue 16)", log, results["stage_seconds"]):
+        results["delta"] = {}
+        delta.run(plan, results["delta"], log, servers)
+    return True
 
 
 def lazy_redis_server(servers: contextlib.ExitStack) -> Callable[[], str]:
@@ -242,27 +270,29 @@ def skip(results: Dict[str, Any], group: str, reason: str) -> None:
 
 def merged(results: Dict[str, Any], json_path: Path, ran: List[str]) -> Dict[str, Any]:
     """This run's results with the sections of the groups it did not run taken from the
-    results.json already there: the cross-backend group's are every top-level key but
-    "frameworks", the frameworks group's the "frameworks" key."""
+    results.json already there: each of OWN_KEYS' groups has its key ("frameworks",
+    "delta"), the cross-backend group every other top-level key."""
     try:
         old = json.loads(json_path.read_text())
     except (OSError, ValueError):
         return results
     skipped = dict(results.get("groups_skipped", {}))
     if "cross-backend" not in ran and old.get("sweep"):
-        kept = {k: v for k, v in old.items() if k not in ("frameworks", "groups_skipped")}
-        kept["frameworks"] = results.get("frameworks", old.get("frameworks"))
+        kept = {k: v for k, v in old.items()
+                if k not in (*OWN_KEYS.values(), "groups_skipped")}
+        kept.update({key: results[key] for key in OWN_KEYS.values() if key in results})
         skipped.pop("cross-backend", None)
         results = kept
         log("   kept the cross-backend group's results from the results.json there "
             f"(run {old.get('machine', {}).get('started', '?')})")
-    elif "frameworks" not in ran and old.get("frameworks"):
-        results["frameworks"] = old["frameworks"]
-        skipped.pop("frameworks", None)
-        log("   kept the frameworks group's results from the results.json there "
-            f"(run {old['frameworks'].get('machine', {}).get('started', '?')})")
-    if results.get("frameworks") is None:
-        results.pop("frameworks", None)
+    for group, key in OWN_KEYS.items():
+        if group not in ran and old.get(key):
+            results[key] = old[key]
+            skipped.pop(group, None)
+            log(f"   kept the {group} group's results from the results.json there "
+                f"(run {old[key].get('machine', {}).get('started', '?')})")
+        if results.get(key) is None:
+            results.pop(key, None)
     results["groups_skipped"] = skipped
     return results
 
@@ -284,11 +314,12 @@ def draw(results: Dict[str, Any], folder: Path, required: bool,
     return images
 
 
-def smoke_verdict(results: Dict[str, Any], markdown: str, started: float) -> int:
+def smoke_verdict(results: Dict[str, Any], markdown: str, started: float,
+                  groups: Sequence[str]) -> int:
     from .smoke import missing_figures
 
     print(markdown, flush=True)
-    missing = missing_figures(results, markdown)
+    missing = missing_figures(results, markdown, groups)
     for problem in missing:
         log(f"MISSING: {problem}")
     log(f"smoke run {'FAILED' if missing else 'passed'}: "
