@@ -116,6 +116,17 @@ def test_the_metered_backend_shows_the_wrapped_backends_flags_details_and_name(r
         assert "MemoryBackend" in repr(backend)
 
 
+def test_the_proxy_sees_what_is_set_on_the_backend_after_it_was_looked_at(registry):
+    with varsync.connect(memory_url(), metrics=registry) as store:
+        store.create_table("t", SIGNATURE)
+        backend = store.backend
+        assert store.version("t") == 0  # backend.version looked up (and kept)
+        backend.version = lambda name: 41  # set through the proxy: on the backend itself
+        assert backend.wrapped.version("t") == 41 and store.version("t") == 41
+        backend.wrapped.timeout = 3.5  # an instance attribute, read anew each time
+        assert backend.timeout == 3.5
+
+
 def test_closing_the_container_closes_the_wrapped_backend(registry):
     closed = []
     store = varsync.connect(memory_url(), metrics=registry)

@@ -24,6 +24,7 @@ See docs/cli.md, "Metrics", for exposing them.
 
 from __future__ import annotations
 
+import inspect
 import time
 from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence, Type
 from weakref import WeakKeyDictionary
@@ -47,6 +48,8 @@ SECONDS_BUCKETS = (
     1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )
 LAG_BUCKETS = (1, 2, 3, 5, 10, 20, 50, 100, 1000)
+#: Class attributes of these types are flags: constant, so a proxy may keep them.
+_CONSTANTS = (bool, int, float, str, tuple, frozenset, type(None))
 
 
 def _prometheus() -> Any:
@@ -167,7 +170,9 @@ class MeteredBackend:
     attributes it must not inherit: they would hide the wrapped backend's flags.
     """
 
-    __slots__ = ("_backend", "_meters", "_scheme", "_tables")
+    # __dict__ holds what __getattr__ found on the backend's class and will find again
+    # (its methods, bound; its flags): the next lookup is a dict hit, not a __getattr__.
+    __slots__ = ("_backend", "_meters", "_scheme", "_tables", "__dict__")
 
     def __init__(self, backend: Backend, meters: Meters, scheme: str) -> None:
         object.__setattr__(self, "_backend", backend)
@@ -183,9 +188,16 @@ class MeteredBackend:
     def __getattr__(self, name: str) -> Any:
         if name in MeteredBackend.__slots__:  # not set yet (copy, pickle): no recursion
             raise AttributeError(name)
-        return getattr(self._backend, name)
+        backend = self._backend
+        value = getattr(backend, name)
+        if name not in getattr(backend, "__dict__", ()):  # the class's, not the instance's
+            static = inspect.getattr_static(type(backend), name, None)
+            if inspect.isfunction(static) or isinstance(static, _CONSTANTS):
+                self.__dict__[name] = value
+        return value
 
     def __setattr__(self, name: str, value: Any) -> None:
+        self.__dict__.pop(name, None)
         setattr(self._backend, name, value)
 
     def __repr__(self) -> str:
