@@ -20,6 +20,7 @@ BYTES_LIMIT, TIME_LIMIT, PUSH_LIMIT = 1.2, 0.2, 1.05
 BYTE_OPS = ("push", "pull_if_newer(held)", "update")
 TIME_OPS = ("pull_if_newer(held)", "update")
 WHOLE_PUSH = "push, skip_unchanged=False"
+WHOLE_UPDATE = "update, delta_only=False"
 HEADER = ["target", "backend (mode)", "operation", "delta", "against", "figure", "wanted",
           "verdict"]
 SOURCES = {
@@ -154,15 +155,21 @@ def delta_section(raw: Dict[str, Any]) -> List[str]:
         + ". A backend without leaf versions runs the core's fallback (whole reads and "
         "writes), so its figures are those of whole transfers.",
         "",
-        f"A writer and a reader container per backend, in one process; the three backends "
-        f"took turns in every round (their order rotated each round, the reader's calls "
+        "A writer and two reader containers per backend, in one process; the three backends "
+        "took turns in every round (their order rotated each round, the reader's calls "
         f"reversed every other round), {plan['warm']} untimed rounds then {plan['rounds']} "
-        "timed ones. Per round: the leaves that change get new values (every element + 1, "
-        "untimed), the writer pushes (skip_unchanged on, the default), then the reader's "
+        f"timed ones ({plan.get('push_rounds', plan['rounds'])} for `all_changed`). Per "
+        "round: the leaves that change get new values (every element + 1, untimed), "
+        "the writer pushes (skip_unchanged on, the default), then the reader's "
         "`pull_if_newer(v, held=nest)` (with the nest of its previous one), `update(targets)` "
-        "(numpy arrays, which its previous update assigned) and a whole `pull()`, all of the "
-        "same version. After the rounds the reader's nest and targets are checked equal to "
-        "the writer's. Figures are medians over rounds with the interquartile range in "
+        "(numpy arrays, which its previous update assigned), a whole `pull()` and, by a "
+        "third container, `update(other_targets, delta_only=False)` (every leaf assigned: "
+        "the pre-delta update), all of the same version. On memory:// and shm:// a whole "
+        "`pull()` hands out read-only views of the stored bytes, without a copy, while an "
+        "`update` copies what it assigns: there the update / whole pull ratio sets a copy "
+        "against none, so update / `update(delta_only=False)` is given beside it. After the "
+        "rounds the reader's nest and targets are checked equal to the writer's. "
+        "Figures are medians over rounds with the interquartile range in "
         "brackets; a time ratio is taken round by round. Targets apply to redis:// and "
         "shm://; memory:// is shown for reference.",
         "",
@@ -189,6 +196,7 @@ def delta_section(raw: Dict[str, Any]) -> List[str]:
     every: List[List[str]] = []
     for key, found in rows.items():
         lines += [f"**{titles[key]}**", ""] + table(HEADER, found)
+        lines += _whole_update(d, {"16.2": "frozen90", "16.3": "one_of_50"}.get(key))
         every += found
     met, counted, missed = _tally(every)
     lines += [f"Targets met (redis:// and shm://): {met} of {counted}"
@@ -198,12 +206,33 @@ def delta_section(raw: Dict[str, Any]) -> List[str]:
         lines += ["**Beyond the targets: 1 of 50 leaves changed per push, a different one "
                   "each push.** A leaf whose change showed in its 64-byte sample is not "
                   "hashed, so the push after it stopped changing sends it once more "
-                  "(`varsync/delta.py`): about twice the bytes changed, on every backend.", ""]
+                  "(`varsync/delta.py`): about twice the bytes changed, on every backend."
+                  + _shm_full_copies(d), ""]
         lines += table(HEADER, [["16.3, rotating", *r[1:]]
                                 for r in _bytes_rows(d, "one_of_50_rotating", "")
                                 + _time_rows(d, "one_of_50_rotating", "")])
     lines += _detail(d)
     return lines
+
+
+def _whole_update(d: Delta, stage: Optional[str]) -> List[str]:
+    if stage is None:
+        return []
+    parts = [f"{b}:// {ratio_cell(s)}" for b in d.ran()
+             if (s := d.time_ratio(stage, b, "update", WHOLE_UPDATE))]
+    return ["`update` (delta) against `update(delta_only=False)` (every leaf assigned), "
+            "round by round: " + "; ".join(parts) + ".", ""] if parts else []
+
+
+def _shm_full_copies(d: Delta) -> str:
+    s = d.bytes_ratio("one_of_50_rotating", "shm", "push")
+    if not s or s["median"] < 3:
+        return ""
+    return (f" On shm:// a push here copied {s['median']:.0f}× the bytes changed: a partial "
+            "push refills a free spare segment, and with none free (readers hold every "
+            "retired version; here the reader's held nest, whose leaves are views into the "
+            "segments where each last changed) it fills a new file, copying every leaf "
+            "(`varsync_shm/leaves.py`).")
 
 
 def _sources(stages: Dict[str, Any]) -> Dict[str, str]:

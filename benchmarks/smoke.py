@@ -118,7 +118,8 @@ def missing_framework_figures(results: Dict[str, Any], markdown: str) -> List[st
 
 #: (stage, operation) the delta group times on every backend it runs (delta.py).
 DELTA_OPS = {(stage, op) for stage in ("frozen90", "one_of_50", "one_of_50_rotating")
-             for op in ("push", "pull_if_newer(held)", "update", "pull")}
+             for op in ("push", "pull_if_newer(held)", "update", "pull",
+                        "update, delta_only=False")}
 DELTA_OPS |= {("all_changed", "push"), ("all_changed", "push, skip_unchanged=False")}
 DELTA_BACKENDS = ("memory", "redis", "shm")
 #: rows of section 10's target tables per backend: 16.1 three, 16.2 two, 16.3 five, 16.4 one
