@@ -51,18 +51,19 @@ lint: $(TOX)
 	$(TOXRUN) -e lint
 
 # Every benchmark in benchmarks/ (one harness: benchmarks/suite.py), end to end in under
-# 20 minutes on a 2-core machine: benchmarks/RESULTS.md, benchmarks/results.json and the
+# 25 minutes on a 2-core machine: benchmarks/RESULTS.md, benchmarks/results.json and the
 # plots in docs/img/ (matplotlib, the `bench` extra). The suite starts and stops its own
 # Reverb and redis servers. The cross-backend group runs in .venv (TensorFlow, Reverb), the
-# frameworks group (PyTorch, JAX) in tox's modern environment; each run rewrites its own
-# part of RESULTS.md and results.json. `make test` runs both as a smoke test (--smoke:
-# every group on every backend, tiny sizes, under a minute; it writes none of those files).
+# frameworks group (PyTorch, JAX) and the delta group (issue 16's delta sync on memory://,
+# redis:// and shm://, 2-4 minutes) in tox's modern environment; each run rewrites its own
+# part of RESULTS.md and results.json. `make test` runs every group as a smoke test
+# (--smoke: tiny sizes, under a minute; it writes none of those files).
 bench: tf-env
 	$(PY) -c "import matplotlib" 2>/dev/null || $(PIP) install -e ".[all,test,bench]"
-	scripts/loopback-only $(PY) -m benchmarks.suite
+	scripts/loopback-only $(PY) -m benchmarks.suite --group cross-backend
 	$(TOXRUN) -e modern --notest
 	.tox/modern/bin/python -c "import matplotlib" 2>/dev/null || .tox/modern/bin/python -m pip --disable-pip-version-check -q install -e ".[bench]"
-	scripts/loopback-only .tox/modern/bin/python -m benchmarks.suite --group frameworks
+	scripts/loopback-only .tox/modern/bin/python -m benchmarks.suite --group frameworks --group delta
 
 # A bounded soak (tools/soak/), outside `make test`: per backend, a writer and three
 # readers for SOAK_SECONDS, every pulled value checked, then the same with faults; pushes,
