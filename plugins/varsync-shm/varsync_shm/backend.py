@@ -78,6 +78,7 @@ from varsync_shm._inotify import Watch
 from varsync_shm.epochs import Handed, Identity, identity_of, record, table_exists
 from varsync_shm.mappings import Mappings
 from varsync_shm.reading import MAP_ABOVE, READ_ATTEMPTS
+from varsync_shm.registry import ReaderRegistry
 from varsync_shm.writing import LOCK, SIGNATURE, token
 
 __all__ = ["ShmBackend", "MAP_ABOVE", "SPARES"]
@@ -87,7 +88,7 @@ SPARES = writing.SPARES
 _ERRORS: ErrorMap = {PermissionError: AuthenticationError, OSError: BackendConnectionError}
 
 
-class ShmBackend(Backend):
+class ShmBackend(ReaderRegistry, Backend):
     """Tables in files under /dev/shm, shared by every process of the host that names
     the same store. Options: ``root`` (the directory holding stores; default /dev/shm)."""
 
@@ -308,6 +309,9 @@ class ShmBackend(Backend):
     def leaf_versions(self, name: str) -> Tuple[int, List[int]]:
         with self._errors(self._table_path(name)):
             return leafsync.leaf_versions(self, name)
+
+    def history_of(self, name: str) -> Any:
+        return self._histories.trusted(name)  # the signature file's identity
 
     def block(self, name: str, newer_than: int, seconds: float) -> None:
         """Sleep on an inotify watch of the table's directory until a file is renamed into
