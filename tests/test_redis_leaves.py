@@ -489,3 +489,64 @@ def test_a_head_written_before_leaf_versions_takes_partial_pushes_and_retires_it
         leaf = -(-specs[0].nbytes // 4032)
         assert len(chunk_keys(admin)) == whole + 2 * leaf
         assert store.backend.details("variables")["segments"] == 3
+
+
+def test_maxmemory_makes_a_partial_push_fail_and_keeps_the_previous_version(
+    redis_servers: Any,
+) -> None:
+    server = redis_servers(config=["--maxmemory", "48mb", "--maxmemory-policy", "noeviction"])
+    signature = {"a_small": varsync.Spec((1000,), "uint8"),
+                 "b_big": varsync.Spec((30 * MB,), "uint8")}
+    specs = specs_of(signature)
+    with varsync.connect(server.url, chunk_size=MB) as store, server.client() as admin:
+        store.create_table("variables", signature)
+        assert store.backend.write("variables", [filled_leaf(s, 1) for s in specs], specs) == 1
+        keys = chunk_keys(admin)
+        with pytest.raises(varsync.ItemTooLargeError, match="maxmemory"):
+            store.backend.write_leaves("variables", {1: filled_leaf(specs[1], 2)}, specs)
+        assert chunk_keys(admin) == keys  # the failed push's chunks are gone
+        _, versions, arrays = store.backend.read_leaves("variables", 0, None, specs)
+        assert versions == [1, 1] and numbers(arrays or []) == [1, 1]
+        assert store.backend.write_leaves("variables", {0: filled_leaf(specs[0], 3)}, specs) == 2
+
+
+#: Damage to a composed head's leaf map, and what the error says.
+MAP_DAMAGE = {
+    "an entry that is not digits": ("leaves", lambda h: h.replace("|", "|x", 1), "malformed"),
+    "a leaf in a segment not listed": ("leaves", lambda h: h.replace("|", "|99.0,", 1)
+                                       .rsplit(",", 1)[0], "does not list"),
+    "one leaf too few": ("leaves", lambda h: h.rsplit(",", 1)[0], "its signature has"),
+    "an offset past its segment": ("leaves", lambda h: h.replace("2.0", "2.999999"),
+                                   "past the end"),
+    "a segment token that is not hex": ("segments", lambda h: h.replace(h.split(":")[1], "zz"),
+                                        "not a token"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(MAP_DAMAGE))
+def test_a_damaged_leaf_map_is_corrupt_data_never_wrong_arrays(server: Any, damage: str) -> None:
+    field, change, message = MAP_DAMAGE[damage]
+    specs = specs_of(MIXED)
+    with varsync.connect(server.url) as store, server.client() as admin:
+        store.create_table("variables", MIXED)
+        store.backend.write("variables", [filled_leaf(s, 1) for s in specs], specs)
+        store.backend.write_leaves("variables", {0: filled_leaf(specs[0], 2)}, specs)
+        head = "varsync::variables:head"
+        admin.hset(head, field, change(admin.hget(head, field).decode()))
+        with varsync.connect(server.url) as reader:
+            with pytest.raises(varsync.CorruptDataError, match=message):
+                reader.backend.read_leaves("variables", 0, None, specs)
+            with pytest.raises(varsync.CorruptDataError, match=message):
+                reader.pull()
+
+
+def test_a_damaged_segment_list_makes_the_publish_script_refuse(server: Any) -> None:
+    specs = specs_of(MIXED)
+    with varsync.connect(server.url) as store, server.client() as admin:
+        store.create_table("variables", MIXED)
+        store.backend.write("variables", [filled_leaf(s, 1) for s in specs], specs)
+        admin.hset("varsync::variables:head", "segments", "1:nothex")
+        before = table_head(server)
+        with pytest.raises(varsync.CorruptDataError, match="malformed segments"):
+            store.backend.write_leaves("variables", {0: filled_leaf(specs[0], 2)}, specs)
+        assert table_head(server) == before
