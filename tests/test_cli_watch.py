@@ -3,6 +3,7 @@ view in a real terminal (tmux, on a private socket) while a writer pushes."""
 
 import contextlib
 import os
+import queue
 import re
 import shlex
 import shutil
@@ -189,6 +190,62 @@ def test_ctrl_c_ends_a_piped_watch_with_status_0_and_no_traceback():
             process.wait()
     assert process.returncode == 0, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
+
+
+def lines_of(process):
+    """A queue that receives ``process``'s stdout line by line (``None`` at its end)."""
+    lines = queue.Queue()
+
+    def pump():
+        for line in process.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return lines
+
+
+def next_line_with(lines, text, seconds=30.0):
+    deadline = time.monotonic() + seconds
+    seen = []
+    while True:
+        try:
+            line = lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+        except queue.Empty:
+            line = None
+        if line is None:
+            raise AssertionError(f"{text!r} not printed; got:\n{''.join(seen)}")
+        seen.append(line)
+        if text in line:
+            return line
+
+
+def test_a_server_that_goes_away_is_reported_and_the_watch_goes_on(redis_servers):
+    server = redis_servers()
+    with varsync.connect(server.url) as writer:
+        writer.create_table("variables", SIGNATURE)
+        writer.push(values(1))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "varsync.cli", "watch", server.url, "--interval", "0.1",
+         "--timeout", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        lines = lines_of(process)
+        next_line_with(lines, "variables │       1 │")
+        server.stop()
+        failed = next_line_with(lines, "last refresh failed:")
+        assert "127.0.0.1" in failed or "connect" in failed.lower()
+        next_line_with(lines, "variables │       1 │")  # the last figures stay shown
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=30)  # stdout is the pump's: read stderr only
+        err = process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, err
+    assert "Traceback" not in err
 
 
 # -- a real terminal --------------------------------------------------------------------

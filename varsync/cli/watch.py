@@ -13,7 +13,7 @@ import argparse
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, TextIO
+from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
 import varsync
 from varsync import nest as nest_lib
@@ -192,23 +192,29 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             time.sleep(args.interval)
             console.print(render(where, backend, watcher.look(), args.interval, False))
             return 0
+        problem: Optional[str] = None
         try:
             if not terminal:  # piped: one view after another, as they come
                 while True:
-                    console.print(render(where, backend, views, args.interval, True))
+                    console.print(render(where, backend, views, args.interval, True, problem))
                     console.print()
                     time.sleep(args.interval)
-                    views = watcher.look()
+                    views, problem = _refresh(watcher, views)
             with Live(render(where, backend, views, args.interval, True), console=console,
                       auto_refresh=False, transient=False) as live:
                 while True:
                     time.sleep(args.interval)
-                    problem = None
-                    try:
-                        views = watcher.look()
-                    except varsync.VarsyncError as exc:  # a server gone: say so, keep trying
-                        problem = " ".join(str(exc).split())
+                    views, problem = _refresh(watcher, views)
                     live.update(render(where, backend, views, args.interval, True, problem),
                                 refresh=True)
         except KeyboardInterrupt:  # the way to quit: Live restored the terminal on its way out
             return 0
+
+
+def _refresh(watcher: Watcher, views: List[TableView]) -> Tuple[List[TableView], Optional[str]]:
+    """New views, or the last ones and why a look failed (a server gone: say so, keep
+    trying at the next refresh)."""
+    try:
+        return watcher.look(), None
+    except varsync.VarsyncError as exc:
+        return views, " ".join(str(exc).split())
