@@ -5,14 +5,17 @@ table created again. Bytes moved are counted by the backend itself (``details()`
 of the ability on every backend.
 """
 
+import gc
 import os
 import shutil
 
 import numpy as np
 import pytest
-from shm_helpers import CONTEXT
+from shm_helpers import CONTEXT, open_fds
+from test_shm_reliability import Interrupts
 
 import varsync
+from varsync.testing.faults import settled_fds
 from varsync_shm import layout
 from varsync_shm.backend import ShmBackend
 from varsync_shm.reading import MAP_ABOVE
@@ -254,3 +257,36 @@ def test_partial_pushes_from_two_processes_lose_no_leaf(backend, store_name, chi
     assert numbers == [1, got[1][-1], 1, got[3][-1]]
     _, arrays = backend.read(TABLE, 0, None, SPECS)
     assert numbers_of(arrays) == [0, count, 0, count]
+
+
+def test_interrupted_partial_pushes_leave_one_whole_version_and_no_file(backend):
+    """SIGINTs at random points of partial pushes (see test_shm_reliability): every
+    version read holds both leaves of one push and the untouched ones; nothing is left
+    locked or behind."""
+    write_whole(backend, 1)
+    attempts = [1]
+
+    def push():
+        attempts[0] += 1
+        k = attempts[0]
+        backend.write_leaves(TABLE, {1: leaf(1, k), 3: leaf(3, k)}, SPECS)
+
+    for _ in range(4):  # warm up the mapping caches
+        push()
+    gc.collect()
+    before = open_fds()
+    with Interrupts(seed=16) as interrupts:
+        for _ in range(300):
+            interrupts.round(push, most_seconds=0.003)
+            version, arrays = backend.read(TABLE, 0, None, SPECS)
+            numbers = numbers_of(arrays)
+            assert numbers[0] == numbers[2] == 1 and numbers[1] == numbers[3] <= attempts[0]
+            assert backend.leaf_versions(TABLE) == (version, [1, version, 1, version])
+    assert interrupts.unraisable == []
+    gc.collect()
+    assert settled_fds(before + 2) <= before + 2
+    push()  # not blocked by a lock an interrupted push kept, and reclaims its files
+    files = os.listdir(backend.details(TABLE)["path"])
+    assert [f for f in files if f.startswith((".fill-", ".link-"))] == []
+    assert len(backend.details(TABLE)["segments"]) <= 2
+    assert numbers_of(backend.read(TABLE, 0, None, SPECS)[1]) == [1, attempts[0], 1, attempts[0]]
