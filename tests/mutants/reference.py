@@ -68,6 +68,8 @@ class SqliteBackend(Backend):
     #: A limit of this backend's own (SQLite takes up to 1 GB per value), declared so the
     #: suite has one to check: the core refuses larger pushes before calling ``write``.
     max_push_bytes = 16 * 2**20
+    #: The tables this backend's file holds, made if absent (a subclass may hold others).
+    schema = SCHEMA
 
     def __init__(
         self, url: str, *, timeout: Optional[float], namespace: str, **options: Any
@@ -86,7 +88,7 @@ class SqliteBackend(Backend):
         self._closed = False
         self._specs: Dict[str, List[Spec]] = {}
         with self._connection() as conn:
-            conn.executescript(SCHEMA)
+            conn.executescript(self.schema)
 
     # -- connections -----------------------------------------------------------------
 
