@@ -3,7 +3,8 @@ processes: partial pushes compose, pulls move only the changed leaves' bytes (co
 the server), a leaf unchanged for 10,000 versions stays readable without segments piling
 up, a push on a stale base publishes nothing, a reader never assembles leaves from two
 histories, interrupted partial pushes leave the previous version readable, and heads
-keep the format older readers read (or refuse clearly)."""
+keep the format older readers read (or refuse clearly). (The suite's LeafVersionTests run
+in tests/test_redis_backend.py's conformance classes.)"""
 
 from __future__ import annotations
 
@@ -19,42 +20,12 @@ import pytest
 from redis_fixtures import ReplyCutter, command_calls, table_head
 
 import varsync
-from varsync.testing import LeafVersionTests
 
 redis = pytest.importorskip("redis")
 from varsync.backends.redis import _PUBLISH_SCRIPT  # noqa: E402  (needs redis-py)
 
 KB = 1 << 10
 MB = 1 << 20
-
-
-class TestRedisLeafVersions(LeafVersionTests):
-    """The suite's leaf-version tests with 4 KiB chunks (leaves spanning chunks, chunks
-    holding several leaves) and a ``new_history`` that deletes the table's keys, as a
-    server that lost its data would."""
-
-    @pytest.fixture
-    def url(self, redis_namespace: Any) -> str:
-        return redis_namespace(chunk_size=4096)
-
-    @pytest.fixture
-    def new_history(self) -> Any:
-        def restart(url: str, table: str) -> None:
-            namespace = url.split("namespace=")[1].split("&")[0]
-            with redis.Redis.from_url(url.split("?")[0]) as admin:
-                keys = list(admin.scan_iter(match=f"varsync:{namespace}:{table}:*"))
-                admin.unlink(*keys)
-
-        return restart
-
-    @pytest.mark.xfail(strict=True, reason=(
-        "the core's update() remembers that its variables hold version 1 of the old "
-        "history after pull_if_newer(0) moved the backend to the new one, then asks "
-        "read_leaves for the leaves newer than 1 of the new history (varsync/container.py)"
-    ))
-    def test_a_reader_never_assembles_leaves_from_two_histories(self, *args: Any,
-                                                                **kwargs: Any) -> None:
-        super().test_a_reader_never_assembles_leaves_from_two_histories(*args, **kwargs)
 
 
 @pytest.fixture
@@ -335,8 +306,15 @@ def test_a_reset_between_versions_is_a_reset_error_for_a_holder_never_mixed_leav
         version, versions, arrays = reader.backend.read_leaves("variables", 0, None, specs)
         assert version == 4 and versions == [4, 1, 1, 1, 1, 1]
         assert [n for n in numbers(arrays or []) if n is not None] == [8, 7, 7, 7, 7]
-        # and the first writer, told to write the whole, carries on in the new history
-        assert writer.backend.write("variables", [filled_leaf(s, 9) for s in specs], specs) == 5
+        # the first writer: leaves on a base of its history are refused; without a base
+        # they land on the current version of the new one (whose numbers are all above
+        # the leaf versions it keeps)
+        assert writer.backend.write_leaves(
+            "variables", {1: filled_leaf(specs[1], 9)}, specs, base=2) == 0
+        assert writer.backend.write_leaves("variables", {1: filled_leaf(specs[1], 9)}, specs) == 5
+        version, versions, arrays = reader.backend.read_leaves("variables", 4, None, specs)
+        assert version == 5 and versions == [4, 5, 1, 1, 1, 1]
+        assert numbers(arrays or []) == [None, 9, None, None, None, None]
 
 
 # -- interrupted pushes ------------------------------------------------------------------------

@@ -206,8 +206,9 @@ if not h[1] then
   if partial then return {NO_BASE, 'vanished'} end
   return {VANISHED}
 end
+local based = partial and ARGV[15] ~= ''
 if h[1] ~= ARGV[1] then
-  if partial then return {NO_BASE, 'another history'} end
+  if based then return {NO_BASE, 'another history'} end
   return {OTHER_EPOCH, h[1]}
 end
 -- digits only, below 2^53: Lua numbers are doubles, exact up to there
@@ -233,8 +234,9 @@ elseif version > 0 and h[7] ~= run and h[3] and
   -- value before the restart, so start a new history
   epoch = ARGV[8]
 end
--- leaves are never composed on a history the writer does not know
-if partial and epoch ~= h[1] then return {NO_BASE, 'new history'} end
+-- leaves on a base are composed only in the history the writer knows; without a base
+-- on whatever is current: its leaf versions stay below every version of the new history
+if based and epoch ~= h[1] then return {NO_BASE, 'new history'} end
 version = version + 1
 local now = string.format('%d', version)
 local chunks = tonumber(ARGV[4])
