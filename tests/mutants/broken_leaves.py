@@ -155,6 +155,8 @@ LEAF_VARIANTS: Dict[str, Type[SqliteLeafBackend]] = {
 #: not in the mutation tests, which must not depend on luck. Each is a gap in the suite.
 NOT_ALWAYS_CAUGHT: Dict[str, Type[SqliteLeafBackend]] = {
     # test_partial_pushes_from_two_writers_lose_no_leaf fails it in about half the runs:
-    # its two writer processes start without a barrier, so their pushes overlap or not
+    # a leaf is lost only when one writer's push lands between the other's read of the
+    # map and its write (microseconds of a push of some milliseconds), and the two
+    # writers, started without a barrier, overlap for part of their 120 pushes only
     "vsqlite-leaves-composes-outside": ComposesOutsideTheTransaction,
 }
