@@ -85,9 +85,14 @@ def _write_schedule(url: str, options: Dict[str, Any], table: str, count: int) -
             container.push_leaves({LEAVES[i]: _leaf(i, k) for i in _schedule(k)}, table=table)
 
 
-def _write_one_leaf(url: str, options: Dict[str, Any], index: int, count: int) -> None:
-    """Process: push leaf ``index`` alone with the numbers 1..count."""
+def _write_one_leaf(
+    url: str, options: Dict[str, Any], index: int, count: int, start: Any
+) -> None:
+    """Process or thread: once every writer is ready (``start``, a barrier), push leaf
+    ``index`` alone with the numbers 1..count."""
     with varsync.connect(url, **options) as container:
+        container.version()  # connected before the start, so the pushes overlap
+        start.wait(60)
         for k in range(1, count + 1):
             container.push_leaves({LEAVES[index]: _leaf(index, k)})
 
@@ -99,6 +104,8 @@ class LeafVersionTests(_Base):
     RETAINED_VERSIONS = 10_000
     #: Pushes of the writer in the mixing tests.
     PUSHES = 120
+    #: Pushes of each of the two writers of one leaf each.
+    CONCURRENT_PUSHES = 400
 
     @pytest.fixture
     def delta_url(self, make_tables: TableMaker) -> str:
@@ -115,7 +122,7 @@ class LeafVersionTests(_Base):
         return None
 
     @staticmethod
-    def _ability(backend_cls: Type[Backend]) -> None:
+    def _needs_leaf_versions(backend_cls: Type[Backend]) -> None:
         if not backend_cls.supports_leaf_versions:
             pytest.skip("backend does not declare supports_leaf_versions")
 
@@ -201,7 +208,7 @@ class LeafVersionTests(_Base):
     def test_leaf_versions_say_where_each_leaf_last_changed(
         self, delta: Any, backend_cls: Type[Backend]
     ) -> None:
-        self._ability(backend_cls)
+        self._needs_leaf_versions(backend_cls)
         assert delta.leaf_versions() == (0, _as_nest([0] * 5))
         delta.push(_nest([1] * 5))
         delta.push_leaves({("a",): _leaf(0, 2)})
@@ -213,7 +220,7 @@ class LeafVersionTests(_Base):
     def test_a_push_does_not_send_leaves_identical_to_its_last(
         self, delta: Any, backend_cls: Type[Backend]
     ) -> None:
-        self._ability(backend_cls)
+        self._needs_leaf_versions(backend_cls)
         for step in range(1, 4):
             delta.push(_nest([1, 1, 1, 1, step]))
         assert delta.leaf_versions() == (3, _as_nest([1, 1, 1, 1, 3]))
@@ -239,7 +246,7 @@ class LeafVersionTests(_Base):
         self, delta: Any, connect: Callable[..., Any], delta_url: str,
         backend_cls: Type[Backend],
     ) -> None:
-        self._ability(backend_cls)
+        self._needs_leaf_versions(backend_cls)
         mine = _nest([1] * 5)
         for _ in range(3):
             delta.push(mine)
@@ -251,7 +258,7 @@ class LeafVersionTests(_Base):
     def test_write_leaves_refuses_a_base_that_is_not_current(
         self, delta: Any, backend_cls: Type[Backend]
     ) -> None:
-        self._ability(backend_cls)
+        self._needs_leaf_versions(backend_cls)
         backend, specs = delta.backend, varsync.flatten(DELTA)
         assert backend.write_leaves("variables", {0: _leaf(0, 1)}, specs, None) == 0  # empty
         assert delta.version() == 0
@@ -265,7 +272,7 @@ class LeafVersionTests(_Base):
     def test_read_leaves_returns_the_union_of_what_changed_since(
         self, delta: Any, backend_cls: Type[Backend]
     ) -> None:
-        self._ability(backend_cls)
+        self._needs_leaf_versions(backend_cls)
         backend, specs = delta.backend, varsync.flatten(DELTA)
         delta.push(_nest([1] * 5))
         delta.push_leaves({("a",): _leaf(0, 2)})
@@ -288,7 +295,7 @@ class LeafVersionTests(_Base):
         self, delta: Any, connect: Callable[..., Any], delta_url: str,
         backend_cls: Type[Backend],
     ) -> None:
-        self._ability(backend_cls)
+        self._needs_leaf_versions(backend_cls)
         delta.push(_nest([1] * 5))
         version, held = delta.pull_if_newer(0)
         delta.push_leaves({("c",): _leaf(3, 2)})
@@ -302,7 +309,7 @@ class LeafVersionTests(_Base):
     def test_update_assigns_only_the_leaves_changed_since_its_last(
         self, delta: Any, backend_cls: Type[Backend]
     ) -> None:
-        self._ability(backend_cls)
+        self._needs_leaf_versions(backend_cls)
         delta.push(_nest([1] * 5))
         targets = _nest([0] * 5)
         delta.update(targets)
@@ -321,7 +328,7 @@ class LeafVersionTests(_Base):
         self, make_tables: TableMaker, connect: Callable[..., Any],
         backend_cls: Type[Backend],
     ) -> None:
-        self._ability(backend_cls)
+        self._needs_leaf_versions(backend_cls)
         signature = {"frozen": varsync.Spec((1024,), "float32"), "step": varsync.Spec((), "int64")}
         small_url = make_tables({"small": signature})
         writer = connect(small_url)
@@ -340,26 +347,58 @@ class LeafVersionTests(_Base):
         assert writer.leaf_versions("small") == (version, {"frozen": 1, "step": version})
 
     def test_partial_pushes_from_two_writers_lose_no_leaf(
-        self, delta: Any, delta_url: str, connect_options: Dict[str, Any],
-        backend_cls: Type[Backend],
+        self, delta: Any, delta_url: str, connect: Callable[..., Any],
+        connect_options: Dict[str, Any], backend_cls: Type[Backend],
     ) -> None:
-        self._ability(backend_cls)
+        """Two writers (processes where shared), started together, push one leaf each;
+        a reader checks that no version ever takes a leaf back to an older number (what
+        a write composed from a stale leaf map does), and the end holds both."""
+        self._needs_leaf_versions(backend_cls)
         delta.push(_nest([0] * 5))
-        count = self.PUSHES
+        count = self.CONCURRENT_PUSHES
         kind: Any = threading.Thread
+        start: Any = threading.Barrier(2)
         if backend_cls.shared_across_processes:
-            kind = multiprocessing.get_context("spawn").Process
+            context = multiprocessing.get_context("spawn")
+            kind, start = context.Process, context.Barrier(2)
         writers = [
-            kind(target=_write_one_leaf, args=(delta_url, dict(connect_options), i, count))
+            kind(target=_write_one_leaf, args=(delta_url, dict(connect_options), i, count, start))
             for i in (0, 3)
         ]
-        for writer in writers:
-            writer.start()
-        for writer in writers:
-            writer.join(120)
+        problems: List[str] = []
+        done = threading.Event()
+
+        def watch() -> None:
+            reader, version, held, last = connect(delta_url), 0, None, [0] * 5
+            deadline = time.monotonic() + 120
+            while not done.is_set() and time.monotonic() < deadline:
+                answer = reader.pull_if_newer(version, held=held)
+                if answer is None:
+                    continue
+                version, held = answer
+                numbers = _numbers(held)
+                for index in (0, 3):
+                    if numbers[index] < last[index]:
+                        problems.append(
+                            f"version {version} took leaf {LEAVES[index]} back from "
+                            f"{last[index]} to {numbers[index]}: a partial push lost it"
+                        )
+                last = numbers
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            for writer in writers:
+                writer.start()
+            for writer in writers:
+                writer.join(120)
+        finally:
+            done.set()
+            watcher.join(60)
         assert not any(w.is_alive() for w in writers), "a writer did not finish"
         for writer in writers:
             assert getattr(writer, "exitcode", 0) == 0, "a writer process failed"
+        assert problems[:3] == []
         assert delta.version() == 1 + 2 * count
         assert _numbers(delta.pull()) == [count, 0, 0, count, 0]
 
@@ -437,7 +476,7 @@ class LeafVersionTests(_Base):
 
     def test_a_reader_never_assembles_leaves_from_two_histories(
         self, delta: Any, delta_url: str, connect: Callable[..., Any],
-        new_history: Optional[Callable[[str, str], None]],
+        new_history: Optional[Callable[[str, str], None]], backend_cls: Type[Backend],
     ) -> None:
         if new_history is None:
             pytest.skip("no new_history fixture: the suite cannot restart this backend's history")
@@ -452,6 +491,11 @@ class LeafVersionTests(_Base):
         for k in range(6, 9):  # past the version the reader holds, in the new history
             writer.push_leaves({("a",): _leaf(0, k)})
         expected = [8, 5, 5, 5, 5]
+        # the protocol itself: a holder of the old history's version is told, by number
+        # alone it would take the new history's leaves changed since for the rest
+        if backend_cls.supports_leaf_versions:
+            with pytest.raises(varsync.TableResetError):
+                delta.backend.read_leaves("variables", version, None, varsync.flatten(DELTA))
         try:
             answer = delta.pull_if_newer(version, held=held)
         except varsync.TableResetError:

@@ -42,7 +42,7 @@ class ReaderRegistryTests(_Base):
         return connect(registry_url)
 
     @staticmethod
-    def _ability(backend_cls: Type[Backend]) -> None:
+    def _needs_reader_registry(backend_cls: Type[Backend]) -> None:
         if not backend_cls.supports_reader_registry:
             pytest.skip("backend does not declare supports_reader_registry")
 
@@ -62,7 +62,7 @@ class ReaderRegistryTests(_Base):
         self, learner: Any, connect: Callable[..., Any], registry_url: str,
         backend_cls: Type[Backend],
     ) -> None:
-        self._ability(backend_cls)
+        self._needs_reader_registry(backend_cls)
         store, url = learner, registry_url
         assert store.readers() == []
         store.push(filled(SMALL, 1))
@@ -91,7 +91,7 @@ class ReaderRegistryTests(_Base):
         self, learner: Any, connect: Callable[..., Any], registry_url: str,
         backend_cls: Type[Backend],
     ) -> None:
-        self._ability(backend_cls)
+        self._needs_reader_registry(backend_cls)
         store, url = learner, registry_url
         store.push(filled(SMALL, 1))
         actor = connect(url)
@@ -109,7 +109,7 @@ class ReaderRegistryTests(_Base):
         self, learner: Any, connect: Callable[..., Any], registry_url: str,
         backend_cls: Type[Backend],
     ) -> None:
-        self._ability(backend_cls)
+        self._needs_reader_registry(backend_cls)
         store, url = learner, registry_url
         store.push(filled(SMALL, 1))
         actor = connect(url)
@@ -128,7 +128,7 @@ class ReaderRegistryTests(_Base):
         self, learner: Any, registry_url: str, connect_options: Dict[str, Any],
         backend_cls: Type[Backend],
     ) -> None:
-        self._ability(backend_cls)
+        self._needs_reader_registry(backend_cls)
         if not backend_cls.shared_across_processes:
             pytest.skip("backend is not shared across processes")
         store, url = learner, registry_url
