@@ -94,10 +94,12 @@ def learner_main(url: str, nbytes: int, keep: int) -> int:
 
 def actor_main(url: str, check: bool) -> int:
     """Follow the table: ``wait_for`` a version newer than the one held, then
-    ``pull_if_newer``; print ``got <version> <value> <time> <head>`` for each version
-    pulled (``value``: what its elements hold, every element checked with ``check``,
-    else the first and last of each leaf; ``head``: with ``check``, the server's head
-    version read right after ``wait_for`` returned, else -1)."""
+    ``pull_if_newer``; print ``got <version> <value> <time> <head> <restarted>`` for
+    each version pulled (``value``: what its elements hold, every element checked with
+    ``check``, else the first and last of each leaf; ``head``: with ``check``, the
+    server's head version read right after ``wait_for`` returned, else -1;
+    ``restarted``: the pulls so far that found their version retired mid-read and began
+    again on a newer one)."""
     import redis
 
     import varsync
@@ -131,7 +133,8 @@ def actor_main(url: str, check: bool) -> int:
                     raise AssertionError(f"version {version} mixes values {sorted(seen)}")
                 value = seen.pop()
             del values
-            print(f"got {version} {value} {got:.6f} {head}", flush=True)
+            restarted = store.table_info(TABLE).details.get("pulls_restarted", 0)
+            print(f"got {version} {value} {got:.6f} {head} {restarted}", flush=True)
             held, heard = version, time.monotonic()
         if head_client is not None:
             head_client.close()
@@ -199,6 +202,7 @@ class Actors:
 
     def __init__(self, net: Any, placement: Sequence[Tuple[str, str]], check: bool = False):
         self.got: List[List[Tuple[int, int, float, int]]] = [[] for _ in placement]
+        self.restarted = [0 for _ in placement]  # each actor's pulls begun again
         self.errors: List[str] = []
         self.changed = threading.Condition()
         self.processes = []
@@ -221,6 +225,7 @@ class Actors:
                 elif words[:1] == ["got"]:
                     self.got[i].append((int(words[1]), int(words[2]), float(words[3]),
                                         int(words[4])))
+                    self.restarted[i] = int(words[5])
                 self.changed.notify_all()
         error = process.stderr.read() if process.stderr else ""
         with self.changed:
@@ -291,7 +296,8 @@ def measure(net: Any, primary: Any, servers: Sequence[Any], nbytes: int, count: 
             got = actors.when(version)
             last = max(got)
             records.append({
-                "version": version, "push_seconds": returned - started,
+                "version": version, "restarted": sum(actors.restarted),
+                "push_seconds": returned - started,
                 "all_seconds": last - returned,
                 "actor_seconds": [t - returned for t in got],
                 "lag_at_push": [version - h for h in held],
@@ -314,7 +320,7 @@ def _back_to_back(learner: Learner, actors: Actors, first: int, count: int) -> D
     fan-out: each actor's lag in versions when each push returned, how many of those
     versions each actor pulled (pull_if_newer skips to the newest), and the time from
     the last push's return until every actor holds it."""
-    held_before = actors.held()
+    held_before, restarted_before = actors.held(), list(actors.restarted)
     pushes = []
     for value in range(first, first + BACK_TO_BACK):
         version, started, returned = learner.push(value)
@@ -326,8 +332,9 @@ def _back_to_back(learner: Learner, actors: Actors, first: int, count: int) -> D
     with actors.changed:
         pulled = [len([v for v, _, _, _ in g if v > before]) for g, before in
                   zip(actors.got, held_before)]
+        restarted = [a - b for a, b in zip(actors.restarted, restarted_before)]
     return {"pushes": pushes, "all_seconds": last - returned, "pulled": pulled,
-            "load_average": os.getloadavg()[0]}
+            "restarted": restarted, "load_average": os.getloadavg()[0]}
 
 
 def run(args: argparse.Namespace, out: Dict[str, Any]) -> None:
@@ -391,8 +398,9 @@ def _print_case(case: Dict[str, Any], cases: List[Dict[str, Any]]) -> None:
     fast = case["back_to_back"]
     lags = [lag for p in fast["pushes"] for lag in p["lag_at_push"]]
     log(f"   {len(fast['pushes'])} pushes back to back: lag at push up to {max(lags)} "
-        f"versions, each actor pulled {min(fast['pulled'])}-{max(fast['pulled'])} of them, "
-        f"all hold the last {fast['all_seconds']:.2f} s after it returned")
+        f"versions, each actor pulled {min(fast['pulled'])}-{max(fast['pulled'])} of them "
+        f"({sum(fast['restarted'])} pulls begun again), all hold the last "
+        f"{fast['all_seconds']:.2f} s after it returned")
 
 
 def arguments(argv: Optional[List[str]]) -> argparse.Namespace:
