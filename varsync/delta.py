@@ -12,8 +12,10 @@ Three pieces, each the core's, none a backend's (``docs/delta.md``):
   whole and skipped only if that hash equals the one of the last write: never skipped
   on a sample alone. A leaf of at most :data:`EXACT_BYTES` is compared byte for byte.
   A container's first push to a table hashes every leaf, so a leaf frozen from the
-  start is skipped from the second push on; a leaf whose change showed in its sample is
-  not hashed, so once it stops changing it is sent once more, then skipped.
+  start is skipped from the second push on. A leaf whose change showed in its sample is
+  hashed only when such leaves hold at most a quarter of the push's bytes
+  (:data:`HASH_CHANGED_SHARE`): then it is skipped from its first repeat; in a push
+  where most bytes changed it is not, and once it stops changing it is sent once more.
 - :func:`leaf_indices`: ``push_leaves``' paths to flat indices, with the nearest valid
   paths in the error for one the signature does not have.
 - :class:`Handed` and :class:`Assigned`: the versions a container handed out per table
@@ -36,13 +38,15 @@ from varsync.errors import LeafPathError
 
 __all__ = [
     "Written", "changed_leaves", "leaf_indices", "Handed", "Assigned", "EXACT_BYTES",
-    "SAMPLE_POSITIONS",
+    "SAMPLE_POSITIONS", "HASH_CHANGED_SHARE",
 ]
 
 #: Leaves of at most this many bytes are compared whole, byte for byte, not sampled.
 EXACT_BYTES = 256
 #: Bytes gathered from a larger leaf, evenly spread, as its sample.
 SAMPLE_POSITIONS = 64
+#: Changed leaves are hashed too when they hold at most this share of a push's bytes.
+HASH_CHANGED_SHARE = 0.25
 
 _POSITIONS: Dict[int, np.ndarray] = {}
 
@@ -87,12 +91,20 @@ def changed_leaves(
     last: Optional[Written], arrays: Sequence[np.ndarray]
 ) -> Tuple[List[int], List[bytes], List[Optional[bytes]]]:
     """The flat indices of ``arrays`` that differ from ``last`` (all of them without
-    one), and the samples and hashes of ``arrays`` for the next comparison."""
+    one), and the samples and hashes of ``arrays`` for the next comparison.
+
+    A leaf whose change showed in its sample is hashed too when the leaves changed
+    this way hold at most :data:`HASH_CHANGED_SHARE` of the nest's bytes: then a leaf
+    that stops changing is skipped from its first repeat (not sent once more), for a
+    hash of at most that share; a push where most bytes changed hashes none of them."""
     samples: List[bytes] = []
     hashes: List[Optional[bytes]] = []
     changed: List[int] = []
+    unhashed: List[np.ndarray] = []  # changed leaves, seen in their samples
+    total = 0
     for index, array in enumerate(arrays):
         raw = _bytes_of(array)
+        total += raw.size
         sample = _sample(raw)
         samples.append(sample)
         if last is None:  # a first push: every leaf is sent, and hashed for the next
@@ -101,6 +113,8 @@ def changed_leaves(
         elif last.samples[index] != sample:
             hashes.append(None)
             changed.append(index)
+            if raw.size > EXACT_BYTES:
+                unhashed.append(raw)
         elif raw.size <= EXACT_BYTES:  # the sample is the whole leaf
             hashes.append(None)
         else:
@@ -108,6 +122,10 @@ def changed_leaves(
             hashes.append(digest)
             if last.hashes[index] != digest:
                 changed.append(index)
+    if unhashed and sum(r.size for r in unhashed) <= HASH_CHANGED_SHARE * total:
+        for index in changed:
+            if hashes[index] is None and arrays[index].nbytes > EXACT_BYTES:
+                hashes[index] = _hash(_bytes_of(arrays[index]))
     return changed, samples, hashes
 
 
