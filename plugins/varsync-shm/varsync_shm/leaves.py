@@ -16,10 +16,12 @@ segment's head, the version at which each leaf last changed (its *leaf versions*
   from the current segment, one whole copy.
 - **A delta pull** (:func:`read_leaves`) reads, under the segment's shared lock and after
   checking its version as a whole pull does, the head and only the leaves changed since
-  the version the caller holds: leaves over :data:`~varsync_shm.reading.MAP_ABOVE` bytes
-  as read-only views of the mapped segment (which keep its shared lock while they live),
-  the others copied, neighbours in one ``pread``. It checks afterwards that the table's
-  ``signature.json`` is still the one it checked first: a table made again meanwhile is
+  the version the caller holds: leaves over :data:`DELTA_MAP_ABOVE` bytes (over
+  :data:`~varsync_shm.reading.MAP_ABOVE` for a read of every leaf, as a pull) as read-only
+  views of the mapped segment (which keep its shared lock while they live), the others
+  copied, neighbours in one ``pread``: a held nest then pins no segment per changed
+  leaf. It checks afterwards that the table's ``signature.json`` is still the one it
+  checked first: a table made again meanwhile is
   looked at again (and is a reset for a holder), never answered from.
 - **Leaf versions** (:func:`leaf_versions`) read one segment's head: a few system calls.
 
@@ -51,10 +53,14 @@ from varsync_shm.epochs import epoch_now
 from varsync_shm.reading import MAP_ABOVE, READ_ATTEMPTS, current_segment, version_of
 from varsync_shm.writing import LOCK, open_regular, try_lock
 
+#: A delta read (``newer_than`` > 0) copies changed leaves up to this size rather than
+#: mapping them: 16 MiB copies in a few ms, and a held copy pins no segment.
+DELTA_MAP_ABOVE = 16 << 20
+
 if TYPE_CHECKING:  # pragma: no cover
     from varsync_shm.backend import ShmBackend
 
-__all__ = ["write_leaves", "read_leaves", "leaf_versions"]
+__all__ = ["write_leaves", "read_leaves", "leaf_versions", "DELTA_MAP_ABOVE"]
 
 Arrays = List[Optional[np.ndarray]]
 
@@ -210,17 +216,21 @@ def _open(
     numbers = segment.leaf_versions(head, parsed, where)
     arrays: Arrays = [None] * len(numbers)
     changed = [i for i, n in enumerate(numbers) if n > newer_than]
+    # A whole read maps what a pull maps; a delta read copies up to DELTA_MAP_ABOVE: the
+    # caller keeps its other leaves, views pinning the segments where each last changed,
+    # and with a view per changed leaf too no segment would be left for a push to refill.
+    map_above = MAP_ABOVE if newer_than == 0 else DELTA_MAP_ABOVE
     mapped: Optional[np.ndarray] = None
     run: List[int] = []  # neighbouring small leaves, read in one pread
     read = 0
     for i in changed + [-1]:
         leaf = parsed.leaves[i] if i >= 0 else None
-        if run and (leaf is None or i != run[-1] + 1 or leaf.nbytes > MAP_ABOVE):
+        if run and (leaf is None or i != run[-1] + 1 or leaf.nbytes > map_above):
             read += _copy_run(fd, parsed.leaves, run, arrays)
             run = []
         if leaf is None:
             break
-        if leaf.nbytes > MAP_ABOVE:  # a view that keeps fd's shared lock while it lives
+        if leaf.nbytes > map_above:  # a view that keeps fd's shared lock while it lives
             if mapped is None:
                 mapped = backend.mappings.pinned(rel, fd, size, version)
             arrays[i] = segment.arrays_of(mapped, [leaf])[0]
