@@ -204,10 +204,12 @@ def delta_section(raw: Dict[str, Any]) -> List[str]:
     lines += _detection(section, d)
     if any(stage == "one_of_50_rotating" for stage, _, _ in d.records):
         lines += ["**Beyond the targets: 1 of 50 leaves changed per push, a different one "
-                  "each push.** A leaf whose change showed in its 64-byte sample is not "
-                  "hashed, so the push after it stopped changing sends it once more "
-                  "(`varsync/delta.py`): about twice the bytes changed, on every backend."
-                  + _shm_full_copies(d), ""]
+                  "each push.** The leaf that changed is hashed too when changed leaves hold "
+                  "at most a quarter of the push's bytes (`varsync/delta.py`), so the push "
+                  "after it stopped changing skips it. On shm:// a partial push refills a "
+                  "spare segment two versions old, so it copies the leaves of the last two "
+                  "pushes: twice the bytes changed when a different leaf changes each push "
+                  "(`varsync_shm/leaves.py`)." + _shm_full_copies(d), ""]
         lines += table(HEADER, [["16.3, rotating", *r[1:]]
                                 for r in _bytes_rows(d, "one_of_50_rotating", "")
                                 + _time_rows(d, "one_of_50_rotating", "")])
