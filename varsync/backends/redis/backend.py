@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
+import threading
 from typing import Any, Callable, ContextManager, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -48,6 +49,7 @@ from varsync.backends.redis.protocol import (
 )
 from varsync.backends.redis.readers import ReaderRegistry
 from varsync.backends.redis.tables import Known, Table
+from varsync.backends.redis.topology import RoutedReads, Topology
 
 __all__ = ["RedisBackend"]
 
@@ -64,14 +66,14 @@ _WAIT_SLICE = 1.0  # seconds per XREAD BLOCK: a vanished table is noticed this f
 _WAIT_GRACE = 0.1  # seconds a wait's XREAD, and the look after it, may outlast its deadline
 _DISCARD_SECONDS = 1.0  # bound on deleting a failed push's chunks (they expire anyway)
 
-
-class RedisBackend(ReaderRegistry, Backend):
+class RedisBackend(RoutedReads, ReaderRegistry, Backend):
     """Tables in a Redis server (``redis://[user:password@]host:port/db``; ``rediss://``
     for TLS). Options: ``db``, ``username``, ``password``, ``prefix`` (key prefix, default
     ``varsync``), ``chunk_size`` (bytes, default 4 MiB), ``keep`` (previous versions kept
     for readers in flight, default 1), ``connect_timeout`` and ``socket_timeout``
     (default: ``timeout``), ``retries`` (reconnect attempts, default 0), and redis-py's
-    ``ssl_*`` options for ``rediss://``."""
+    ``ssl_*`` options for ``rediss://``; ``replicas`` and ``read_from`` (reads from a
+    replica, :mod:`.topology`), and ``redis+sentinel://host:port[,...]/service[/db]``."""
 
     supports_create_table = True
     shared_across_processes = True
@@ -96,14 +98,19 @@ class RedisBackend(ReaderRegistry, Backend):
         self.chunk_size = settings.chunk_size
         self.keep = settings.keep
         self.socket_timeout = settings.socket_timeout
-        self._client = Client(settings)
         self._known = Known(self.address)
+        with self._errors("connecting"):
+            self._topology = Topology(settings, moved=self._known.moved)
+        self._client: Client = self._topology.primary  # writes, and what replicas cannot vouch for
+        self._local = threading.local()  # .client: the replica a read in this thread is on
+        self._floors: Dict[str, Tuple[str, int]] = {}  # name -> (epoch, highest version seen)
         self.pulls_restarted = 0  # pulls that found their version retired mid-read
+        self.reads_on_primary = 0  # reads a replica could not vouch for, asked of the primary
         try:
             with self._errors("connecting"):
                 self._client.call("PING")
         except BaseException:
-            self._client.close()
+            self._topology.close()
             raise
 
     def _errors(self, doing: str) -> ContextManager[None]:
@@ -203,12 +210,14 @@ class RedisBackend(ReaderRegistry, Backend):
         reset error (:class:`Histories` decides); a caller holding nothing moves to the
         new history, if the table kept the signature this backend read.
         """
+        self._vouch(name, head, held)
         table = self._known_table(name, deadline)
         if held == 0 and not self._known.trusts(name, head.epoch):
             stored = text(self._client.call("HGET", self._keys(name).head, "sig",
                                             deadline=deadline))
             self._known.check_same_signature(name, stored, table)
         self._known.check(name, head.epoch, held, current=head.version)
+        self._saw(name, head.epoch, head.version)
 
     def _adopt_epoch(self, name: str, epoch: str, table: Table) -> Table:
         """Move to the table's new epoch, if it was created again with our signature."""
@@ -221,13 +230,21 @@ class RedisBackend(ReaderRegistry, Backend):
     def _head(self, name: str, *fields: str, deadline: float = math.inf) -> Optional[Head]:
         """The table's head (one small request), or ``None`` if its keys vanished."""
         key = self._keys(name).head
-        raw = self._client.call("HMGET", key, "fmt", "epoch", "version", *fields,
-                                deadline=deadline)
-        return parse_head(self._where(name), key, raw, fields)
+        raw = self._read_client().call("HMGET", key, "fmt", "epoch", "version", *fields,
+                                       deadline=deadline)
+        head = parse_head(self._where(name), key, raw, fields)
+        if head is None:
+            self._vouch(name, head, 0)  # on a replica, the primary says whether it vanished
+        return head
 
     def version(self, name: str) -> int:
-        with self._errors(f"reading the version of table {name!r}"):
+        def look() -> Optional[Head]:
             head = self._head(name)
+            self._vouch(name, head, -1)
+            return head
+
+        with self._errors(f"reading the version of table {name!r}"):
+            head = self._routed(look)
         return 0 if head is None else head.version
 
     def version_within(self, name: str, timeout: Optional[float], held: int = 0) -> int:
@@ -235,12 +252,16 @@ class RedisBackend(ReaderRegistry, Backend):
         # version the caller holds (a version of another history is a reset, whatever its
         # number), and the look may outlast the wait's deadline by _WAIT_GRACE.
         deadline = deadline_after(timeout) + _WAIT_GRACE
-        with self._errors(f"waiting on table {name!r}"):
+
+        def look() -> int:
             head = self._head(name, deadline=deadline)
             if head is None:
                 return 0  # vanished: reads as empty; for a holder the core reports the reset
             self._trusted(name, head, held, deadline)
             return head.version
+
+        with self._errors(f"waiting on table {name!r}"):
+            return self._routed(look)
 
     def write(self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]) -> int:
         return self._push(name, arrays, len(specs))
@@ -259,7 +280,8 @@ class RedisBackend(ReaderRegistry, Backend):
     ) -> LeafSnapshot:
         deadline = deadline_after(self.timeout if timeout == 0 else timeout)
         with self._errors(f"pulling table {name!r}"):
-            return leaf_map.read_leaves(self, name, newer_than, deadline, specs)
+            return self._routed(
+                lambda: leaf_map.read_leaves(self, name, newer_than, deadline, specs))
 
     def leaf_versions(self, name: str) -> Tuple[int, List[int]]:
         with self._errors(f"reading the leaf versions of table {name!r}"):
@@ -393,6 +415,7 @@ class RedisBackend(ReaderRegistry, Backend):
             )
             table = self._known.remember(name, epoch, table.signature)
         self._known.published(table, version, token)
+        self._saw(name, epoch, version)
         return version
 
     def _republish_target(
@@ -456,9 +479,9 @@ class RedisBackend(ReaderRegistry, Backend):
         # 0 does not wait for a push (the core never asks read to); it bounds nothing else
         deadline = deadline_after(self.timeout if timeout == 0 else timeout)
         with self._errors(f"pulling table {name!r}"):
-            version, _, arrays = leaf_map.read_leaves(
+            version, _, arrays = self._routed(lambda: leaf_map.read_leaves(
                 self, name, newer_than, deadline, specs, every=True
-            )
+            ))
         return version, None if arrays is None else [a for a in arrays if a is not None]
 
     def _fetch(
@@ -479,16 +502,25 @@ class RedisBackend(ReaderRegistry, Backend):
         if self.socket_timeout is not None:
             longest = min(longest, self.socket_timeout / 2)
         milliseconds = max(1, int(min(seconds, longest) * 1000))
+        deadline = deadline_after(seconds) + _WAIT_GRACE
+
+        def xread() -> None:
+            try:
+                self._read_client().call(
+                    "XREAD", "COUNT", 1, "BLOCK", milliseconds, "STREAMS",
+                    self._keys(name).events, f"{newer_than}-1", deadline=deadline,
+                )
+            except rx.ResponseError as exc:  # the server changed role (REPLICAOF, failover)
+                if not str(exc).startswith("UNBLOCKED"):
+                    raise
+
         with self._errors(f"waiting on table {name!r}"):
-            self._client.call(
-                "XREAD", "COUNT", 1, "BLOCK", milliseconds, "STREAMS", self._keys(name).events,
-                f"{newer_than}-1", deadline=deadline_after(seconds) + _WAIT_GRACE,
-            )
+            self._routed(xread)
 
     # -- the rest ----------------------------------------------------------------------------
 
     def close(self) -> None:
-        self._client.close()
+        self._topology.close()
 
     def describe_options(self) -> Mapping[str, Any]:
         return {"timeout": self.timeout, "namespace": self.namespace,

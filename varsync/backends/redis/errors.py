@@ -48,6 +48,7 @@ _REPLY_ERRORS = (
     ("WRONGPASS", rx.AuthenticationError),
     ("READONLY", rx.ReadOnlyError),
     ("LOADING", rx.BusyLoadingError),
+    ("MASTERDOWN", rx.MasterDownError),
     ("NOSCRIPT", rx.NoScriptError),
 )
 

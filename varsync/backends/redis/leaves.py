@@ -208,7 +208,7 @@ def fetch_whole(
         raise CorruptDataError(f"{where} holds {total} bytes; its signature needs {expected}")
     token = _token(where, head.data)
     arrays = [np.empty(s.shape, s.dtype) for s in specs]
-    received: Optional[List[np.ndarray]] = backend._client.on_connection(
+    received: Optional[List[np.ndarray]] = backend._read_client().on_connection(
         deadline,
         lambda conn: wire.receive_chunks(
             conn, deadline, chunk_prefix, token, arrays, payload, chunks, where
@@ -250,7 +250,7 @@ def _fetch(
                 return False
         return True
 
-    if plans and not backend._client.on_connection(deadline, receive):
+    if plans and not backend._read_client().on_connection(deadline, receive):
         return None
     return arrays
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 from urllib.parse import unquote, urlsplit
 
 from varsync.backend import (
@@ -19,8 +19,11 @@ from varsync.backend import (
 OPTIONS = (
     "db", "username", "password", "prefix", "chunk_size", "keep", "connect_timeout",
     "socket_timeout", "retries", "ssl_ca_certs", "ssl_ca_path", "ssl_certfile",
-    "ssl_keyfile", "ssl_password", "ssl_cert_reqs", "ssl_check_hostname",
+    "ssl_keyfile", "ssl_password", "ssl_cert_reqs", "ssl_check_hostname", "replicas",
+    "read_from",
 )
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+READ_FROM = ("primary", "replica")
 SECRET_OPTIONS = ("password", "ssl_password")
 CERT_REQS = ("none", "optional", "required")  # redis-py's names for ssl_cert_reqs
 
@@ -47,11 +50,19 @@ class Settings:
     connect_timeout: Optional[float]
     socket_timeout: Optional[float]
     ssl: Dict[str, Any] = field(repr=False)  # redis-py's ssl_* keyword arguments
+    replicas: Tuple[HostPort, ...] = ()  # given with ``replicas=``
+    sentinels: Tuple[HostPort, ...] = ()  # of a ``redis+sentinel://`` URL
+    service: str = ""  # the primary's name the sentinels monitor
+    read_from: str = "primary"
 
     @property
     def address(self) -> str:
         """``redis://host:port/db`` (``rediss://`` for TLS), for messages: no secrets."""
-        return f"{'rediss' if self.tls else 'redis'}://{self.server.address}/{self.db}"
+        scheme = "rediss" if self.tls else "redis"
+        if self.sentinels:
+            hosts = ",".join(s.address for s in self.sentinels)
+            return f"{scheme}+sentinel://{hosts}/{self.service}/{self.db}"
+        return f"{scheme}://{self.server.address}/{self.db}"
 
     def described(self) -> Dict[str, Any]:
         """The settings for ``describe_options``, without secrets."""
@@ -59,7 +70,8 @@ class Settings:
             "server": self.address, "username": self.username, "tls": self.tls,
             "prefix": self.prefix, "chunk_size": self.chunk_size, "keep": self.keep,
             "connect_timeout": self.connect_timeout, "socket_timeout": self.socket_timeout,
-            "retries": self.retries,
+            "retries": self.retries, "read_from": self.read_from,
+            "replicas": [r.address for r in self.replicas],
         }
 
 
@@ -71,11 +83,44 @@ def parse_settings(
     ``connect_timeout`` and ``socket_timeout``; ``namespace`` is checked as text."""
     refuse_unknown(options, OPTIONS, "redis")
     options = dict(options)
+    scheme = url.partition("://")[0].lower()
+    sentinels: Tuple[HostPort, ...] = ()
+    service = ""
+    if scheme in SENTINEL_SCHEMES:
+        netloc, _, path = url.partition("://")[2].partition("/")
+        credentials, _, hosts = netloc.rpartition("@")
+        sentinels = parse_addresses(hosts, "the sentinels", default_port=26379)
+        service, _, path = path.partition("/")
+        if not service:
+            raise ConfigurationError(
+                f"the URL {scheme}://{hosts}/ names no service; expected e.g. "
+                "redis+sentinel://localhost:26379/mymaster/0 (the name of "
+                "'sentinel monitor <name> ...')"
+            )
+        service = unquote(service)
+        url = f"{scheme.partition('+')[0]}://{credentials + '@' if credentials else ''}" \
+            f"{sentinels[0].address}/{path}"
     parts = urlsplit(url)
     tls = parts.scheme.lower() == "rediss"
     server = parse_host_port(
         url, default_host="localhost", default_port=6379, example="redis://localhost:6379/0"
     )
+    replicas = parse_addresses(options.pop("replicas", ""), "replicas", default_port=6379)
+    if replicas and sentinels:
+        raise ConfigurationError(
+            "replicas= lists replicas by address, but a redis+sentinel:// URL asks the "
+            "sentinels for them; give read_from=replica instead"
+        )
+    read_from = options.pop("read_from", "replica" if replicas else "primary")
+    if read_from not in READ_FROM:
+        raise ConfigurationError(
+            f"read_from={read_from!r} is not one of {', '.join(READ_FROM)}"
+        )
+    if read_from == "replica" and not (replicas or sentinels):
+        raise ConfigurationError(
+            "read_from=replica needs replicas=host:port[,host:port...] or a "
+            "redis+sentinel:// URL"
+        )
     db = _database(parts.path, options.pop("db", None))
     username = options.pop("username", None)
     if username is None and parts.username:
@@ -111,8 +156,28 @@ def parse_settings(
     return Settings(
         tls=tls, server=server, db=db, username=username, password=password, prefix=prefix,
         chunk_size=chunk_size, keep=keep, retries=retries, connect_timeout=connect_timeout,
-        socket_timeout=socket_timeout, ssl=ssl,
+        socket_timeout=socket_timeout, ssl=ssl, replicas=replicas, sentinels=sentinels,
+        service=service, read_from=read_from,
     )
+
+
+def parse_addresses(value: Any, what: str, default_port: int) -> Tuple[HostPort, ...]:
+    """``host:port[,host:port...]`` (or a list of such strings) as addresses."""
+    items = value.split(",") if isinstance(value, str) else list(value or ())
+    addresses = []
+    for item in items:
+        if not isinstance(item, str):
+            raise ConfigurationError(f"{what}: {item!r} is not a host:port string")
+        if item.strip():
+            addresses.append(parse_host_port(
+                f"redis://{item.strip()}", default_port=default_port,
+                example=f"{what}=10.0.0.2:{default_port},10.0.0.3:{default_port}",
+            ))
+    if what == "the sentinels" and not addresses:
+        raise ConfigurationError(
+            "the URL names no sentinel; expected e.g. redis+sentinel://localhost:26379/mymaster/0"
+        )
+    return tuple(addresses)
 
 
 def _database(path: str, option: Any) -> int:

@@ -17,10 +17,14 @@ from redis import exceptions as rx
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from varsync.backend import remaining
+from varsync.backend import HostPort, remaining
 from varsync.backends.redis.errors import OutOfTime
 from varsync.backends.redis.options import Settings
 from varsync.backends.redis.protocol import Script
+
+#: Error replies that mean this server is not (or no longer) what it was taken for: a
+#: replica where a primary was expected, or a replica cut off from its primary.
+MOVED_ROLE = (rx.ReadOnlyError, rx.MasterDownError)
 
 
 class Pool:
@@ -42,6 +46,9 @@ class Pool:
         except IndexError:
             return self._make()
 
+    def take_new(self) -> Any:
+        return self._make()
+
     def give_back(self, conn: Any, clean: bool) -> None:
         if not clean:
             conn.disconnect()
@@ -54,18 +61,27 @@ class Pool:
 
 
 class Client:
-    """Requests to the server ``settings`` name, over a :class:`Pool` of redis-py
-    connections (RESP2: the bulk transfers of :mod:`.wire` speak it on their sockets)."""
+    """Requests to one server (``server``, else the one ``settings`` name), over a
+    :class:`Pool` of redis-py connections (RESP2: the bulk transfers of :mod:`.wire`
+    speak it on their sockets). ``before(deadline)`` runs before each request (a
+    :class:`~.topology.Topology` locates the primary there), ``failed(exc)`` on each
+    lost connection or refusal that may mean the server changed role."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self, settings: Settings, server: Optional[HostPort] = None,
+        before: Optional[Callable[[float], None]] = None,
+        failed: Optional[Callable[[BaseException], None]] = None,
+    ) -> None:
         self.socket_timeout = settings.socket_timeout
         self.connect_timeout = settings.connect_timeout
         self.retries = settings.retries
+        self.server = server or settings.server
+        self._before, self._failed = before, failed
         self._backoff = ExponentialBackoff(cap=0.5, base=0.05)
         connection = redis.SSLConnection if settings.tls else redis.Connection
         self.pool = Pool(lambda: connection(
-            host=settings.server.host,
-            port=settings.server.port,
+            host=self.server.host,
+            port=self.server.port,
             db=settings.db,
             username=settings.username,
             password=settings.password,
@@ -75,6 +91,12 @@ class Client:
             protocol=2,
             **settings.ssl,
         ))
+
+    def move_to(self, server: HostPort) -> None:
+        """Send every request from now on to ``server`` (a failover moved the primary)."""
+        if server != self.server:
+            self.server = server
+            self.pool.disconnect()
 
     def call(self, *args: Any, deadline: float = math.inf, retry: bool = True) -> Any:
         """One small command's raw reply; tried again on a lost connection up to
@@ -117,7 +139,13 @@ class Client:
         conn = None
         clean = False
         try:
+            if self._before is not None:
+                self._before(deadline)
             conn = self.pool.take()
+            if (conn.host, conn.port) != self.server:  # made before the primary moved
+                conn.disconnect()
+                conn = None
+                conn = self.pool.take_new()
             if conn._sock is not None and _closed_or_dirty(conn):
                 conn.disconnect()  # the server closed it (restarted?) while it was idle
             left = remaining(deadline)
@@ -132,11 +160,16 @@ class Client:
             result = use(conn)
             clean = True
             return result
-        except rx.ResponseError:
+        except rx.ResponseError as exc:
             clean = True  # an error reply, read whole
+            if self._failed is not None and isinstance(exc, MOVED_ROLE):
+                self._failed(exc)
             raise
-        except rx.TimeoutError:
-            if remaining(deadline) <= 0.01:  # the deadline's bound, not socket_timeout
+        except (rx.ConnectionError, rx.TimeoutError, OSError) as exc:
+            if self._failed is not None:
+                self._failed(exc)
+            if isinstance(exc, rx.TimeoutError) and remaining(deadline) <= 0.01:
+                # the deadline's bound, not socket_timeout
                 raise OutOfTime("the server did not answer within the call's timeout") from None
             raise
         finally:

@@ -25,6 +25,7 @@ class Table:
     token: str = ""
     in_doubt: Tuple[str, ...] = ()
     leaf_count: Optional[int] = None  # leaves of its signature, once a call needed it
+    moved: bool = False  # the primary moved (a failover) since this writer last published
 
     def doubt(self, token: str) -> None:
         """``token``'s publish script is about to be sent: from now on it may publish."""
@@ -32,7 +33,13 @@ class Table:
             self.in_doubt = (*self.in_doubt, token)[-MAX_IN_DOUBT:]
 
     def vouched(self) -> str:
-        return ",".join(t for t in (self.token, *self.in_doubt) if t)
+        """The tokens whose version this writer vouches for on a restarted server. After
+        a failover only the last one before this push's (the last in :attr:`in_doubt`):
+        an earlier one on the new primary means a later push may have been published on
+        the old one, and replicated to a replica readers read, but not to this one; its
+        number must not name another value."""
+        tokens = [t for t in (self.token, *self.in_doubt) if t]
+        return ",".join(tokens[-2:] if self.moved else tokens)
 
 
 #: In-doubt tokens a writer keeps (each push is at most one; after this many unanswered
@@ -64,6 +71,17 @@ class Known:
             self._histories.adopt(name, epoch)
             return table
 
+    def trusted(self, name: str) -> Optional[str]:
+        """The epoch trusted for the table, ``None`` before any."""
+        epoch = self._histories.trusted(name)
+        return None if epoch is None else str(epoch)
+
+    def moved(self) -> None:
+        """A failover moved the primary: see :meth:`Table.vouched`."""
+        with self._lock:
+            for table in self._tables.values():
+                table.moved = True
+
     def trusts(self, name: str, epoch: str) -> bool:
         return self._histories.trusted(name) == epoch
 
@@ -78,6 +96,7 @@ class Known:
     def published(self, table: Table, version: int, token: str) -> None:
         with self._lock:
             table.published, table.token, table.in_doubt = version, token, ()
+            table.moved = False
 
     def check_same_signature(self, name: str, stored: Optional[str], table: Table) -> None:
         """A table created again with another signature is not a new history a pull can

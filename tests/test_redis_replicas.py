@@ -1,0 +1,294 @@
+"""Reads from Redis replicas (issue 17.1): a primary and two replicas (``--replicaof``), real
+processes on free 127.0.0.1 ports; containers write to the primary and read from a replica
+named by ``replicas=``. A lagging replica answers "nothing newer" and a wait wakes when the
+replica has the version; a replica emptied or reloading for a full resync is read through
+the primary; no pull is ever a mix, nor older than one already handed out."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List
+
+import numpy as np
+import pytest
+
+import varsync
+from varsync.backend import check_consistent, filled
+from varsync.testing import ConformanceTests
+from redis_fixtures import RedisServer, command_calls, find_redis_server
+
+redis = pytest.importorskip("redis")
+
+SIGNATURE = {"weights": np.zeros((256, 1024), np.float32), "step": np.zeros((), np.int64)}
+LINK_TIMEOUT = 20.0
+
+
+def replication(server: RedisServer) -> Dict[str, Any]:
+    with server.client(socket_timeout=5) as admin:
+        return admin.info("replication")
+
+
+def wait_linked(primary: RedisServer, *replicas: RedisServer) -> None:
+    """Return once every replica is linked and has everything the primary wrote."""
+    deadline = time.monotonic() + LINK_TIMEOUT
+    while time.monotonic() < deadline:
+        offset = replication(primary)["master_repl_offset"]
+        states = [replication(r) for r in replicas]
+        if all(s.get("master_link_status") == "up" and not s.get("master_sync_in_progress")
+               and s.get("slave_repl_offset", -1) >= offset for s in states):
+            return
+        time.sleep(0.02)  # polling the replicas' link state, bounded by the deadline
+    raise AssertionError(f"replicas not caught up within {LINK_TIMEOUT} s: {states}")
+
+
+def head_version(server: RedisServer, namespace: str, table: str = "variables") -> int:
+    """The table's version in ``server``'s own data (0 if it has no head)."""
+    with server.client(socket_timeout=5) as admin:
+        raw = admin.hget(f"varsync:{namespace}:{table}:head", "version")
+    return 0 if raw is None else int(raw)
+
+
+def start_replica(binary: str, directory: Path, primary: RedisServer,
+                  config: tuple = ()) -> RedisServer:
+    return RedisServer(binary, directory, config=[
+        "--replicaof", "127.0.0.1", str(primary.port), *config,
+    ]).start()
+
+
+@pytest.fixture(scope="module")
+def binary() -> str:
+    found = find_redis_server()
+    if found is None:
+        pytest.skip("no redis-server (set VARSYNC_REDIS_SERVER)")
+    return found
+
+
+@pytest.fixture
+def group(binary: str, tmp_path: Path) -> Iterator[List[RedisServer]]:
+    """A primary and two replicas of the test's own, linked; all stopped at the end."""
+    servers: List[RedisServer] = []
+    try:
+        servers.append(RedisServer(binary, tmp_path / "primary").start())
+        for index in (1, 2):
+            servers.append(start_replica(binary, tmp_path / f"replica-{index}", servers[0]))
+        wait_linked(*servers)
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def urls(group: List[RedisServer], replica: int = 1, **options: Any) -> Dict[str, str]:
+    """The writer's URL (the primary) and a reader's (reads from replica ``replica``)."""
+    namespace = options.pop("namespace", f"t-{uuid.uuid4().hex[:8]}")
+    query = "&".join(f"{k}={v}" for k, v in options.items())
+    writer = f"{group[0].url}?namespace={namespace}"
+    reader = f"{writer}&replicas=127.0.0.1:{group[replica].port}" + (f"&{query}" if query else "")
+    return {"writer": writer, "reader": reader, "namespace": namespace}
+
+
+def test_reads_go_to_the_replica_and_writes_to_the_primary(group: List[RedisServer]) -> None:
+    primary, replica = group[0], group[1]
+    url = urls(group)
+    with varsync.connect(url["writer"], timeout=10) as writer, \
+            varsync.connect(url["reader"], timeout=10) as reader:
+        writer.create_table("variables", SIGNATURE)
+        writer.push(filled(SIGNATURE, 1))
+        wait_linked(*group)
+        with primary.client() as p, replica.client() as r:
+            before = command_calls(p), command_calls(r)
+            version, values = reader.pull_if_newer(0)
+            assert (version, check_consistent(values)) == (1, 1)
+            after = command_calls(p), command_calls(r)
+        assert after[0].get("get", 0) == before[0].get("get", 0)  # no chunk from the primary
+        assert after[1].get("get", 0) > before[1].get("get", 0)
+        assert reader.backend.describe_options()["read_from"] == "replica"
+
+
+def test_a_lagging_replica_answers_nothing_newer_and_a_wait_wakes_only_once_it_has_the_version(
+    group: List[RedisServer],
+) -> None:
+    primary, replica = group[0], group[1]
+    url = urls(group)
+    with varsync.connect(url["writer"], timeout=10) as writer, \
+            varsync.connect(url["reader"], timeout=10) as reader:
+        writer.create_table("variables", SIGNATURE)
+        writer.push(filled(SIGNATURE, 1))
+        wait_linked(*group)
+        held, values = reader.pull_if_newer(0)
+        assert (held, check_consistent(values)) == (1, 1)
+        with replica.client() as admin:  # replication stops: the replica keeps serving v1
+            admin.execute_command("REPLICAOF", "127.0.0.1", str(_free_port()))
+        assert writer.push(filled(SIGNATURE, 2)) == 2
+        assert reader.pull_if_newer(held) is None
+        assert reader.version() == 1
+        woke: Dict[str, int] = {}
+
+        def wait() -> None:
+            woke["version"] = reader.wait_for(held, timeout=20)
+            woke["replica had"] = head_version(replica, url["namespace"])
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        try:
+            waiter.join(1.5)  # the primary has had version 2 all along
+            assert waiter.is_alive() and head_version(replica, url["namespace"]) == 1
+            with replica.client() as admin:
+                admin.execute_command("REPLICAOF", "127.0.0.1", str(primary.port))
+        finally:
+            waiter.join(30)
+        assert woke["version"] >= 2 and woke["replica had"] >= 2
+        version, values = reader.pull_if_newer(held)
+        assert (version, check_consistent(values)) == (2, 2)
+
+
+def test_a_replica_that_cannot_serve_is_read_through_the_primary(
+    group: List[RedisServer],
+) -> None:
+    """A replica cut off from its primary with replica-serve-stale-data no answers
+    MASTERDOWN; a stopped replica does not answer at all: both read on the primary."""
+    replica = group[1]
+    url = urls(group)
+    with varsync.connect(url["writer"], timeout=10) as writer, \
+            varsync.connect(url["reader"], timeout=10) as reader:
+        writer.create_table("variables", SIGNATURE)
+        writer.push(filled(SIGNATURE, 1))
+        wait_linked(*group)
+        with replica.client() as admin:
+            admin.config_set("replica-serve-stale-data", "no")
+            admin.execute_command("REPLICAOF", "127.0.0.1", str(_free_port()))
+        writer.push(filled(SIGNATURE, 2))
+        version, values = reader.pull_if_newer(1)
+        assert (version, check_consistent(values)) == (2, 2)
+        assert reader.backend.reads_on_primary >= 1
+        replica.stop()
+        writer.push(filled(SIGNATURE, 3))
+        version, values = reader.pull_if_newer(2)
+        assert (version, check_consistent(values)) == (3, 3)
+
+
+def test_pulls_stay_whole_and_never_go_back_while_a_replica_resyncs(
+    group: List[RedisServer],
+) -> None:
+    """Readers pull in a loop from replica 1 while a writer pushes and the replica is
+    restarted empty (a full resync: served empty, then LOADING, then the new data) and
+    detached and attached again: every pull is whole and newer than the one before."""
+    primary, replica = group[0], group[1]
+    url = urls(group, chunk_size=65536, keep=1)
+    stop = threading.Event()
+    failures: List[str] = []
+    pulled: List[int] = []
+    with varsync.connect(url["writer"], timeout=10) as writer:
+        writer.create_table("variables", SIGNATURE)
+        writer.push(filled(SIGNATURE, 1))
+
+        def read() -> None:
+            try:
+                with varsync.connect(url["reader"], timeout=10) as reader:
+                    held = 0
+                    while not stop.is_set():
+                        newer = reader.pull_if_newer(held, timeout=10)
+                        if newer is None:
+                            continue
+                        version, values = newer
+                        if version <= held or check_consistent(values) != version:
+                            failures.append(f"held {held}, got {version}: "
+                                            f"{check_consistent(values)}")
+                        held = version
+                        pulled.append(version)
+            except Exception as exc:  # noqa: BLE001 - reported by the test
+                failures.append(f"{type(exc).__name__}: {exc}")
+
+        readers = [threading.Thread(target=read) for _ in range(2)]
+        for thread in readers:
+            thread.start()
+        try:
+            number = 1
+
+            def push_some(count: int) -> None:
+                nonlocal number
+                for _ in range(count):
+                    number += 1
+                    assert writer.push(filled(SIGNATURE, number)) == number
+
+            push_some(10)
+            replica.restart()  # empty, then a full resync
+            push_some(10)
+            wait_linked(primary, replica)
+            push_some(5)
+            with replica.client() as admin:
+                admin.execute_command("REPLICAOF", "NO", "ONE")
+                admin.execute_command("REPLICAOF", "127.0.0.1", str(primary.port))
+            push_some(10)
+            wait_linked(primary, replica)
+            push_some(5)
+        finally:
+            stop.set()
+            for thread in readers:
+                thread.join(30)
+    assert not failures, failures[:5]
+    assert pulled and max(pulled) == number
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def shared_group(binary: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[List[RedisServer]]:
+    servers: List[RedisServer] = []
+    base = tmp_path_factory.mktemp("replicas")
+    try:
+        servers.append(RedisServer(binary, base / "primary").start())
+        for index in (1, 2):
+            servers.append(start_replica(binary, base / f"replica-{index}", servers[0]))
+        wait_linked(*servers)
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+
+
+class TestConformanceReadingFromAReplica(ConformanceTests):
+    """The suite with every read of every container on a replica (writes on the
+    primary): read-your-writes and monotonic reads hold within a container (a replica
+    behind what the container saw or wrote is read through the primary)."""
+
+    @pytest.fixture
+    def url(self, shared_group: List[RedisServer]) -> str:
+        replicas = ",".join(f"127.0.0.1:{s.port}" for s in shared_group[1:])
+        return (f"{shared_group[0].url}?namespace=c-{uuid.uuid4().hex[:10]}"
+                f"&replicas={replicas}")
+
+    @pytest.fixture
+    def new_history(self, shared_group: List[RedisServer]) -> Callable[[str, str], None]:
+        def restart(url: str, table: str) -> None:
+            with varsync.connect(url) as container:
+                pattern = container.backend._keys(table).head[: -len("head")] + "*"
+            with shared_group[0].client() as admin:
+                for key in list(admin.scan_iter(match=pattern, count=1000)):
+                    admin.delete(key)
+            with contextlib.suppress(AssertionError):
+                wait_linked(*shared_group)
+
+        return restart
+
+    # The suite's proxy sits in front of the URL's server, the primary; these two cut or
+    # stall the replies of reads, which go to the replica around it. What they check on
+    # reads (a lost or stalled reply is an error within the timeout, or one whole version)
+    # holds on the replica's connection as on the primary's: TestRedisConformance runs them.
+    @pytest.mark.skip(reason="reads bypass the suite's proxy (it fronts the primary only)")
+    def test_lost_pull_replies_raise_or_return_one_whole_version(self) -> None:
+        pass
+
+    @pytest.mark.skip(reason="reads bypass the suite's proxy (it fronts the primary only)")
+    def test_a_call_never_outlives_its_timeout_when_replies_stop(self) -> None:
+        pass

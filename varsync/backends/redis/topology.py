@@ -1,0 +1,246 @@
+"""Which server each request of a redis backend goes to: writes to the primary, reads to
+one replica when the backend was given some, and where Sentinel says they are.
+
+- ``replicas=host:port[,...]``: one replica is chosen at random per backend (so the
+  readers of many containers spread over the replicas); a read it cannot serve (lost
+  connection, ``LOADING`` during a full resync, ``MASTERDOWN``) goes to the primary, and
+  the replica is left alone for :data:`REPLICA_PAUSE` seconds.
+- ``redis+sentinel://``: the primary is whatever the sentinels answer to
+  ``SENTINEL get-master-addr-by-name``, asked at connect and again before the first
+  request after a lost connection or a ``READONLY`` reply (the primary moved: a failover);
+  with ``read_from=replica``, a replica the sentinels list as linked to it
+  (``SENTINEL replicas``), asked again after that replica failed.
+
+The backend checks what a replica answers (see ``RedisBackend._routed``): a replica is
+only ever behind its primary, so an answer it cannot vouch for is asked of the primary.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import threading
+import time
+from typing import Any, Callable, List, Optional, TypeVar
+
+import redis
+from redis import exceptions as rx
+
+from varsync.backend import BackendConnectionError, HostPort, remaining
+from varsync.backends.redis.options import Settings
+from varsync.backends.redis.pool import Client
+from varsync.backends.redis.protocol import Head
+
+__all__ = ["Topology", "RoutedReads", "REPLICA_PAUSE", "READ_FAILURES"]
+
+log = logging.getLogger("varsync.backends.redis")
+
+REPLICA_PAUSE = 1.0  # seconds a replica that failed a read is left alone
+SENTINEL_TIMEOUT = 1.0  # seconds for one sentinel's answer (a dead one must not stall all)
+#: What a replica may answer that the primary can still serve.
+READ_FAILURES = (rx.ConnectionError, rx.TimeoutError, rx.MasterDownError, OSError)
+
+
+class _AskPrimary(Exception):
+    """What the replica answered may be behind what this backend knows (another epoch, a
+    version below one it saw, a vanished table): the primary answers instead."""
+
+
+T = TypeVar("T")
+
+
+class Topology:
+    """The primary's :class:`Client` (``primary``) and, if reads go to replicas, one
+    replica's (:meth:`reader`)."""
+
+    def __init__(self, settings: Settings, moved: Callable[[], None]) -> None:
+        self._settings = settings
+        self._moved = moved  # called when a failover moved the primary elsewhere
+        self._lock = threading.Lock()
+        self._stale = False  # the primary may have moved: ask the sentinels again
+        self._replica_since = 0.0  # monotonic time before which the replica is left alone
+        self.replica: Optional[Client] = None
+        server = settings.server
+        if settings.sentinels:
+            server = self._ask_primary(math.inf)
+        self.primary = Client(
+            settings, server, before=self._locate if settings.sentinels else None,
+            failed=self._primary_failed if settings.sentinels else None,
+        )
+        if settings.read_from == "replica":
+            chosen = self._choose_replica(math.inf)
+            if chosen is not None:
+                self.replica = Client(settings, chosen)
+
+    @property
+    def sentinel(self) -> bool:
+        return bool(self._settings.sentinels)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def reader(self) -> Optional[Client]:
+        """The replica to read from now, or ``None``: read from the primary."""
+        if self._settings.read_from != "replica" or time.monotonic() < self._replica_since:
+            return None
+        if self.replica is None and self.sentinel:  # none was linked when last asked
+            chosen = self._choose_replica(time.monotonic() + SENTINEL_TIMEOUT)
+            if chosen is not None:
+                self.replica = Client(self._settings, chosen)
+            else:
+                self._replica_since = time.monotonic() + REPLICA_PAUSE
+        return self.replica
+
+    def replica_failed(self, exc: BaseException) -> None:
+        """The replica could not serve a read: leave it alone for a while (and with
+        Sentinel, choose again then: it may be the new primary, or gone)."""
+        log.debug("reading from replica %s failed (%s); reading from the primary",
+                  self.replica.server.address if self.replica else None, exc)
+        self._replica_since = time.monotonic() + REPLICA_PAUSE
+        if self.sentinel and self.replica is not None:
+            self.replica.close()
+            self.replica = None
+
+    def _choose_replica(self, deadline: float) -> Optional[HostPort]:
+        if self._settings.replicas:
+            return random.choice(self._settings.replicas)
+        try:
+            linked = self._ask_replicas(deadline)
+        except BackendConnectionError:
+            return None
+        return random.choice(linked) if linked else None
+
+    # -- the primary, by Sentinel ----------------------------------------------------------
+
+    def _primary_failed(self, exc: BaseException) -> None:
+        self._stale = True
+
+    def _locate(self, deadline: float) -> None:
+        """Before a request to the primary: after a failure, ask where it is now."""
+        if not self._stale:
+            return
+        with self._lock:
+            if not self._stale:
+                return
+            try:
+                server = self._ask_primary(deadline)
+            except BackendConnectionError as exc:
+                log.debug("no sentinel answered (%s); trying the last known primary", exc)
+                return  # still stale: asked again before the next request
+            self._stale = False
+            if server != self.primary.server:
+                log.warning("the primary of %r moved from %s to %s (a failover)",
+                            self._settings.service, self.primary.server.address,
+                            server.address)
+                self.primary.move_to(server)
+                self._moved()
+
+    def _ask(self, deadline: float, *command: Any) -> List[Any]:
+        """The first answer of a sentinel to ``command``, trying each in turn; the one
+        that answered is tried first next time."""
+        errors = []
+        sentinels = list(self._settings.sentinels)
+        for sentinel in sentinels:
+            left = remaining(deadline)
+            if left <= 0:
+                break
+            bound = min(SENTINEL_TIMEOUT, left, self._settings.connect_timeout or math.inf)
+            conn = redis.Connection(
+                host=sentinel.host, port=sentinel.port, socket_timeout=bound,
+                socket_connect_timeout=bound, protocol=2,
+            )
+            try:
+                conn.send_command(*command)
+                reply = conn.read_response()
+            except (rx.RedisError, OSError) as exc:
+                errors.append(f"{sentinel.address}: {type(exc).__name__}: {exc}")
+                continue
+            finally:
+                conn.disconnect()
+            if reply:
+                return list(reply)
+            errors.append(f"{sentinel.address}: no answer for {self._settings.service!r}")
+        raise BackendConnectionError(
+            f"asking the sentinels for {' '.join(map(str, command))}: "
+            f"{'; '.join(errors) or 'out of time'}. Check the sentinel addresses and the "
+            "service name (sentinel monitor <name> ...) in the redis+sentinel:// URL"
+        )
+
+    def _ask_primary(self, deadline: float) -> HostPort:
+        host, port = self._ask(
+            deadline, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self._settings.service)[:2]
+        return HostPort(_text(host), int(port))
+
+    def _ask_replicas(self, deadline: float) -> List[HostPort]:
+        """The replicas the sentinels see linked to the primary and not down."""
+        try:
+            entries = self._ask(deadline, "SENTINEL", "REPLICAS", self._settings.service)
+        except BackendConnectionError:
+            return []
+        linked = []
+        for entry in entries:
+            fields = dict(zip(map(_text, entry[::2]), map(_text, entry[1::2])))
+            flags = set(fields.get("flags", "").split(","))
+            if flags & {"s_down", "o_down", "disconnected"}:
+                continue
+            if fields.get("master-link-status") != "ok":
+                continue
+            linked.append(HostPort(fields["ip"], int(fields["port"])))
+        return linked
+
+    def close(self) -> None:
+        self.primary.close()
+        if self.replica is not None:
+            self.replica.close()
+
+
+class RoutedReads:
+    """Mixed into :class:`~varsync.backends.redis.backend.RedisBackend` (its
+    ``_topology``, ``_client``, ``_known``, ``_local`` and ``_floors``): reads on the
+    replica, checked, and on the primary where the replica cannot vouch for them."""
+
+    def _read_client(self: Any) -> Client:
+        """The server this thread's read is on: a replica inside :meth:`_routed`."""
+        return getattr(self._local, "client", None) or self._client
+
+    def _routed(self: Any, read: Callable[[], T]) -> T:
+        """``read()`` on the replica, if reads go to one; on the primary if the replica
+        fails (lost, ``LOADING``, ``MASTERDOWN``) or cannot vouch for its answer."""
+        replica = self._topology.reader()
+        if replica is not None:
+            self._local.client = replica
+            try:
+                return read()
+            except _AskPrimary:
+                self.reads_on_primary += 1
+            except READ_FAILURES as exc:
+                self.reads_on_primary += 1
+                self._topology.replica_failed(exc)
+            finally:
+                self._local.client = None
+        return read()
+
+    def _vouch(self: Any, name: str, head: Optional[Head], held: int) -> None:
+        """On a replica: refuse (:class:`_AskPrimary`) a head that may be behind what this
+        backend knows. A replica only lags its primary, so another epoch than the trusted
+        one, a vanished table, or a version newer than ``held`` but below one seen
+        already, may be the replica's past (mid-sync, or emptied by a full resync)."""
+        if self._read_client() is self._client:
+            return
+        if head is None:
+            raise _AskPrimary()
+        trusted = self._known.trusted(name)
+        if trusted is not None and head.epoch != trusted:
+            raise _AskPrimary()
+        floor = self._floors.get(name)
+        if floor is not None and floor[0] == head.epoch and held < head.version < floor[1]:
+            raise _AskPrimary()
+
+    def _saw(self: Any, name: str, epoch: str, version: int) -> None:
+        floor = self._floors.get(name)
+        if floor is None or floor[0] != epoch or floor[1] < version:
+            self._floors[name] = (epoch, version)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
