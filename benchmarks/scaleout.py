@@ -28,7 +28,7 @@ delivered to all actors per second of that time, each actor's lag in versions wh
 push returned. Back to back: each actor's lag at each push, how many of those versions
 it pulled, and when all held the last. Medians over versions with IQR, t(R)/t(0) against
 the goal 1.3/R, the load average. Writes benchmarks/results_scaleout.json, and section
-11 of RESULTS.md (report_scaleout.py) into benchmarks/RESULTS.md. About 10 minutes.
+11 of RESULTS.md (report_scaleout.py) into benchmarks/RESULTS.md. About 16 minutes.
 
 The child roles (``python -m benchmarks.scaleout learner|actor ...``) are what the
 hosts run; tests/test_scaleout.py uses them and netns.py too.
