@@ -16,7 +16,9 @@ a session of its own; :meth:`Network.close` (the context manager's exit, and an
 ``atexit`` hook for an interpreter that ends without it) kills them and whatever else
 runs in the namespaces, then deletes the namespaces, which deletes their links.
 
-Needs root (``ip netns add``): :func:`unavailable` says why not, for a skip.
+Needs root (``ip netns add``): :func:`unavailable` says why not, for a skip. A caller
+killed with SIGKILL leaves its namespaces behind: :func:`remove_stale` deletes those
+(the scale-out benchmark calls it first).
 """
 
 from __future__ import annotations
@@ -262,6 +264,30 @@ def _kill_namespace_processes(namespace: str) -> None:
 def run_here(command: Sequence[str]) -> str:
     """``command`` in the caller's own namespace (``ip netns list``, say); its output."""
     return _command(command)
+
+
+def remove_stale() -> List[str]:
+    """Delete the namespaces ``vs-<pid>-*`` whose process ``pid`` is gone (one killed with
+    SIGKILL, which no ``finally`` survives), after killing what still runs in them; the
+    names deleted. Namespaces of running processes are left alone."""
+    removed = []
+    for line in _command(["ip", "netns", "list"]).splitlines():
+        name = line.split()[0] if line.split() else ""
+        parts = name.split("-")
+        if len(parts) < 3 or parts[0] != "vs" or not parts[1].isdigit():
+            continue
+        try:
+            os.kill(int(parts[1]), 0)
+            continue  # its maker runs: not stale
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        _kill_namespace_processes(name)
+        with contextlib.suppress(RuntimeError, OSError, subprocess.TimeoutExpired):
+            _command(["ip", "netns", "del", name])
+            removed.append(name)
+    return removed
 
 
 def ours() -> List[str]:

@@ -444,6 +444,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         log(f"skipped: {reason}")
         return 0
 
+    stale = netns.remove_stale()
+    if stale:
+        log(f"deleted namespaces left by killed runs: {', '.join(stale)}")
+
     def terminate(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
