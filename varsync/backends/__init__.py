@@ -38,3 +38,12 @@ def varsync_register_backends(registry: "BackendRegistry") -> None:
         extra="redis",
         description="the redis backend over TLS (rediss://host:port/db)",
     )
+    for scheme in ("redis+sentinel", "rediss+sentinel"):
+        registry.add(
+            scheme,
+            "varsync.backends.redis:RedisBackend",
+            requires=["redis"],
+            extra="redis",
+            description="the redis backend, its primary and replicas found by Sentinel "
+            f"({scheme}://host:port[,host:port]/service[/db])",
+        )

@@ -370,7 +370,7 @@ class RedisBackend(RoutedReads, ReaderRegistry, Backend):
                     "again publishes the value again under the next version."
                 ) from exc
             finally:
-                if ours:
+                if ours and not self._topology.primary_lost:  # else: nowhere to delete them
                     self._discard(chunk_prefix, chunks)
 
     def _claim(self, keys: Keys, table: Table, layout: str, token: str) -> int:

@@ -112,6 +112,11 @@ class Topology:
 
     # -- the primary, by Sentinel ----------------------------------------------------------
 
+    @property
+    def primary_lost(self) -> bool:
+        """Whether the last request to the Sentinel-found primary lost its connection."""
+        return self._stale
+
     def _primary_failed(self, exc: BaseException) -> None:
         self._stale = True
 
