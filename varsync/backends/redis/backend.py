@@ -212,6 +212,7 @@ class RedisBackend(RoutedReads, ReaderRegistry, Backend):
         """
         self._vouch(name, head, held)
         table = self._known_table(name, deadline)
+        self._vouch(name, head, held)  # a first look adopted the primary's epoch: again
         if held == 0 and not self._known.trusts(name, head.epoch):
             stored = text(self._client.call("HGET", self._keys(name).head, "sig",
                                             deadline=deadline))
