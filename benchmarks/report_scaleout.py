@@ -81,7 +81,10 @@ def section(results: Dict[str, Any]) -> List[str]:
              f"{results['actor_hosts']} actor hosts, host aj reading from replica "
              "r((j-1) mod R + 1), or from the primary when R = 0, so that the serving "
              "host's uplink is the link that limits. Each actor loops `wait_for` + "
-             "`pull_if_newer` and records when it got each version.", "",
+             "`pull_if_newer` and records when it got each version. "
+             + ("Actors reached their replica through the primary's URL with the redis "
+                "backend's `replicas=` naming it." if results.get("connect") == "replicas="
+                else "Actors connected to their replica's address."), "",
              "Per version, pushed once every actor held the one before: the time from the "
              "push's return until every actor holds it (median over versions, IQR in "
              "brackets); what the links allow: the copies the busiest link still carries "
@@ -96,6 +99,24 @@ def section(results: Dict[str, Any]) -> List[str]:
              "a pull starts) and how many pulls began again on a newer version. "
              "Every server and process ran on this machine's 2 cores; the load column is "
              "the 1-minute load average during the case.", ""]
+    lines += _findings(cases) + _cases_table(cases)
+    option = results.get("replicas_option")
+    if option and option.get("cases"):
+        m2 = option["machine"]
+        lines += ["### The same through the redis backend's `replicas=`", "",
+                  f"*Measured {m2['started']}, load average {m2['load_average'][0]:.1f} "
+                  f"when it started.* `python -m benchmarks.scaleout --connect replicas= "
+                  "...`: each actor connects to the primary's URL with `replicas=` naming "
+                  "its host's replica (issue 17.1), instead of to the replica's address; "
+                  "the last column counts the `GET`s (chunks) the primary answered from the "
+                  "actors' start to the last spaced version.", ""]
+        lines += _cases_table(option["cases"])
+    return lines
+
+
+def _cases_table(cases: List[Dict[str, Any]]) -> List[str]:
+    """One row per case: R, replication, size, actors."""
+    counted = any("primary_gets" in c for c in cases)
     rows = []
     for case in sorted(cases, key=lambda c: (c["bytes"], c["actors"], c["replicas"],
                                               c.get("topology", "star") != "star")):
@@ -120,14 +141,13 @@ def section(results: Dict[str, Any]) -> List[str]:
             _back_to_back_cell(case),
             f"{max(v['load_average'] for v in case['versions']):.1f}",
             str(len(case["versions"])),
-        ])
-    lines += _findings(cases)
-    lines += table(["nest", "actors", "R", "replication", "until all hold it",
+        ] + ([str(case.get("primary_gets", "–"))] if counted else []))
+    return table(["nest", "actors", "R", "replication", "until all hold it",
                     "links allow (measured ×)", "t(R)/t(0)",
                     "goal 1.3/R", "to all actors", "push", "lag at push, median",
                     "back to back: lag at push, median (max); all hold the last; versions pulled",
-                    "load (1 min)", "versions"], rows)
-    return lines
+                    "load (1 min)", "versions"]
+                   + (["GETs the primary answered"] if counted else []), rows)
 
 
 def _findings(cases: List[Dict[str, Any]]) -> List[str]:

