@@ -309,3 +309,29 @@ def test_no_sentinel_answering_fails_at_connect_naming_them() -> None:
     port = _free_port()
     with pytest.raises(varsync.BackendConnectionError, match=f"127.0.0.1:{port}.*service name"):
         varsync.connect(f"redis+sentinel://127.0.0.1:{port}/mymaster", timeout=2)
+
+
+def test_a_manual_failover_moves_writers_off_the_demoted_primary(
+    cluster: Tuple[List[RedisServer], List[Sentinel]],
+) -> None:
+    """``SENTINEL FAILOVER``: the old primary lives on as a replica, so the writer's open
+    connections to it answer READONLY; the next pushes ask the sentinels again."""
+    servers, sentinels = cluster
+    hosts = ",".join(f"127.0.0.1:{s.port}" for s in sentinels)
+    namespace = f"m-{uuid.uuid4().hex[:8]}"
+    url = f"redis+sentinel://{hosts}/{SERVICE}?namespace={namespace}"
+    with varsync.connect(url, timeout=TIMEOUT) as writer, \
+            varsync.connect(url, timeout=TIMEOUT) as reader:
+        writer.create_table("variables", SIGNATURE)
+        assert writer.push(filled(SIGNATURE, 1)) == 1
+        assert sentinels[0].ask("SENTINEL", "FAILOVER", SERVICE) == b"OK"
+        until("the sentinels to name a new primary", lambda: int(sentinels[0].ask(
+            "SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)[1]) != servers[0].port)
+        until("the old primary to be a replica",
+              lambda: servers[0].client().info("replication")["role"] == "slave")
+        version = _until_pushed(writer, filled(SIGNATURE, 2))
+        port = int(sentinels[0].ask("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)[1])
+        promoted = next(s for s in servers if s.port == port)
+        assert head_version(promoted, namespace) >= version
+        newer = _until_answered(lambda: reader.pull_if_newer(1))
+        assert newer is not None and check_consistent(newer[1]) == 2

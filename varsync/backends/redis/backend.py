@@ -3,11 +3,12 @@ scripts (:mod:`.protocol`) and chunks (:mod:`.wire`); see the package's docstrin
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import secrets
 import threading
-from typing import Any, Callable, ContextManager, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 from redis import exceptions as rx
@@ -26,7 +27,7 @@ from varsync.backends.redis import leaves as leaf_map
 from varsync.backends.redis import wire
 from varsync.backends.redis.errors import OutOfTime, translated
 from varsync.backends.redis.options import DEFAULT_CHUNK, parse_settings
-from varsync.backends.redis.pool import Client
+from varsync.backends.redis.pool import MOVED_ROLE, Client
 from varsync.backends.redis.protocol import (
     CLAIM,
     CREATE,
@@ -113,8 +114,16 @@ class RedisBackend(RoutedReads, ReaderRegistry, Backend):
             self._topology.close()
             raise
 
-    def _errors(self, doing: str) -> ContextManager[None]:
-        return translated(doing, self.address)
+    @contextlib.contextmanager
+    def _errors(self, doing: str) -> Iterator[None]:
+        with translated(doing, self.address):
+            try:
+                yield
+            except MOVED_ROLE:  # also a reply read off a pipeline: the primary may have moved
+                topology = getattr(self, "_topology", None)
+                if topology is not None:
+                    topology.suspect_primary()
+                raise
 
     def _keys(self, name: str) -> Keys:
         return keys_of(self.key_base, name)

@@ -120,6 +120,11 @@ class Topology:
     def _primary_failed(self, exc: BaseException) -> None:
         self._stale = True
 
+    def suspect_primary(self) -> None:
+        """A reply said the primary is not one (``READONLY``): with Sentinel, ask again."""
+        if self.sentinel:
+            self._stale = True
+
     def _locate(self, deadline: float) -> None:
         """Before a request to the primary: after a failure, ask where it is now."""
         if not self._stale:
