@@ -1,4 +1,5 @@
-"""``redis://`` and ``rediss://``: tables in a Redis server, published atomically by version.
+"""``redis://`` and ``rediss://`` (and ``redis+sentinel://``): tables in a Redis server,
+published atomically by version.
 
 Keys, under ``P = "{prefix}:{namespace}:"`` (namespace and table names percent-encoded)::
 
@@ -42,6 +43,7 @@ Modules: :mod:`.protocol` (keys, head, Lua scripts and their named replies), :mo
 (leaf versions: segments, the leaf map, delta pushes and pulls),
 :mod:`.wire` (the chunk format, its writer and reader), :mod:`.options`, :mod:`.errors`
 (redis-py's exceptions mapped), :mod:`.pool` (connections and requests),
+:mod:`.topology` (reads from replicas, the primary found by Sentinel),
 :mod:`.backend` (:class:`RedisBackend`).
 """
 
