@@ -43,7 +43,8 @@ Modules: :mod:`.protocol` (keys, head, Lua scripts and their named replies), :mo
 (leaf versions: segments, the leaf map, delta pushes and pulls),
 :mod:`.wire` (the chunk format, its writer and reader), :mod:`.options`, :mod:`.errors`
 (redis-py's exceptions mapped), :mod:`.pool` (connections and requests),
-:mod:`.topology` (reads from replicas, the primary found by Sentinel),
+:mod:`.topology` (reads from replicas, the primary found by Sentinel), :mod:`.waits`
+(the wait loop's look at the head and its XREAD BLOCK),
 :mod:`.backend` (:class:`RedisBackend`).
 """
 

@@ -51,6 +51,7 @@ from varsync.backends.redis.protocol import (
 from varsync.backends.redis.readers import ReaderRegistry
 from varsync.backends.redis.tables import Known, Table
 from varsync.backends.redis.topology import RoutedReads, Topology
+from varsync.backends.redis.waits import Waits
 
 __all__ = ["RedisBackend"]
 
@@ -63,11 +64,9 @@ log = logging.getLogger("varsync.backends.redis")
 # chunk once more in the server, and the allocator reuses freed chunks at that size),
 # at 1 GB 0.60x where fresh took 0.77x.
 _RECYCLE_FROM_BYTES = DEFAULT_CHUNK
-_WAIT_SLICE = 1.0  # seconds per XREAD BLOCK: a vanished table is noticed this fast
-_WAIT_GRACE = 0.1  # seconds a wait's XREAD, and the look after it, may outlast its deadline
 _DISCARD_SECONDS = 1.0  # bound on deleting a failed push's chunks (they expire anyway)
 
-class RedisBackend(RoutedReads, ReaderRegistry, Backend):
+class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
     """Tables in a Redis server (``redis://[user:password@]host:port/db``; ``rediss://``
     for TLS). Options: ``db``, ``username``, ``password``, ``prefix`` (key prefix, default
     ``varsync``), ``chunk_size`` (bytes, default 4 MiB), ``keep`` (previous versions kept
@@ -256,22 +255,6 @@ class RedisBackend(RoutedReads, ReaderRegistry, Backend):
         with self._errors(f"reading the version of table {name!r}"):
             head = self._routed(look)
         return 0 if head is None else head.version
-
-    def version_within(self, name: str, timeout: Optional[float], held: int = 0) -> int:
-        # The core's wait loop looks through this: the head's epoch is checked against the
-        # version the caller holds (a version of another history is a reset, whatever its
-        # number), and the look may outlast the wait's deadline by _WAIT_GRACE.
-        deadline = deadline_after(timeout) + _WAIT_GRACE
-
-        def look() -> int:
-            head = self._head(name, deadline=deadline)
-            if head is None:
-                return 0  # vanished: reads as empty; for a holder the core reports the reset
-            self._trusted(name, head, held, deadline)
-            return head.version
-
-        with self._errors(f"waiting on table {name!r}"):
-            return self._routed(look)
 
     def write(self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]) -> int:
         return self._push(name, arrays, len(specs))
@@ -499,33 +482,6 @@ class RedisBackend(RoutedReads, ReaderRegistry, Backend):
     ) -> Optional[List[np.ndarray]]:
         """A whole version's arrays, or ``None`` if one of its chunks is gone."""
         return leaf_map.fetch_whole(self, name, specs, head, chunk_prefix, deadline)
-
-    # -- waiting -----------------------------------------------------------------------------
-
-    def block(self, name: str, newer_than: int, seconds: float) -> None:
-        """``XREAD BLOCK`` on the table's stream after the entry of version
-        ``newer_than``: it answers at once if a newer version is there already (the
-        entry's id arms it), else when a push appends one, or after ``seconds``, at most
-        ``_WAIT_SLICE`` and half the ``socket_timeout``, so that the core's loop looks
-        at the head (a vanished table) that often, and no XREAD outlasts its socket."""
-        longest = _WAIT_SLICE
-        if self.socket_timeout is not None:
-            longest = min(longest, self.socket_timeout / 2)
-        milliseconds = max(1, int(min(seconds, longest) * 1000))
-        deadline = deadline_after(seconds) + _WAIT_GRACE
-
-        def xread() -> None:
-            try:
-                self._read_client().call(
-                    "XREAD", "COUNT", 1, "BLOCK", milliseconds, "STREAMS",
-                    self._keys(name).events, f"{newer_than}-1", deadline=deadline,
-                )
-            except rx.ResponseError as exc:  # the server changed role (REPLICAOF, failover)
-                if not str(exc).startswith("UNBLOCKED"):
-                    raise
-
-        with self._errors(f"waiting on table {name!r}"):
-            self._routed(xread)
 
     # -- the rest ----------------------------------------------------------------------------
 
