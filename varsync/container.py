@@ -589,31 +589,26 @@ class VariableContainer:
         self, table: str, version: int, arrays: List[np.ndarray]
     ) -> Tuple[int, List[np.ndarray]]:
         """The backend's arrays, verified against the table's specs."""
-        specs = self._table(table)[1]
-        if len(arrays) != len(specs):
-            raise CorruptDataError(
-                f"table {table!r} returned {len(arrays)} arrays for a signature of "
-                f"{len(specs)} leaves (version {version})"
-            )
-        for index, (array, spec) in enumerate(zip(arrays, specs)):
-            self._check_leaf(table, version, index, array, spec)
+        self._checked_leaves(table, version, arrays, whole=True)
         if self._backend.supports_leaf_versions:
             self._handed.add(table, version, self._backend.history_of(table))
         self._holds(table, version)
         return version, list(arrays)
 
     def _checked_leaves(
-        self, table: str, version: int, arrays: Sequence[Optional[np.ndarray]]
+        self, table: str, version: int, arrays: Sequence[Optional[np.ndarray]],
+        whole: bool = False,
     ) -> List[Optional[np.ndarray]]:
-        """A delta read's arrays (``None`` for leaves not fetched), verified."""
+        """A read's arrays verified (a delta read's: ``None`` for leaves not fetched)."""
         specs = self._table(table)[1]
         if len(arrays) != len(specs):
             raise CorruptDataError(
-                f"table {table!r} returned {len(arrays)} places for a signature of "
+                f"table {table!r} returned {len(arrays)} "
+                f"{'arrays' if whole else 'places'} for a signature of "
                 f"{len(specs)} leaves (version {version})"
             )
         for index, (array, spec) in enumerate(zip(arrays, specs)):
-            if array is not None:
+            if array is not None or whole:
                 self._check_leaf(table, version, index, array, spec)
         return list(arrays)
 
