@@ -177,6 +177,7 @@ def run_suite(directory: Path, schemes: Iterable[str], select: str = "") -> Tupl
         sys.executable, "-m", "pytest", str(module), "-q", "-p", "no:cacheprovider",
         "-W", "error::varsync.PluginWarning", f"--timeout={PER_TEST_TIMEOUT}",
         f"--junitxml={report}", f"--basetemp={directory / 'basetemp'}", "-rfE",
+        "--tb=native",  # CPython 3.11 gives some frames tb_lineno None, which pytest cannot print
     ]
     if select:
         command += ["-k", select]
