@@ -18,7 +18,13 @@ import pytest
 
 import varsync
 from varsync.backend import check_consistent, filled
-from varsync.testing import ConformanceTests
+from varsync.testing import (
+    ConcurrencyTests,
+    ContractTests,
+    LeafVersionTests,
+    RoundTripTests,
+    VersionTests,
+)
 from redis_fixtures import RedisServer, command_calls, find_redis_server
 
 redis = pytest.importorskip("redis")
@@ -257,10 +263,15 @@ def shared_group(binary: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
             server.stop()
 
 
-class TestConformanceReadingFromAReplica(ConformanceTests):
-    """The suite with every read of every container on a replica (writes on the
-    primary): read-your-writes and monotonic reads hold within a container (a replica
-    behind what the container saw or wrote is read through the primary)."""
+class TestConformanceReadingFromAReplica(
+    RoundTripTests, VersionTests, ConcurrencyTests, ContractTests, LeafVersionTests,
+):
+    """The suite's mixins about reads with every read of every container on a replica
+    (writes on the primary): read-your-writes and monotonic reads hold within a container
+    (a replica behind what the container saw or wrote is read through the primary). The
+    mixins about writes, tables, faults and the reader registry, which all go to the
+    primary, run in TestRedisConformance (the fault tests' proxy fronts the primary only,
+    and reads would go around it)."""
 
     @pytest.fixture
     def url(self, shared_group: List[RedisServer]) -> str:
@@ -280,15 +291,3 @@ class TestConformanceReadingFromAReplica(ConformanceTests):
                 wait_linked(*shared_group)
 
         return restart
-
-    # The suite's proxy sits in front of the URL's server, the primary; these two cut or
-    # stall the replies of reads, which go to the replica around it. What they check on
-    # reads (a lost or stalled reply is an error within the timeout, or one whole version)
-    # holds on the replica's connection as on the primary's: TestRedisConformance runs them.
-    @pytest.mark.skip(reason="reads bypass the suite's proxy (it fronts the primary only)")
-    def test_lost_pull_replies_raise_or_return_one_whole_version(self) -> None:
-        pass
-
-    @pytest.mark.skip(reason="reads bypass the suite's proxy (it fronts the primary only)")
-    def test_a_call_never_outlives_its_timeout_when_replies_stop(self) -> None:
-        pass
