@@ -186,12 +186,12 @@ class VariableContainer:
                         f"push_leaves names the leaf at {path!r} twice (paths overlap)"
                     )
                 given[index] = array
+        if len(given) == len(specs):  # every leaf: a push, compared with the last as one
+            return self.push(nest_lib.unflatten(signature, [given[i] for i in range(len(specs))]),
+                             table)
         backend = self._backend_call()
         self._check_size(table, backend, list(given.values()))
         last = self._written.pop(table, None)
-        if len(given) == len(specs):
-            return self.push(nest_lib.unflatten(signature, [given[i] for i in range(len(specs))]),
-                             table)
         if not backend.supports_leaf_versions:
             return self._push_leaves_whole(table, given, specs)
         if backend.version(table) == 0 or not (

@@ -218,9 +218,6 @@ class Handed:
         versions = self._versions.get(table)
         return NOT_HANDED if versions is None else versions.get(version, NOT_HANDED)
 
-    def forget(self, table: str) -> None:
-        self._versions.pop(table, None)
-
 
 @dataclass
 class _Assignment:

@@ -157,13 +157,6 @@ class Reporter:
         if thread is not None:
             thread.join(_JOIN_SECONDS)
 
-    def report_now(self) -> None:
-        """Send every table's note at once, from this thread (tests, and ``flush``)."""
-        with self._lock:
-            held = dict(self._held)
-        for table, (version, at) in held.items():
-            self._report(table, version, at)
-
 
 def reader_id() -> str:
     """A default reader id: host and process."""
