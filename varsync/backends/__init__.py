@@ -38,6 +38,15 @@ def varsync_register_backends(registry: "BackendRegistry") -> None:
         extra="redis",
         description="the redis backend over TLS (rediss://host:port/db)",
     )
+    for scheme in ("redis+cluster", "rediss+cluster"):
+        registry.add(
+            scheme,
+            "varsync.backends.redis:RedisBackend",
+            requires=["redis"],
+            extra="redis",
+            description="the redis backend on a Redis Cluster, each table on its slot's "
+            f"primary ({scheme}://host:port[,host:port])",
+        )
     for scheme in ("redis+sentinel", "rediss+sentinel"):
         registry.add(
             scheme,

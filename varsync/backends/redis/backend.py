@@ -25,9 +25,10 @@ from varsync.backend import (
 )
 from varsync.backends.redis import leaves as leaf_map
 from varsync.backends.redis import wire
+from varsync.backends.redis.cluster import in_motion
 from varsync.backends.redis.errors import OutOfTime, translated
 from varsync.backends.redis.options import DEFAULT_CHUNK, parse_settings
-from varsync.backends.redis.pool import MOVED_ROLE, Client
+from varsync.backends.redis.pool import MOVED_ROLE
 from varsync.backends.redis.protocol import (
     CLAIM,
     CREATE,
@@ -50,7 +51,7 @@ from varsync.backends.redis.protocol import (
 )
 from varsync.backends.redis.readers import ReaderRegistry
 from varsync.backends.redis.tables import Known, Table
-from varsync.backends.redis.topology import RoutedReads, Topology
+from varsync.backends.redis.topology import Requests, RoutedReads, Topology
 from varsync.backends.redis.waits import Waits
 
 __all__ = ["RedisBackend"]
@@ -73,7 +74,8 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
     for readers in flight, default 1), ``connect_timeout`` and ``socket_timeout``
     (default: ``timeout``), ``retries`` (reconnect attempts, default 0), and redis-py's
     ``ssl_*`` options for ``rediss://``; ``replicas`` and ``read_from`` (reads from a
-    replica, :mod:`.topology`), and ``redis+sentinel://host:port[,...]/service[/db]``."""
+    replica, :mod:`.topology`), ``redis+sentinel://host:port[,...]/service[/db]``, and
+    ``redis+cluster://host:port[,...]`` (a Redis Cluster, :mod:`.cluster`)."""
 
     supports_create_table = True
     shared_across_processes = True
@@ -101,7 +103,8 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         self._known = Known(self.address)
         with self._errors("connecting"):
             self._topology = Topology(settings, moved=self._known.moved)
-        self._client: Client = self._topology.primary  # writes, and what replicas cannot vouch for
+        self._client: Requests = self._topology.primary  # writes, what replicas cannot vouch for
+        self._cluster = self._topology.cluster
         self._local = threading.local()  # .client: the replica a read in this thread is on
         self._floors: Dict[str, Tuple[str, int]] = {}  # name -> (epoch, highest version seen)
         self.pulls_restarted = 0  # pulls that found their version retired mid-read
@@ -125,7 +128,7 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
                 raise
 
     def _keys(self, name: str) -> Keys:
-        return keys_of(self.key_base, name)
+        return keys_of(self.key_base, name, tagged=self._cluster is not None)
 
     def _where(self, name: str) -> str:
         return f"table {name!r} at {self.address}"
@@ -138,10 +141,11 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
 
     def _create(self, name: str, signature: str) -> Table:
         keys = self._keys(name)
+        listed = [keys.head, keys.events]
+        if self._cluster is None:
+            listed.append(self.key_base + "tables")  # in a cluster, a slot of its own
         reply, rest = CREATE.answer(self._client.script(
-            CREATE,
-            [keys.head, keys.events, self.key_base + "tables"],
-            [name, signature, secrets.token_hex(8), FORMAT],
+            CREATE, listed, [name, signature, secrets.token_hex(8), FORMAT]
         ))
         if reply is Created.NOT_A_HEAD:
             raise CorruptDataError(
@@ -150,6 +154,8 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
             )
         fmt, stored, epoch = (text(x) for x in rest)
         check_format(self._where(name), fmt)
+        if self._cluster is not None:  # after the table: a listing never names a missing one
+            self._client.call("SADD", self.key_base + "tables", name)
         return self._known.remember(name, epoch, stored)
 
     def signature(self, name: str) -> Optional[str]:
@@ -253,7 +259,7 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
             return head
 
         with self._errors(f"reading the version of table {name!r}"):
-            head = self._routed(look)
+            head = self._routed(name, look)
         return 0 if head is None else head.version
 
     def write(self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]) -> int:
@@ -274,6 +280,7 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         deadline = deadline_after(self.timeout if timeout == 0 else timeout)
         with self._errors(f"pulling table {name!r}"):
             return self._routed(
+                name,
                 lambda: leaf_map.read_leaves(self, name, newer_than, deadline, specs))
 
     def leaf_versions(self, name: str) -> Tuple[int, List[int]]:
@@ -290,7 +297,19 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
     ) -> int:
         """Publish ``arrays`` as one new segment: the whole value (``leaves`` empty), or
         the leaves ``leaves`` names (``"+index.offset,..."``) on top of the current
-        version (``base``: only on that one); 0 if the script refused such leaves."""
+        version (``base``: only on that one); 0 if the script refused such leaves. In a
+        cluster, again while the table's slot is in migration (nothing was published)."""
+        total = sum(a.nbytes for a in arrays)
+        with self._errors(f"pushing {total} bytes to table {name!r}"):
+            if self._cluster is None:
+                return self._push_once(name, arrays, count, leaves, base)
+            return self._cluster.settled(
+                lambda: self._push_once(name, arrays, count, leaves, base),
+                self._keys(name).head, self.timeout)
+
+    def _push_once(
+        self, name: str, arrays: Sequence[np.ndarray], count: int, leaves: str, base: str
+    ) -> int:
         keys = self._keys(name)
         token = secrets.token_bytes(8)
         total = sum(a.nbytes for a in arrays)
@@ -300,71 +319,78 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         recycle = total >= _RECYCLE_FROM_BYTES
         chunk_prefix = keys.chunks + token.hex() + ":"
         extra = [count, leaves, base]
-        with self._errors(f"pushing {total} bytes to table {name!r}"):
-            table = self._known_table(name)
-            # Keys under this fresh token are this push's alone, until the publish script
-            # is sent: from then on the server may have published them, so never delete.
-            ours = True
+        table = self._known_table(name)
+        # Keys under this fresh token are this push's alone, until the publish script
+        # is sent: from then on the server may have published them, so never delete.
+        ours = True
 
-            def publish_after_chunks() -> bytes:
-                nonlocal ours
-                ours = False
-                table.doubt(token.hex())
-                return wire.command("EVALSHA", PUBLISH.sha, *self._publish_arguments(
-                    keys, table, token.hex(), layout, chunks, recycle, extra))
+        def publish_after_chunks() -> bytes:
+            nonlocal ours
+            ours = False
+            table.doubt(token.hex())
+            return wire.command("EVALSHA", PUBLISH.sha, *self._publish_arguments(
+                keys, table, token.hex(), layout, chunks, recycle, extra))
 
-            try:
-                recycled = recycle and self._claim(keys, table, layout, token.hex()) == chunks
-                # Fresh chunks are followed by their publish script before their replies
-                # are read: one round trip for a small push. The script finds a refused
-                # SET's chunk missing. Not so a refused SETRANGE, which leaves the spare's
-                # bytes at the right length: recycled chunks are published once their
-                # replies are in (a push that large hardly notices the round trip).
-                sent = self._send_chunks(
-                    chunk_prefix, token, arrays, payload, recycled,
-                    then=None if recycled else publish_after_chunks,
-                )
-                answer = sent.reply
-                for _ in range(3):
-                    if answer is None:  # not sent with the chunks, or refused: send it now
-                        if sent.error is not None:
-                            raise sent.error
-                        ours = False
-                        table.doubt(token.hex())
-                        answer = self._publish(
-                            keys, table, token.hex(), layout, chunks, recycle, extra)
-                    elif isinstance(answer, rx.NoScriptError):  # the script did not run
-                        ours, answer = True, None
-                        continue
-                    if isinstance(answer, BaseException):
-                        raise sent.error or answer  # a chunk's error explains the script's
-                    reply, rest = PUBLISH.answer(answer)
-                    if reply is Published.PUBLISHED:
-                        version, epoch = int(rest[0]), text(rest[1])
-                        return self._published(name, table, version, epoch, token.hex())
-                    ours = True  # refused before it touched anything: nothing published
+        try:
+            recycled = recycle and self._claim(keys, table, layout, token.hex()) == chunks
+            # Fresh chunks are followed by their publish script before their replies
+            # are read: one round trip for a small push. The script finds a refused
+            # SET's chunk missing. Not so a refused SETRANGE, which leaves the spare's
+            # bytes at the right length: recycled chunks are published once their
+            # replies are in (a push that large hardly notices the round trip).
+            sent = self._send_chunks(
+                chunk_prefix, token, arrays, payload, recycled,
+                then=None if recycled else publish_after_chunks,
+            )
+            answer = sent.reply
+            for _ in range(3):
+                if answer is None:  # not sent with the chunks, or refused: send it now
                     if sent.error is not None:
-                        raise sent.error  # why its chunk was missing
-                    if reply in (Published.BASE_MOVED, Published.NO_BASE):
-                        return 0  # leaves on another base: the core writes the whole value
-                    table = self._republish_target(name, reply, rest, table)
-                    answer = None
-                raise BackendConnectionError(
-                    f"table {name!r} at {self.address} kept changing under this push; "
-                    "nothing was published"
-                )
-            except (rx.ConnectionError, rx.TimeoutError) as exc:
-                if ours or isinstance(exc, rx.AuthenticationError):
-                    raise
-                raise BackendConnectionError(
-                    f"pushing {total} bytes to table {name!r} at {self.address}: "
-                    f"{type(exc).__name__}: {exc}. The publish script was sent but its answer "
-                    "was lost: the server may have published this push. Pull to see; a push "
-                    "again publishes the value again under the next version."
-                ) from exc
-            finally:
-                if ours and not self._topology.primary_lost:  # else: nowhere to delete them
-                    self._discard(chunk_prefix, chunks)
+                        raise sent.error
+                    ours = False
+                    table.doubt(token.hex())
+                    answer = self._publish(
+                        keys, table, token.hex(), layout, chunks, recycle, extra)
+                elif isinstance(answer, rx.NoScriptError):  # the script did not run
+                    ours, answer = True, None
+                    continue
+                if isinstance(answer, BaseException):
+                    moving = None if self._cluster is None else in_motion(answer)
+                    if moving is not None:
+                        ours = True  # its slot is moving: the script changed nothing
+                        raise sent.error or moving  # a chunk's MOVED moves the map
+                    raise sent.error or answer  # a chunk's error explains the script's
+                reply, rest = PUBLISH.answer(answer)
+                if reply is Published.PUBLISHED:
+                    version, epoch = int(rest[0]), text(rest[1])
+                    return self._published(name, table, version, epoch, token.hex())
+                ours = True  # refused before it touched anything: nothing published
+                if sent.error is not None:
+                    raise sent.error  # why its chunk was missing
+                if reply in (Published.BASE_MOVED, Published.NO_BASE):
+                    return 0  # leaves on another base: the core writes the whole value
+                table = self._republish_target(name, reply, rest, table)
+                answer = None
+            raise BackendConnectionError(
+                f"table {name!r} at {self.address} kept changing under this push; "
+                "nothing was published"
+            )
+        except rx.ResponseError as exc:
+            if self._cluster is not None and in_motion(exc) is not None:
+                ours = True  # redirected, or stopped before any change: not published
+            raise
+        except (rx.ConnectionError, rx.TimeoutError) as exc:
+            if ours or isinstance(exc, rx.AuthenticationError):
+                raise
+            raise BackendConnectionError(
+                f"pushing {total} bytes to table {name!r} at {self.address}: "
+                f"{type(exc).__name__}: {exc}. The publish script was sent but its answer "
+                "was lost: the server may have published this push. Pull to see; a push "
+                "again publishes the value again under the next version."
+            ) from exc
+        finally:
+            if ours and not self._topology.primary_lost:  # else: nowhere to delete them
+                self._discard(chunk_prefix, chunks)
 
     def _claim(self, keys: Keys, table: Table, layout: str, token: str) -> int:
         """How many of the spare version's chunks this push now owns (see CLAIM)."""
@@ -451,6 +477,7 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
             lambda conn: wire.send_chunks(
                 conn, chunk_prefix, token, arrays, payload, recycled, then
             ),
+            key=chunk_prefix,
         )
         return sent
 
@@ -461,7 +488,11 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         try:
             for start in range(0, count, 512):
                 keys = [f"{chunk_prefix}{i}" for i in range(start, min(count, start + 512))]
-                self._client.call("UNLINK", *keys, deadline=deadline, retry=False)
+                try:
+                    self._client.call("UNLINK", *keys, deadline=deadline, retry=False)
+                except rx.TryAgainError:  # a cluster's slot in migration: keys on both nodes
+                    for key in keys:  # one at a time, each where its ASK says
+                        self._client.call("UNLINK", key, deadline=deadline, retry=False)
         except (rx.RedisError, OutOfTime) as exc:
             log.warning("could not delete the chunks of a failed push (%s); they expire "
                         "within %d s", exc, PENDING_TTL_MS // 1000)
@@ -472,7 +503,7 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         # 0 does not wait for a push (the core never asks read to); it bounds nothing else
         deadline = deadline_after(self.timeout if timeout == 0 else timeout)
         with self._errors(f"pulling table {name!r}"):
-            version, _, arrays = self._routed(lambda: leaf_map.read_leaves(
+            version, _, arrays = self._routed(name, lambda: leaf_map.read_leaves(
                 self, name, newer_than, deadline, specs, every=True
             ))
         return version, None if arrays is None else [a for a in arrays if a is not None]

@@ -28,6 +28,10 @@ DRIVER_ERRORS: ErrorMap = {
     rx.AuthenticationWrongNumberOfArgsError: AuthenticationError,
     rx.OutOfMemoryError: ItemTooLargeError,
     rx.ReadOnlyError: ConfigurationError,
+    # a Redis Cluster's slot still in migration, or its slot map in flux, after the wait
+    rx.TryAgainError: BackendConnectionError,
+    rx.ClusterDownError: BackendConnectionError,
+    rx.AskError: BackendConnectionError,  # MovedError too
     rx.ConnectionError: BackendConnectionError,
     rx.TimeoutError: BackendConnectionError,
     OSError: BackendConnectionError,  # the raw socket of bulk transfers
@@ -50,7 +54,13 @@ _REPLY_ERRORS = (
     ("LOADING", rx.BusyLoadingError),
     ("MASTERDOWN", rx.MasterDownError),
     ("NOSCRIPT", rx.NoScriptError),
+    ("TRYAGAIN", rx.TryAgainError),
+    ("CLUSTERDOWN", rx.ClusterDownError),
+    ("CROSSSLOT", rx.ClusterCrossSlotError),
 )
+# A Redis Cluster's redirections: the reply's words after the code are the slot and the
+# node, which redis-py's exceptions parse.
+_REDIRECTIONS = (("MOVED ", rx.MovedError), ("ASK ", rx.AskError))
 
 
 class OutOfTime(Exception):
@@ -63,6 +73,10 @@ def reply_error(line: bytes) -> BaseException:
     if line[:1] != b"-":
         return rx.InvalidResponse(f"unexpected reply {line[:60]!r}")
     text = line[1:].decode("utf-8", "replace")
+    for word, redirection in _REDIRECTIONS:
+        if text.startswith(word):
+            with contextlib.suppress(ValueError):
+                return redirection(text[len(word):])
     for code, kind in _REPLY_ERRORS:
         if text.startswith(code):
             return kind(text)

@@ -208,11 +208,14 @@ def fetch_whole(
         raise CorruptDataError(f"{where} holds {total} bytes; its signature needs {expected}")
     token = _token(where, head.data)
     arrays = [np.empty(s.shape, s.dtype) for s in specs]
-    received: Optional[List[np.ndarray]] = backend._read_client().on_connection(
+    client = backend._read_client()
+    received: Optional[List[np.ndarray]] = client.on_connection(
         deadline,
         lambda conn: wire.receive_chunks(
-            conn, deadline, chunk_prefix, token, arrays, payload, chunks, where
+            conn, deadline, chunk_prefix, token, arrays, payload, chunks, where,
+            client.asker(deadline),
         ),
+        key=chunk_prefix,
     )
     return received
 
@@ -240,17 +243,20 @@ def _fetch(
         if indices:
             plans.append((segment, indices, parts_of))
 
+    client = backend._read_client()
+
     def receive(conn: object) -> bool:
         for segment, indices, parts_of in plans:
             prefix = f"{chunk_base}{segment.token.hex()}:"
             named = f"{where} segment {segment.version}"
             if not wire.receive_selected(
-                conn, deadline, prefix, segment.token, indices, parts_of, named
+                conn, deadline, prefix, segment.token, indices, parts_of, named,
+                client.asker(deadline),
             ):
                 return False
         return True
 
-    if plans and not backend._read_client().on_connection(deadline, receive):
+    if plans and not client.on_connection(deadline, receive, key=chunk_base):
         return None
     return arrays
 

@@ -23,6 +23,7 @@ OPTIONS = (
     "read_from",
 )
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 READ_FROM = ("primary", "replica")
 SECRET_OPTIONS = ("password", "ssl_password")
 CERT_REQS = ("none", "optional", "required")  # redis-py's names for ssl_cert_reqs
@@ -54,11 +55,14 @@ class Settings:
     sentinels: Tuple[HostPort, ...] = ()  # of a ``redis+sentinel://`` URL
     service: str = ""  # the primary's name the sentinels monitor
     read_from: str = "primary"
+    cluster: Tuple[HostPort, ...] = ()  # of a ``redis+cluster://`` URL: its seed nodes
 
     @property
     def address(self) -> str:
         """``redis://host:port/db`` (``rediss://`` for TLS), for messages: no secrets."""
         scheme = "rediss" if self.tls else "redis"
+        if self.cluster:
+            return f"{scheme}+cluster://{','.join(s.address for s in self.cluster)}"
         if self.sentinels:
             hosts = ",".join(s.address for s in self.sentinels)
             return f"{scheme}+sentinel://{hosts}/{self.service}/{self.db}"
@@ -72,6 +76,7 @@ class Settings:
             "connect_timeout": self.connect_timeout, "socket_timeout": self.socket_timeout,
             "retries": self.retries, "read_from": self.read_from,
             "replicas": [r.address for r in self.replicas],
+            "cluster": [s.address for s in self.cluster],
         }
 
 
@@ -85,8 +90,20 @@ def parse_settings(
     options = dict(options)
     scheme = url.partition("://")[0].lower()
     sentinels: Tuple[HostPort, ...] = ()
+    cluster: Tuple[HostPort, ...] = ()
     service = ""
-    if scheme in SENTINEL_SCHEMES:
+    if scheme in CLUSTER_SCHEMES:
+        netloc, _, path = url.partition("://")[2].partition("/")
+        credentials, _, hosts = netloc.rpartition("@")
+        cluster = parse_addresses(hosts, "the cluster's nodes", default_port=6379)
+        if path.strip("/") not in ("", "0"):
+            raise ConfigurationError(
+                f"the URL {scheme}://{hosts}/{path} names database {path.strip('/')!r}; "
+                "a Redis Cluster has database 0 only"
+            )
+        url = f"{scheme.partition('+')[0]}://{credentials + '@' if credentials else ''}" \
+            f"{cluster[0].address}/"
+    elif scheme in SENTINEL_SCHEMES:
         netloc, _, path = url.partition("://")[2].partition("/")
         credentials, _, hosts = netloc.rpartition("@")
         sentinels = parse_addresses(hosts, "the sentinels", default_port=26379)
@@ -116,12 +133,20 @@ def parse_settings(
         raise ConfigurationError(
             f"read_from={read_from!r} is not one of {', '.join(READ_FROM)}"
         )
+    if cluster and (replicas or read_from == "replica"):
+        raise ConfigurationError(
+            "a redis+cluster:// container reads from each table's primary: replicas= and "
+            "read_from=replica are for one primary's replicas (redis:// or "
+            "redis+sentinel://)"
+        )
     if read_from == "replica" and not (replicas or sentinels):
         raise ConfigurationError(
             "read_from=replica needs replicas=host:port[,host:port...] or a "
             "redis+sentinel:// URL"
         )
     db = _database(parts.path, options.pop("db", None))
+    if cluster and db != 0:
+        raise ConfigurationError(f"db={db}: a Redis Cluster has database 0 only")
     username = options.pop("username", None)
     if username is None and parts.username:
         username = unquote(parts.username)
@@ -131,6 +156,11 @@ def parse_settings(
     prefix = options.pop("prefix", "varsync")
     if not isinstance(prefix, str) or not prefix:
         raise ConfigurationError("prefix must be a non-empty string (default: varsync)")
+    if cluster and ("{" in prefix or "}" in prefix):
+        raise ConfigurationError(
+            f"prefix {prefix!r} holds a brace; in a Redis Cluster the keys of a table share "
+            "a hash tag, {table name}, that a brace in the prefix would take the place of"
+        )
     chunk_size = parse_int(
         options.pop("chunk_size", DEFAULT_CHUNK), "chunk_size", MIN_CHUNK, MAX_CHUNK
     )
@@ -157,7 +187,7 @@ def parse_settings(
         tls=tls, server=server, db=db, username=username, password=password, prefix=prefix,
         chunk_size=chunk_size, keep=keep, retries=retries, connect_timeout=connect_timeout,
         socket_timeout=socket_timeout, ssl=ssl, replicas=replicas, sentinels=sentinels,
-        service=service, read_from=read_from,
+        service=service, read_from=read_from, cluster=cluster,
     )
 
 
@@ -176,6 +206,11 @@ def parse_addresses(value: Any, what: str, default_port: int) -> Tuple[HostPort,
     if what == "the sentinels" and not addresses:
         raise ConfigurationError(
             "the URL names no sentinel; expected e.g. redis+sentinel://localhost:26379/mymaster/0"
+        )
+    if what == "the cluster's nodes" and not addresses:
+        raise ConfigurationError(
+            "the URL names no node of the cluster; expected e.g. "
+            "redis+cluster://10.0.0.2:7000,10.0.0.3:7000 (any of its nodes)"
         )
     return tuple(addresses)
 

@@ -98,12 +98,23 @@ class Client:
             self.server = server
             self.pool.disconnect()
 
-    def call(self, *args: Any, deadline: float = math.inf, retry: bool = True) -> Any:
+    def call(
+        self, *args: Any, deadline: float = math.inf, retry: bool = True, asking: bool = False
+    ) -> Any:
         """One small command's raw reply; tried again on a lost connection up to
-        ``retries`` times (``retry=False``: never, for a command that must run once)."""
+        ``retries`` times (``retry=False``: never, for a command that must run once).
+        ``asking``: after ``ASKING``, as a Redis Cluster's ASK redirection asks."""
 
         def command(conn: Any) -> Any:
+            if asking:
+                conn.send_command("ASKING", check_health=False)
             conn.send_command(*args, check_health=False)
+            if asking:
+                try:
+                    conn.read_response()
+                finally:
+                    reply = conn.read_response()  # read whole even after an error
+                return reply
             return conn.read_response()
 
         for failures in itertools.count(1):
@@ -122,20 +133,30 @@ class Client:
 
     def script(
         self, script: Script, keys: Sequence[str], args: Sequence[Any],
-        deadline: float = math.inf, retry: bool = True,
+        deadline: float = math.inf, retry: bool = True, asking: bool = False,
     ) -> Any:
         """Run ``script`` by its SHA, sending its text only if the server lacks it."""
         command = (len(keys), *keys, *args)
         try:
-            return self.call("EVALSHA", script.sha, *command, deadline=deadline, retry=retry)
+            return self.call("EVALSHA", script.sha, *command, deadline=deadline, retry=retry,
+                             asking=asking)
         except rx.NoScriptError:
-            return self.call("EVAL", script.text, *command, deadline=deadline, retry=retry)
+            return self.call("EVAL", script.text, *command, deadline=deadline, retry=retry,
+                             asking=asking)
 
-    def on_connection(self, deadline: float, use: Callable[[Any], Any]) -> Any:
+    def asker(self, deadline: float) -> Optional[Callable[..., Any]]:
+        """How a bulk read follows an ASK redirection (:data:`.wire.Ask`): a server
+        outside a Redis Cluster never answers one."""
+        return None
+
+    def on_connection(
+        self, deadline: float, use: Callable[[Any], Any], key: Optional[str] = None
+    ) -> Any:
         """``use(connection)`` on a pooled, connected connection whose every socket
         operation is bounded by ``socket_timeout`` and by what is left until ``deadline``
         (past it: :class:`OutOfTime`). The connection goes back clean, or disconnected
-        if ``use`` did not finish: its replies may be half read."""
+        if ``use`` did not finish: its replies may be half read. ``key``: one of the keys
+        ``use`` touches (a Redis Cluster's client sends it to that key's node)."""
         conn = None
         clean = False
         try:

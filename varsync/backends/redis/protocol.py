@@ -39,8 +39,12 @@ class Keys(NamedTuple):
     chunks: str  # the prefix of its chunks' keys: ``<chunks><token>:<index>``
 
 
-def keys_of(key_base: str, name: str) -> Keys:
-    table = key_base + quote(name, safe="")
+def keys_of(key_base: str, name: str, tagged: bool = False) -> Keys:
+    """``tagged``: in a Redis Cluster, the name in braces, a hash tag: every key of the
+    table (chunks, registry) falls in one slot, so one node holds it and one script
+    changes it. Braces in a name are percent-encoded, so the tag is always the name."""
+    quoted = quote(name, safe="")
+    table = key_base + ("{" + quoted + "}" if tagged else quoted)
     return Keys(table + ":head", table + ":events", table + ":d:")
 
 
@@ -178,7 +182,8 @@ class Script:
 
 
 CREATE = Script.of("create", """
--- KEYS: head, events, tables. ARGV: name, signature, epoch, format.
+-- KEYS: head, events, tables (not in a Redis Cluster: its own slot, added to apart).
+-- ARGV: name, signature, epoch, format.
 local h = redis.call('HMGET', KEYS[1], 'fmt', 'sig', 'epoch')
 if h[1] then
   if h[2] and h[3] then return {EXISTS, h[1], h[2], h[3]} end
@@ -187,7 +192,7 @@ end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {NOT_A_HEAD} end
 redis.call('DEL', KEYS[2])
 redis.call('HSET', KEYS[1], 'fmt', ARGV[4], 'sig', ARGV[2], 'epoch', ARGV[3], 'version', '0')
-redis.call('SADD', KEYS[3], ARGV[1])
+if KEYS[3] then redis.call('SADD', KEYS[3], ARGV[1]) end
 return {CREATED, ARGV[4], ARGV[2], ARGV[3]}
 """, Created)
 
@@ -198,7 +203,9 @@ PUBLISH = Script.of("publish", """
 -- of the versions this writer published or may have published (comma-separated), the
 -- table's leaf count, '' for a whole write or '+' and the leaves it holds as
 -- 'index.offset' (comma-separated, offsets into its bytes), '' or the base version.
--- Every check comes before the first change, so a refusal leaves the table as it was.
+-- Every check comes before the first change, so a refusal leaves the table as it was;
+-- and every key it changes is read before the first change, so that in a Redis Cluster
+-- a slot in migration (a key of it gone to the target node) stops it there, unchanged.
 local h = redis.call('HMGET', KEYS[1], 'epoch', 'version', 'data', 'retained', 'layout', 'spare',
                      'run', 'fmt', 'leaves', 'segments')
 local partial = ARGV[14] ~= ''
@@ -323,20 +330,14 @@ for index, item in ipairs(retained) do
     end
   end
 end
--- every check is done: publish
-for i = 0, chunks - 1 do redis.call('PERSIST', data .. i) end
-local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
-if last[1] and tonumber(string.match(last[1][1], '^(%d+)')) >= version then
-  redis.call('DEL', KEYS[2])
-end
-redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[9], string.format('%d-1', version), 'v', now)
 local spare = h[6] or ''
+local doomed = {}  -- the chunks of segments retired now: unlinked once published
 local function retire(token, layout)  -- a segment no retained version references
   local count = tonumber(string.match(layout, '(%d+)$') or '0')
   if spare == '' and ARGV[11] == '1' and string.match(layout, '^[1-9]%d*:%d+:%d+$') then
     spare = token .. ':' .. layout  -- its chunks stay, for the next push to overwrite in place
   else
-    for i = 0, count - 1 do redis.call('UNLINK', ARGV[6] .. token .. ':' .. i) end
+    for i = 0, count - 1 do table.insert(doomed, ARGV[6] .. token .. ':' .. i) end
   end
 end
 local kept, alive, known = {}, {}, {}
@@ -353,11 +354,20 @@ for index, item in ipairs(retained) do
     if token and not known[token] and not live[token] then retire(token, layout) end
   end
 end
+for _, key in ipairs(doomed) do redis.call('EXISTS', key) end
+-- every check is done: publish
+for i = 0, chunks - 1 do redis.call('PERSIST', data .. i) end
+local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+if last[1] and tonumber(string.match(last[1][1], '^(%d+)')) >= version then
+  redis.call('DEL', KEYS[2])
+end
+redis.call('XADD', KEYS[2], 'MAXLEN', ARGV[9], string.format('%d-1', version), 'v', now)
 redis.call('HSET', KEYS[1], 'epoch', epoch, 'version', now, 'data', ARGV[2], 'layout', ARGV[3],
            'retained', table.concat(kept, ','), 'spare', spare, 'run', run,
            'fmt', partial and '2' or '1',
            'leaves', partial and (now .. '|' .. table.concat(map, ',')) or '',
            'segments', table.concat(alive, ','))
+for _, key in ipairs(doomed) do redis.call('UNLINK', key) end
 return {PUBLISHED, version, epoch}
 """, Published)
 
@@ -367,27 +377,33 @@ CLAIM = Script.of("claim", """
 -- Hands the spare version's chunks to a push (renamed to its chunk keys) when they have
 -- exactly the push's layout. Otherwise the spare is dropped (its chunks deleted, unless
 -- they are a readable version's).
+-- Every key it changes is read before the first change (see the publish script).
 local h = redis.call('HMGET', KEYS[1], 'epoch', 'spare', 'data', 'retained', 'segments')
 if not h[1] or h[1] ~= ARGV[1] or not h[2] or h[2] == '' then return {NO_SPARE} end
-redis.call('HSET', KEYS[1], 'spare', '')
 local token, layout = string.match(h[2], '^(%x+):(%d+:%d+:%d+)$')
-if not token then return {SPARE_DROPPED} end
+if not token then
+  redis.call('HSET', KEYS[1], 'spare', '')
+  return {SPARE_DROPPED}
+end
 -- never the chunks of a segment still readable (only a damaged head could say so)
 if token == h[3] or string.find(',' .. (h[4] or ''), ',' .. token .. ':', 1, true) or
    string.find(h[5] or '', ':' .. token .. ':', 1, true) then
+  redis.call('HSET', KEYS[1], 'spare', '')
   return {SPARE_DROPPED}
 end
 local count = tonumber(string.match(layout, ':(%d+)$'))
 local old = ARGV[3] .. token .. ':'
+local new = ARGV[3] .. ARGV[4] .. ':'
 local usable = layout == ARGV[2]
 for i = 0, count - 1 do
-  if usable and redis.call('EXISTS', old .. i) == 0 then usable = false end
+  if redis.call('EXISTS', old .. i) == 0 then usable = false end
+  if usable then redis.call('EXISTS', new .. i) end
 end
+redis.call('HSET', KEYS[1], 'spare', '')
 if not usable then
   for i = 0, count - 1 do redis.call('UNLINK', old .. i) end
   return {SPARE_DROPPED}
 end
-local new = ARGV[3] .. ARGV[4] .. ':'
 for i = 0, count - 1 do
   redis.call('RENAME', old .. i, new .. i)
   redis.call('PEXPIRE', new .. i, ARGV[5])

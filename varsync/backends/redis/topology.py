@@ -22,17 +22,21 @@ import math
 import random
 import threading
 import time
-from typing import Any, Callable, List, Optional, TypeVar
+from typing import Any, Callable, List, Optional, TypeVar, Union
 
 import redis
 from redis import exceptions as rx
 
 from varsync.backend import BackendConnectionError, HostPort, remaining
+from varsync.backends.redis.cluster import ClusterClient
 from varsync.backends.redis.options import Settings
 from varsync.backends.redis.pool import Client
 from varsync.backends.redis.protocol import Head
 
-__all__ = ["Topology", "RoutedReads", "REPLICA_PAUSE", "READ_FAILURES"]
+__all__ = ["Topology", "RoutedReads", "Requests", "REPLICA_PAUSE", "READ_FAILURES"]
+
+#: Where a backend's requests go: one server, or the primaries of a cluster.
+Requests = Union[Client, ClusterClient]
 
 log = logging.getLogger("varsync.backends.redis")
 
@@ -51,8 +55,9 @@ T = TypeVar("T")
 
 
 class Topology:
-    """The primary's :class:`Client` (``primary``) and, if reads go to replicas, one
-    replica's (:meth:`reader`)."""
+    """The primary's :class:`Client` (``primary``; in a cluster, the
+    :class:`~.cluster.ClusterClient` of every primary, also ``cluster``) and, if reads go
+    to replicas, one replica's (:meth:`reader`)."""
 
     def __init__(self, settings: Settings, moved: Callable[[], None]) -> None:
         self._settings = settings
@@ -61,6 +66,11 @@ class Topology:
         self._stale = False  # the primary may have moved: ask the sentinels again
         self._replica_since = 0.0  # monotonic time before which the replica is left alone
         self.replica: Optional[Client] = None
+        self.cluster: Optional[ClusterClient] = None
+        self.primary: Requests
+        if settings.cluster:  # each table's primary: its slot's (replicas= refused)
+            self.primary = self.cluster = ClusterClient(settings)
+            return
         server = settings.server
         if settings.sentinels:
             server = self._ask_primary(math.inf)
@@ -138,11 +148,12 @@ class Topology:
                 log.debug("no sentinel answered (%s); trying the last known primary", exc)
                 return  # still stale: asked again before the next request
             self._stale = False
-            if server != self.primary.server:
+            primary = self.primary
+            if isinstance(primary, Client) and server != primary.server:
                 log.warning("the primary of %r moved from %s to %s (a failover)",
-                            self._settings.service, self.primary.server.address,
+                            self._settings.service, primary.server.address,
                             server.address)
-                self.primary.move_to(server)
+                primary.move_to(server)
                 self._moved()
 
     def _ask(self, deadline: float, *command: Any) -> List[Any]:
@@ -209,13 +220,17 @@ class RoutedReads:
     ``_topology``, ``_client``, ``_known``, ``_local`` and ``_floors``): reads on the
     replica, checked, and on the primary where the replica cannot vouch for them."""
 
-    def _read_client(self: Any) -> Client:
+    def _read_client(self: Any) -> Requests:
         """The server this thread's read is on: a replica inside :meth:`_routed`."""
         return getattr(self._local, "client", None) or self._client
 
-    def _routed(self: Any, read: Callable[[], T]) -> T:
-        """``read()`` on the replica, if reads go to one; on the primary if the replica
-        fails (lost, ``LOADING``, ``MASTERDOWN``) or cannot vouch for its answer."""
+    def _routed(self: Any, name: str, read: Callable[[], T]) -> T:
+        """``read()`` of table ``name`` on the replica, if reads go to one; on the primary
+        if the replica fails (lost, ``LOADING``, ``MASTERDOWN``) or cannot vouch for its
+        answer. In a cluster, again while the table's slot is in migration."""
+        cluster = self._topology.cluster
+        if cluster is not None:
+            return cluster.settled(read, self._keys(name).head, self.timeout)
         replica = self._topology.reader()
         if replica is not None:
             self._local.client = replica

@@ -35,7 +35,7 @@ class Waits:
             return head.version
 
         with self._errors(f"waiting on table {name!r}"):
-            return self._routed(look)
+            return self._routed(name, look)
 
     def block(self: Any, name: str, newer_than: int, seconds: float) -> None:
         """``XREAD BLOCK`` on the table's stream after the entry of version
@@ -60,4 +60,4 @@ class Waits:
                     raise
 
         with self._errors(f"waiting on table {name!r}"):
-            self._routed(xread)
+            self._routed(name, xread)

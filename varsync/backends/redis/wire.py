@@ -13,6 +13,7 @@ pooled redis-py connection's socket (:class:`Wire`): redis-py would copy every v
 
 from __future__ import annotations
 
+import functools
 import math
 import socket
 import struct
@@ -152,6 +153,12 @@ def send_chunks(
     return Sent(error, wire.reply() if sent else None)
 
 
+#: How a read follows a Redis Cluster's ASK redirection (a chunk of a slot in migration
+#: is on the target node already): ``ask(redirection, use)`` runs ``use`` on a
+#: connection to the node the redirection names (see :mod:`.cluster`).
+Ask = Callable[[rx.AskError, Callable[[Any], bool]], bool]
+
+
 def receive_chunks(
     conn: Any,
     deadline: float,
@@ -161,12 +168,15 @@ def receive_chunks(
     payload: int,
     chunks: int,
     where: str,
+    ask: Optional[Ask] = None,
 ) -> Optional[List[np.ndarray]]:
     """Read the ``chunks`` chunks under ``chunk_prefix`` into ``arrays`` (in flat order),
     checking each one's length, header and checksum; ``None`` if one is gone. ``where``
     names the version in messages (``"table 'name' at <address> version 3"``)."""
     parts = chunk_parts(byte_views(arrays), payload)
-    if not receive_selected(conn, deadline, chunk_prefix, token, range(chunks), parts, where):
+    if not receive_selected(
+        conn, deadline, chunk_prefix, token, range(chunks), parts, where, ask
+    ):
         return None
     return arrays
 
@@ -179,41 +189,95 @@ def receive_selected(
     indices: Sequence[int],
     parts_of: Iterable[List[memoryview]],
     where: str,
+    ask: Optional[Ask] = None,
 ) -> bool:
     """Read the chunks ``indices`` under ``chunk_prefix``, each whole into its list of
     ``parts_of`` (views whose lengths add up to its payload), checking each one's length,
-    header and checksum; ``False`` if one is gone."""
+    header and checksum; ``False`` if one is gone. A chunk answered by an ASK
+    redirection is read where it points, if ``ask`` is given. A connection left with a
+    reply half read (an error mid-transfer) is closed."""
     wire = Wire(conn, deadline)
     requested = 0
-    for _ in range(min(READ_AHEAD, len(indices))):
-        wire.request_get(f"{chunk_prefix}{indices[requested]}".encode())
-        requested += 1
-    wire.flush()
-    for index, parts in zip(indices, parts_of):
-        wire.arm()
-        length = wire.bulk_length()
-        if length is None:
-            return False
-        nbytes = sum(len(p) for p in parts)
-        chunk = f"{where} chunk {index}"
-        if length != nbytes + HEADER.size:
-            raise CorruptDataError(f"{chunk} holds {length} bytes; expected {nbytes + HEADER.size}")
-        header = HEADER.unpack(wire.exactly(HEADER.size))
-        if header[:4] != (MAGIC, token, index, nbytes):
-            raise CorruptDataError(
-                f"{chunk} is not the chunk the head names (foreign or stale data)"
-            )
-        crc = header[4]
-        for part in parts:
-            wire.readinto(part)
-        wire.end_of_bulk()
-        if requested < len(indices):
+    try:
+        for _ in range(min(READ_AHEAD, len(indices))):
             wire.request_get(f"{chunk_prefix}{indices[requested]}".encode())
             requested += 1
-            wire.flush()
-        if checksum(parts) != crc:
-            raise CorruptDataError(f"{chunk} fails its checksum: the stored bytes were changed")
+        wire.flush()
+        for index, parts in zip(indices, parts_of):
+            wire.arm()
+            crc: Optional[int] = None
+            try:
+                length = wire.bulk_length()
+            except rx.AskError as redirection:
+                if ask is None:
+                    raise
+                asked = functools.partial(
+                    _asked, key=f"{chunk_prefix}{index}".encode(), index=index, parts=parts,
+                    token=token, where=where, deadline=deadline,
+                )
+                if not ask(redirection, asked):
+                    return False
+            else:
+                if length is None:
+                    return False
+                crc = _take(wire, length, index, parts, token, where)
+            if requested < len(indices):  # the next request first, then the checksum
+                wire.request_get(f"{chunk_prefix}{indices[requested]}".encode())
+                requested += 1
+                wire.flush()
+            if crc is not None:
+                _check(parts, crc, where, index)
+    except BaseException:
+        conn.disconnect()
+        raise
     return True
+
+
+def _asked(
+    conn: Any, *, key: bytes, index: int, parts: List[memoryview], token: bytes, where: str,
+    deadline: float,
+) -> bool:
+    """One chunk read after ``ASKING``, on the node an ASK redirection named."""
+    wire = Wire(conn, deadline)
+    wire.put(b"*1\r\n$6\r\nASKING\r\n")
+    wire.request_get(key)
+    wire.flush()
+    wire.arm()
+    error = wire.status()
+    if error is not None:
+        raise error
+    length = wire.bulk_length()
+    if length is None:
+        return False
+    _check(parts, _take(wire, length, index, parts, token, where), where, index)
+    return True
+
+
+def _take(
+    wire: "Wire", length: int, index: int, parts: List[memoryview], token: bytes, where: str
+) -> int:
+    """A chunk's bulk reply of ``length`` bytes, its header checked, into ``parts``;
+    the checksum its header gives."""
+    nbytes = sum(len(p) for p in parts)
+    chunk = f"{where} chunk {index}"
+    if length != nbytes + HEADER.size:
+        raise CorruptDataError(f"{chunk} holds {length} bytes; expected {nbytes + HEADER.size}")
+    header = HEADER.unpack(wire.exactly(HEADER.size))
+    if header[:4] != (MAGIC, token, index, nbytes):
+        raise CorruptDataError(
+            f"{chunk} is not the chunk the head names (foreign or stale data)"
+        )
+    for part in parts:
+        wire.readinto(part)
+    wire.end_of_bulk()
+    crc: int = header[4]
+    return crc
+
+
+def _check(parts: List[memoryview], crc: int, where: str, index: int) -> None:
+    if checksum(parts) != crc:
+        raise CorruptDataError(
+            f"{where} chunk {index} fails its checksum: the stored bytes were changed")
 
 
 def command(*args: Any) -> bytes:
