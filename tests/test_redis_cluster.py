@@ -1,0 +1,262 @@
+"""The redis backend on a real local Redis Cluster (three primaries, redis-server processes
+of the test's own, tests/redis_cluster_fixtures.py): the conformance suite, tables spread
+over the shards with each table's keys in one slot, MOVED and ASK followed, and a table
+resharded while readers pull and a writer pushes, every pull whole."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from typing import Callable, Dict, List, Set
+
+import numpy as np
+import pytest
+
+import varsync
+from varsync.testing import (
+    CapabilityTests,
+    ConcurrencyTests,
+    ContractTests,
+    LeafVersionTests,
+    ReaderRegistryTests,
+    RoundTripTests,
+    TableTests,
+    ValidationTests,
+    VersionTests,
+)
+from varsync.backend import ConfigurationError, check_consistent, filled
+from redis_cluster_fixtures import (  # noqa: F401  (fixtures)
+    LocalCluster,
+    redis_cluster,
+    shared_redis_cluster,
+    slot_of,
+)
+
+redis = pytest.importorskip("redis")
+
+SIGNATURE = {"w": np.zeros((64, 64), np.float32), "b": np.zeros(100, np.int64)}
+
+
+def _namespace() -> str:
+    return f"c-{uuid.uuid4().hex[:10]}"
+
+
+def _keys_of_table(cluster: LocalCluster, head: str) -> Dict[int, List[bytes]]:
+    """Every key of the table whose head key is ``head``, by the port of the node that
+    holds it."""
+    pattern = head[: -len("head")].replace("{", "\\{").replace("}", "\\}") + "*"
+    found: Dict[int, List[bytes]] = {}
+    for node in cluster.nodes:
+        with node.client() as admin:
+            keys = list(admin.scan_iter(match=pattern, count=1000))
+        if keys:
+            found[node.port] = keys
+    return found
+
+
+class TestConformanceOnACluster(
+    TableTests, RoundTripTests, ValidationTests, VersionTests, ConcurrencyTests,
+    ContractTests, CapabilityTests, LeafVersionTests, ReaderRegistryTests,
+):
+    """The suite but for its fault mixin, whose proxy fronts the URL's one address: in a
+    cluster the slot map names every node's own, and requests go around a proxy."""
+
+    @pytest.fixture
+    def url(self, shared_redis_cluster: LocalCluster) -> str:  # noqa: F811
+        return shared_redis_cluster.url(namespace=_namespace())
+
+    @pytest.fixture
+    def new_history(
+        self, shared_redis_cluster: LocalCluster  # noqa: F811
+    ) -> Callable[[str, str], None]:
+        """The table's keys deleted on the node holding them, as a node that lost its
+        data; the suite then creates it again (a new epoch)."""
+
+        def restart(url: str, table: str) -> None:
+            with varsync.connect(url) as container:
+                head = container.backend._keys(table).head
+            for port, keys in _keys_of_table(shared_redis_cluster, head).items():
+                node = next(n for n in shared_redis_cluster.nodes if n.port == port)
+                with node.client() as admin:
+                    admin.delete(*keys)
+
+        return restart
+
+
+def test_tables_spread_over_the_primaries_and_each_lies_on_one_node(
+    shared_redis_cluster: LocalCluster,  # noqa: F811
+) -> None:
+    url = shared_redis_cluster.url(namespace=_namespace(), chunk_size=4096)
+    names = [f"table-{i}" for i in range(24)]
+    with varsync.connect(url) as container:
+        for number, name in enumerate(names):
+            container.create_table(name, SIGNATURE)
+            container.push(filled(SIGNATURE, number), table=name)
+            container.push(filled(SIGNATURE, number + 100), table=name)
+        assert container.tables() == sorted(names)
+        holders: Set[int] = set()
+        for number, name in enumerate(names):
+            assert check_consistent(container.pull(table=name)) == number + 100
+            head = container.backend._keys(name).head
+            found = _keys_of_table(shared_redis_cluster, head)
+            assert len(found) == 1, f"{name}'s keys lie on {sorted(found)}"
+            port, keys = found.popitem()
+            assert port == shared_redis_cluster.owner_of(head).port
+            assert len({slot_of(k) for k in keys}) == 1
+            assert len(keys) > 10  # head, events, and the chunks of two versions
+            holders.add(port)
+        assert holders == {n.port for n in shared_redis_cluster.nodes}
+
+
+def test_a_stale_slot_map_follows_moved_for_pulls_pushes_and_waits(
+    redis_cluster: LocalCluster,  # noqa: F811
+) -> None:
+    url = redis_cluster.url(chunk_size=4096)
+    with varsync.connect(url) as writer, varsync.connect(url) as reader:
+        writer.create_table("variables", SIGNATURE)
+        writer.push(filled(SIGNATURE, 1))
+        assert check_consistent(reader.pull()) == 1
+        head = writer.backend._keys("variables").head
+        source = redis_cluster.owner_of(head)
+        target = next(n for n in redis_cluster.nodes if n is not source)
+        redis_cluster.migrate_slot(slot_of(head), target)
+        assert redis_cluster.owner_of(head) is target
+
+        before = reader.backend._client.redirections
+        assert reader.pull_if_newer(1) is None  # its map still names the old owner
+        assert reader.backend._client.redirections > before
+        assert writer.push(filled(SIGNATURE, 2)) == 2  # so does the writer's
+        assert check_consistent(reader.pull()) == 2
+
+        woken: List[int] = []
+        waiting = threading.Thread(target=lambda: woken.append(reader.wait_for(2, timeout=10)))
+        waiting.start()
+        time.sleep(0.3)
+        writer.push(filled(SIGNATURE, 3))
+        waiting.join(15)
+        assert woken == [3]
+
+
+def test_pulls_follow_ask_mid_migration_and_pushes_wait_for_it_to_end(
+    redis_cluster: LocalCluster,  # noqa: F811
+) -> None:
+    url = redis_cluster.url(chunk_size=4096, keep=2)
+    with varsync.connect(url, timeout=20) as writer, varsync.connect(url) as reader:
+        writer.create_table("variables", SIGNATURE)
+        writer.push(filled(SIGNATURE, 1))
+        head = writer.backend._keys("variables").head
+        source = redis_cluster.owner_of(head)
+        target = next(n for n in redis_cluster.nodes if n is not source)
+        migration = redis_cluster.begin_migration(slot_of(head), target)
+        # half the keys moved: some chunks of version 1 on each node, the head on either
+        total = migration.remaining()
+        while migration.remaining() > total // 2:
+            migration.move_keys(3)
+        before = reader.backend._client.redirections
+        assert check_consistent(reader.pull()) == 1
+        assert reader.backend._client.redirections > before  # ASK followed
+
+        pushed: List[int] = []
+        pushing = threading.Thread(target=lambda: pushed.append(
+            writer.push(filled(SIGNATURE, 2))))
+        pushing.start()
+        time.sleep(0.5)
+        assert pushed == []  # a push cannot be published on a table split over two nodes
+        assert check_consistent(reader.pull()) == 1
+        migration.finish()
+        pushing.join(25)
+        assert pushed == [2]
+        assert check_consistent(reader.pull()) == 2
+        assert list(_keys_of_table(redis_cluster, head)) == [target.port]
+
+
+def test_a_table_resharded_back_and_forth_while_readers_pull_stays_whole(
+    redis_cluster: LocalCluster,  # noqa: F811
+) -> None:
+    """A writer pushes, three readers pull and wait, while the table's slot moves to
+    another node and back in batches of a few keys: every pull is one whole version,
+    no reader's version goes back, and nothing is lost."""
+    url = redis_cluster.url(chunk_size=4096, keep=2)
+    signature = {"w": np.zeros((128, 128), np.float32), "b": np.zeros(1000, np.int32)}
+    with varsync.connect(url, timeout=20) as writer:
+        writer.create_table("variables", signature)
+        writer.push(filled(signature, 1))
+        head = writer.backend._keys("variables").head
+        slot = slot_of(head)
+        stop = threading.Event()
+        errors: List[BaseException] = []
+        seen: List[List[int]] = [[] for _ in range(3)]
+        pushed: List[int] = [1]
+
+        def push_loop() -> None:
+            try:
+                number = 1
+                while not stop.is_set():
+                    number += 1
+                    assert writer.push(filled(signature, number)) == number
+                    pushed.append(number)
+                    time.sleep(0.01)
+            except BaseException as exc:  # noqa: BLE001  (reported by the test)
+                errors.append(exc)
+
+        def pull_loop(index: int) -> None:
+            try:
+                with varsync.connect(url, timeout=20) as reader:
+                    first = reader.pull_if_newer(0)
+                    assert first is not None
+                    version, held = first[0], check_consistent(first[1])
+                    seen[index].append(held)
+                    while not stop.is_set():
+                        with contextlib.suppress(varsync.PullTimeoutError):
+                            reader.wait_for(version, timeout=0.5)
+                        newer = reader.pull_if_newer(version)
+                        if newer is not None:
+                            version, values = newer
+                            number = check_consistent(values)
+                            assert number > held, f"went back from {held} to {number}"
+                            held = number
+                            seen[index].append(held)
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        threads = [threading.Thread(target=push_loop)] + [
+            threading.Thread(target=pull_loop, args=(i,)) for i in range(3)
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            home = redis_cluster.owner_of(head)
+            away = next(n for n in redis_cluster.nodes if n is not home)
+            for target in (away, home):
+                redis_cluster.migrate_slot(slot, target, batch=3, pause=0.005)
+                settled = len(pushed)
+                time.sleep(0.3)
+                assert len(pushed) > settled + 3  # pushes resume once the slot settles
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(30)
+        assert not errors, errors
+        assert not any(t.is_alive() for t in threads)
+        assert all(len(s) >= 3 for s in seen), [len(s) for s in seen]
+        with varsync.connect(url) as reader:
+            assert check_consistent(reader.pull()) == pushed[-1]
+
+
+@pytest.mark.parametrize("query, expected", [
+    ("/1", "database 0 only"),
+    ("?db=2", "database 0 only"),
+    ("?replicas=127.0.0.1:7000", "reads from each table's primary"),
+    ("?read_from=replica", "reads from each table's primary"),
+    ("?prefix=a{b", "brace"),
+])
+def test_cluster_urls_refuse_what_a_cluster_cannot_do(query: str, expected: str) -> None:
+    with pytest.raises(ConfigurationError, match=expected):
+        varsync.connect(f"redis+cluster://127.0.0.1:1{query}")
+
+
+def test_a_cluster_url_names_no_node() -> None:
+    with pytest.raises(ConfigurationError, match="names no node"):
+        varsync.connect("redis+cluster:///")
