@@ -1,7 +1,8 @@
-"""``redis://`` and ``rediss://`` (and ``redis+sentinel://``): tables in a Redis server,
-published atomically by version.
+"""``redis://`` and ``rediss://`` (and ``redis+sentinel://``, ``redis+cluster://``): tables
+in a Redis server, published atomically by version.
 
-Keys, under ``P = "{prefix}:{namespace}:"`` (namespace and table names percent-encoded)::
+Keys, under ``P = "{prefix}:{namespace}:"`` (namespace and table names percent-encoded;
+on a Redis Cluster ``<table>`` is in braces, a hash tag: :mod:`.cluster`)::
 
     P tables                   set: the names of the tables
     P <table>:head             hash: fmt, sig, epoch, version, data, layout, retained, spare, run,
@@ -43,7 +44,8 @@ Modules: :mod:`.protocol` (keys, head, Lua scripts and their named replies), :mo
 (leaf versions: segments, the leaf map, delta pushes and pulls),
 :mod:`.wire` (the chunk format, its writer and reader), :mod:`.options`, :mod:`.errors`
 (redis-py's exceptions mapped), :mod:`.pool` (connections and requests),
-:mod:`.topology` (reads from replicas, the primary found by Sentinel), :mod:`.waits`
+:mod:`.topology` (reads from replicas, the primary found by Sentinel), :mod:`.cluster`
+(a Redis Cluster's slot map and redirections), :mod:`.waits`
 (the wait loop's look at the head and its XREAD BLOCK),
 :mod:`.backend` (:class:`RedisBackend`).
 """
