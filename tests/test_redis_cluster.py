@@ -172,14 +172,18 @@ def test_pulls_follow_ask_mid_migration_and_pushes_wait_for_it_to_end(
         assert list(_keys_of_table(redis_cluster, head)) == [target.port]
 
 
+@pytest.mark.parametrize("signature, chunk_size", [
+    ({"w": np.zeros((128, 128), np.float32), "b": np.zeros(1000, np.int32)}, 4096),
+    # 5 MB: pushes claim the spare version's chunks and overwrite them in place
+    ({"w": np.zeros((1250, 1000), np.float32), "b": np.zeros(1000, np.int32)}, 256 << 10),
+], ids=["70KB-in-4KiB-chunks", "5MB-recycled-in-256KiB-chunks"])
 def test_a_table_resharded_back_and_forth_while_readers_pull_stays_whole(
-    redis_cluster: LocalCluster,  # noqa: F811
+    redis_cluster: LocalCluster, signature: Dict[str, np.ndarray], chunk_size: int,  # noqa: F811
 ) -> None:
     """A writer pushes, three readers pull and wait, while the table's slot moves to
     another node and back in batches of a few keys: every pull is one whole version,
     no reader's version goes back, and nothing is lost."""
-    url = redis_cluster.url(chunk_size=4096, keep=2)
-    signature = {"w": np.zeros((128, 128), np.float32), "b": np.zeros(1000, np.int32)}
+    url = redis_cluster.url(chunk_size=chunk_size, keep=2)
     with varsync.connect(url, timeout=20) as writer:
         writer.create_table("variables", signature)
         writer.push(filled(signature, 1))
@@ -241,6 +245,8 @@ def test_a_table_resharded_back_and_forth_while_readers_pull_stays_whole(
         assert not errors, errors
         assert not any(t.is_alive() for t in threads)
         assert all(len(s) >= 3 for s in seen), [len(s) for s in seen]
+        if chunk_size > 4096:  # the in-place path was the one taken
+            assert writer.table_info().details["spare_version"]
         with varsync.connect(url) as reader:
             assert check_consistent(reader.pull()) == pushed[-1]
 
