@@ -9,7 +9,7 @@ import contextlib
 import threading
 import time
 import uuid
-from typing import Callable, Dict, List, Set
+from typing import Any, Callable, Dict, List, Set
 
 import numpy as np
 import pytest
@@ -266,3 +266,14 @@ def test_cluster_urls_refuse_what_a_cluster_cannot_do(query: str, expected: str)
 def test_a_cluster_url_names_no_node() -> None:
     with pytest.raises(ConfigurationError, match="names no node"):
         varsync.connect("redis+cluster:///")
+
+
+def test_a_cluster_url_whose_nodes_do_not_answer_says_so() -> None:
+    with pytest.raises(varsync.BackendConnectionError, match="CLUSTER SLOTS"):
+        varsync.connect("redis+cluster://127.0.0.1:1,127.0.0.1:2", timeout=2)
+
+
+def test_a_cluster_url_naming_a_standalone_server_says_what_it_is(redis_servers: Any) -> None:
+    server = redis_servers()
+    with pytest.raises(varsync.BackendConnectionError, match="cluster-enabled yes"):
+        varsync.connect(f"redis+cluster://127.0.0.1:{server.port}", timeout=5)
