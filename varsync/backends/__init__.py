@@ -24,35 +24,21 @@ def varsync_register_backends(registry: "BackendRegistry") -> None:
         extra="reverb",
         description="tables of a Reverb server, interchangeable with TF-Agents' container",
     )
-    registry.add(
-        "redis",
-        "varsync.backends.redis:RedisBackend",
-        requires=["redis"],
-        extra="redis",
-        description="tables in a Redis server, atomically versioned (redis://host:port/db)",
-    )
-    registry.add(
-        "rediss",
-        "varsync.backends.redis:RedisBackend",
-        requires=["redis"],
-        extra="redis",
-        description="the redis backend over TLS (rediss://host:port/db)",
-    )
+    schemes = {
+        "redis": "tables in a Redis server, atomically versioned (redis://host:port/db)",
+        "rediss": "the redis backend over TLS (rediss://host:port/db)",
+    }
     for scheme in ("redis+cluster", "rediss+cluster"):
-        registry.add(
-            scheme,
-            "varsync.backends.redis:RedisBackend",
-            requires=["redis"],
-            extra="redis",
-            description="the redis backend on a Redis Cluster, each table on its slot's "
-            f"primary ({scheme}://host:port[,host:port])",
-        )
+        schemes[scheme] = ("the redis backend on a Redis Cluster, each table on its slot's "
+                           f"primary ({scheme}://host:port[,host:port])")
     for scheme in ("redis+sentinel", "rediss+sentinel"):
+        schemes[scheme] = ("the redis backend, its primary and replicas found by Sentinel "
+                           f"({scheme}://host:port[,host:port]/service[/db])")
+    for scheme, description in schemes.items():
         registry.add(
             scheme,
             "varsync.backends.redis:RedisBackend",
             requires=["redis"],
             extra="redis",
-            description="the redis backend, its primary and replicas found by Sentinel "
-            f"({scheme}://host:port[,host:port]/service[/db])",
+            description=description,
         )
