@@ -6,6 +6,7 @@ resharded while readers pull and a writer pushes, every pull whole."""
 from __future__ import annotations
 
 import contextlib
+import secrets
 import threading
 import time
 import uuid
@@ -27,6 +28,7 @@ from varsync.testing import (
     VersionTests,
 )
 from varsync.backend import ConfigurationError, check_consistent, filled
+from varsync.backends.redis import wire
 from redis_cluster_fixtures import (  # noqa: F401  (fixtures)
     LocalCluster,
     redis_cluster,
@@ -277,3 +279,49 @@ def test_a_cluster_url_naming_a_standalone_server_says_what_it_is(redis_servers:
     server = redis_servers()
     with pytest.raises(varsync.BackendConnectionError, match="cluster-enabled yes"):
         varsync.connect(f"redis+cluster://127.0.0.1:{server.port}", timeout=5)
+
+
+def test_a_publish_stopped_by_a_migrating_slot_changes_nothing(
+    redis_cluster: LocalCluster,  # noqa: F811
+) -> None:
+    """The publish script reads every key it will change before its first change: with
+    the chunks it would retire gone to the migration's target, the server stops it, and
+    the head, the stream and the new chunks' TTLs are as they were."""
+    url = redis_cluster.url(chunk_size=4096, keep=0)
+    with varsync.connect(url) as writer:
+        writer.create_table("variables", SIGNATURE)
+        writer.push(filled(SIGNATURE, 1))
+        backend = writer.backend
+        keys = backend._keys("variables")
+        source = redis_cluster.owner_of(keys.head)
+        target = next(n for n in redis_cluster.nodes if n is not source)
+        with source.client() as admin:
+            head_before = admin.hgetall(keys.head)
+            stream_before = admin.xlen(keys.events)
+        retired = head_before[b"data"].decode()
+        # the next push's chunks, written before the migration begins
+        token = secrets.token_bytes(8)
+        arrays = [np.ascontiguousarray(a) for a in varsync.flatten(filled(SIGNATURE, 2))]
+        payload = backend.chunk_size - wire.CHUNK_SLACK
+        total = sum(a.nbytes for a in arrays)
+        chunks = -(-total // payload)
+        sent = backend._send_chunks(keys.chunks + token.hex() + ":", token, arrays, payload)
+        assert sent.error is None
+        migration = redis_cluster.begin_migration(slot_of(keys.head), target)
+        with source.client() as admin:  # only the chunks version 1 retires (keep=0) move
+            doomed = list(admin.scan_iter(match=f"*:d:{retired}:*", count=1000))
+            assert doomed
+            admin.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000,
+                                  "KEYS", *doomed)
+        table = backend._known_table("variables")
+        with pytest.raises(redis.exceptions.TryAgainError, match="non local key"):
+            backend._publish(keys, table, token.hex(), f"{total}:{payload}:{chunks}", chunks,
+                             False, [len(arrays), "", ""])
+        with source.client() as admin:
+            assert admin.hgetall(keys.head) == head_before
+            assert admin.xlen(keys.events) == stream_before
+            fresh = list(admin.scan_iter(match=f"*:d:{token.hex()}:*", count=1000))
+            assert len(fresh) == chunks and all(admin.pttl(k) > 0 for k in fresh)
+        migration.finish()
+        assert writer.push(filled(SIGNATURE, 3)) == 2
+        assert check_consistent(writer.pull()) == 3

@@ -141,7 +141,10 @@ class ClusterClient:
     def owner(self, key: Optional[str]) -> Client:
         """The client of the primary owning ``key``'s slot (any node for ``None``)."""
         if key is None:
-            return self.node(next(o for o in self._owners if o is not None))
+            anyone = next((o for o in self._owners if o is not None), None)
+            if anyone is None:
+                raise rx.ClusterDownError("no node of the cluster serves any slot")
+            return self.node(anyone)
         slot = key_slot(key.encode())
         owner = self._owners[slot]
         if owner is None:
@@ -238,13 +241,16 @@ class ClusterClient:
         slot it met in migration (:data:`IN_MOTION`) is no longer migrating, for at most
         ``timeout`` seconds (:data:`SETTLE_SECONDS` without one)."""
         deadline = time.monotonic() + (SETTLE_SECONDS if timeout is None else timeout)
+        moves = 0
         while True:
             try:
                 return attempt()
             except (*IN_MOTION, rx.MovedError) as exc:
                 if isinstance(exc, rx.MovedError):  # also one read off a pipeline
                     self._moved(exc)
-                    continue
+                    moves += 1
+                    if moves <= MAX_REDIRECTIONS and remaining(deadline) > 0:
+                        continue  # at once: the map says where the slot went
                 log.debug("slot of %r in motion (%s); trying again once it settles", key, exc)
                 if not self._until_settled(key, deadline):
                     raise
