@@ -196,7 +196,8 @@ class Sweep:
             hand.close()
 
         # Three rounds before redis:// is in its steady state: from the third push on, a
-        # table of 4 MiB or more has a spare version, which each push overwrites in place.
+        # table pushed at recycle_from (256 MiB) or more has a spare version, which each
+        # push overwrites in place.
         return Group("redis", ops, polls, close, warm=3, per_round=per_round)
 
     def shm_group(self, case: Case, nest: Any, variables: Any, targets: Any) -> Group:

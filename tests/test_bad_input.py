@@ -479,8 +479,8 @@ def test_any_text_is_a_url_or_a_configuration_error(text: str, options: Dict[str
         assert settings_.scheme and "?" not in settings_.url
 
 
-@pytest.mark.parametrize("option", ["db", "chunk_size", "keep", "retries", "connect_timeout",
-                                    "socket_timeout", "prefix", "timeout"])
+@pytest.mark.parametrize("option", ["db", "chunk_size", "keep", "retries", "recycle_from",
+                                    "connect_timeout", "socket_timeout", "prefix", "timeout"])
 def test_any_value_of_a_redis_option_is_used_or_refused_clearly(option: str) -> None:
     """Against a port nobody listens on: the option is refused (ConfigurationError), or
     accepted and the connection then refused (BackendConnectionError). Nothing else."""

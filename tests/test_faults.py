@@ -534,7 +534,7 @@ def _large_push_target(backend: str, request: Any, signature: Any) -> Tuple[str,
     """A URL with table ``variables`` of ``signature`` on a server (or store) of the test's own."""
     if backend == "redis":
         server = request.getfixturevalue("redis_servers")()
-        url = server.url + "?chunk_size=1048576&keep=1"
+        url = server.url + "?chunk_size=1048576&keep=1&recycle_from=4194304"
         with varsync.connect(url) as store:
             store.create_table("variables", signature)
         return url, server

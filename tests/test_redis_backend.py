@@ -588,6 +588,7 @@ def test_the_database_comes_from_the_url_path(server: Any) -> None:
 # -- recycling: large pushes overwrite the spare version's chunks in place ----------------------
 
 SIX_MIB = {"w": varsync.Spec((6 * MB,), "uint8")}
+RECYCLE_FROM = 4 * MB  # recycle_from below its default (256 MiB): these tables stay small
 
 
 def _setrange_calls(server: Any) -> int:
@@ -596,7 +597,7 @@ def _setrange_calls(server: Any) -> int:
 
 
 def test_large_pushes_overwrite_the_spare_versions_chunks_in_place(server: Any) -> None:
-    with varsync.connect(server.url, chunk_size=MB) as store:
+    with varsync.connect(server.url, chunk_size=MB, recycle_from=RECYCLE_FROM) as store:
         store.create_table("variables", SIX_MIB)
         for number in (1, 2, 3):
             store.push({"w": np.full(6 * MB, number, np.uint8)})
@@ -628,7 +629,7 @@ def test_large_pushes_overwrite_the_spare_versions_chunks_in_place(server: Any) 
 
 
 def test_small_pushes_keep_no_spare(server: Any) -> None:
-    with varsync.connect(server.url, chunk_size=MB) as store:
+    with varsync.connect(server.url, chunk_size=MB, recycle_from=RECYCLE_FROM) as store:
         store.create_table("variables", {"w": varsync.Spec((3 * MB,), "uint8")})
         for number in range(1, 5):
             store.push({"w": np.full(3 * MB, number, np.uint8)})
@@ -638,7 +639,7 @@ def test_small_pushes_keep_no_spare(server: Any) -> None:
 
 
 def test_a_spare_of_another_layout_is_deleted_and_the_push_writes_afresh(server: Any) -> None:
-    with varsync.connect(server.url, chunk_size=MB) as first:
+    with varsync.connect(server.url, chunk_size=MB, recycle_from=RECYCLE_FROM) as first:
         first.create_table("variables", SIX_MIB)
         for number in (1, 2, 3):
             first.push({"w": np.full(6 * MB, number, np.uint8)})
@@ -662,7 +663,7 @@ def test_a_spare_of_another_layout_is_deleted_and_the_push_writes_afresh(server:
 def test_a_head_whose_spare_is_damaged_never_costs_a_readable_version(
     server: Any, damage: str
 ) -> None:
-    with varsync.connect(server.url, chunk_size=MB) as store:
+    with varsync.connect(server.url, chunk_size=MB, recycle_from=RECYCLE_FROM) as store:
         store.create_table("variables", SIX_MIB)
         for number in (1, 2):
             store.push({"w": np.full(6 * MB, number, np.uint8)})
@@ -683,3 +684,23 @@ def test_a_head_whose_spare_is_damaged_never_costs_a_readable_version(
         kept = table_head(server)["retained"].split(",")[0].split(":")[0]
         assert kept == head["data"]
         assert {k for k in before if f":{kept}:" in k} <= set(keys_of(server, "varsync::variables:d:*"))
+
+
+def test_a_push_that_does_not_recycle_frees_the_spare_another_one_left(server: Any) -> None:
+    """A spare left by a writer that recycles (or by a release whose threshold was 4 MiB)
+    is freed by the next push of a writer that does not: no table keeps a version's worth
+    of memory it never reads again."""
+    with varsync.connect(server.url, chunk_size=MB, recycle_from=RECYCLE_FROM) as first:
+        first.create_table("variables", SIX_MIB)
+        for number in (1, 2, 3):
+            first.push({"w": np.full(6 * MB, number, np.uint8)})
+        spare_token = table_head(server)["spare"].split(":")[0]
+        assert keys_of(server, f"varsync::variables:d:{spare_token}:*")
+    with varsync.connect(server.url, chunk_size=MB) as second:  # the default: 256 MiB
+        assert second.push({"w": np.full(6 * MB, 4, np.uint8)}) == 4
+        assert_bit_equal(second.pull(), {"w": np.full(6 * MB, 4, np.uint8)})
+    head = table_head(server)
+    assert head["spare"] == ""
+    assert keys_of(server, f"varsync::variables:d:{spare_token}:*") == []
+    assert len(keys_of(server, "varsync::variables:d:*")) == 2 * 7  # current and kept
+    assert _setrange_calls(server) == 0

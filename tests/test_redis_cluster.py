@@ -185,7 +185,7 @@ def test_a_table_resharded_back_and_forth_while_readers_pull_stays_whole(
     """A writer pushes, three readers pull and wait, while the table's slot moves to
     another node and back in batches of a few keys: every pull is one whole version,
     no reader's version goes back, and nothing is lost."""
-    url = redis_cluster.url(chunk_size=chunk_size, keep=2)
+    url = redis_cluster.url(chunk_size=chunk_size, keep=2, recycle_from=4 << 20)
     with varsync.connect(url, timeout=20) as writer:
         writer.create_table("variables", signature)
         writer.push(filled(signature, 1))

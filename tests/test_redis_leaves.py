@@ -214,12 +214,12 @@ def test_a_leaf_unchanged_for_10000_versions_stays_readable_and_keys_stay_bounde
 def test_recycling_never_overwrites_a_segment_a_retained_version_references(
     server: Any,
 ) -> None:
-    # pushes of 4 MiB or more recycle the spare in place: the spare is only ever a
-    # segment that no retained version references, never the unchanged leaf's
+    # pushes of recycle_from (here 4 MiB) or more recycle the spare in place: the spare
+    # is only ever a segment that no retained version references, never the unchanged leaf's
     signature = {"frozen": varsync.Spec((MB,), "float32"),  # 4 MiB, pushed once
                  "moving": varsync.Spec((MB + 8,), "float32")}  # above 4 MiB, every push
     specs = specs_of(signature)
-    with varsync.connect(server.url + "?keep=1&chunk_size=1048576") as writer, \
+    with varsync.connect(server.url + "?keep=1&chunk_size=1048576&recycle_from=4194304") as writer, \
             varsync.connect(server.url) as reader, server.client() as admin:
         writer.create_table("variables", signature)
         writer.backend.write("variables", [filled_leaf(s, 1) for s in specs], specs)

@@ -23,7 +23,7 @@ NEST = {
     "normaliser": {"mean": varsync.Spec((64,), "float32"), "count": varsync.Spec((), "int64")},
     "train_step": varsync.Spec((), "int64"),
 }
-# 5.2 MB: large enough that every push overwrites the spare version's chunks in place
+# 5.2 MB: with recycle_from=4 MiB every push overwrites the spare version's chunks in place
 LARGE_NEST = {"policy": [varsync.Spec((1024, 1280), "float32")], "train_step": varsync.Spec((), "int64")}
 NESTS = {"small": NEST, "large": LARGE_NEST}
 PUSHES = 300
@@ -87,7 +87,7 @@ def read(url: str, mode: str, go: Any, last: Any, report: Any) -> None:
 @pytest.mark.parametrize(
     "nest, options",
     [("small", {"chunk_size": 65536, "keep": 0}), ("small", {"keep": 1}),
-     ("large", {"chunk_size": 1 << 20, "keep": 0})],
+     ("large", {"chunk_size": 1 << 20, "keep": 0, "recycle_from": 4 << 20})],
     ids=["64KiB-chunks-keep0", "default-chunks-keep1", "recycled-1MiB-chunks-keep0"],
 )
 def test_readers_in_other_processes_never_see_a_torn_nest(

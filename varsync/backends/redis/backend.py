@@ -27,7 +27,7 @@ from varsync.backends.redis import leaves as leaf_map
 from varsync.backends.redis import wire
 from varsync.backends.redis.cluster import in_motion
 from varsync.backends.redis.errors import OutOfTime, translated
-from varsync.backends.redis.options import DEFAULT_CHUNK, parse_settings
+from varsync.backends.redis.options import parse_settings
 from varsync.backends.redis.pool import MOVED_ROLE
 from varsync.backends.redis.protocol import (
     CLAIM,
@@ -58,13 +58,6 @@ __all__ = ["RedisBackend"]
 
 log = logging.getLogger("varsync.backends.redis")
 
-# Pushes from this size on overwrite the spare version's chunks in place (see CLAIM);
-# below it, the extra round trip costs more than the page faults it saves. Measured
-# since (Redis 6.2, libc malloc, same rounds): at 10 and 100 MB in-place pushes took
-# 1.00-1.08x per-leaf SETs where fresh chunks took 0.82-0.89x (SETRANGE copies every
-# chunk once more in the server, and the allocator reuses freed chunks at that size),
-# at 1 GB 0.60x where fresh took 0.77x.
-_RECYCLE_FROM_BYTES = DEFAULT_CHUNK
 _DISCARD_SECONDS = 1.0  # bound on deleting a failed push's chunks (they expire anyway)
 
 class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
@@ -72,7 +65,8 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
     for TLS). Options: ``db``, ``username``, ``password``, ``prefix`` (key prefix, default
     ``varsync``), ``chunk_size`` (bytes, default 4 MiB), ``keep`` (previous versions kept
     for readers in flight, default 1), ``connect_timeout`` and ``socket_timeout``
-    (default: ``timeout``), ``retries`` (reconnect attempts, default 0), and redis-py's
+    (default: ``timeout``), ``retries`` (reconnect attempts, default 0), ``recycle_from``
+    (bytes from which a push overwrites a retired version's chunks, default 256 MiB), redis-py's
     ``ssl_*`` options for ``rediss://``; ``replicas`` and ``read_from`` (reads from a
     replica, :mod:`.topology`), ``redis+sentinel://host:port[,...]/service[/db]``, and
     ``redis+cluster://host:port[,...]`` (a Redis Cluster, :mod:`.cluster`)."""
@@ -316,7 +310,7 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         payload = self.chunk_size - wire.CHUNK_SLACK
         chunks = -(-total // payload)
         layout = f"{total}:{payload}:{chunks}"
-        recycle = total >= _RECYCLE_FROM_BYTES
+        recycle = total >= self._settings.recycle_from  # see DEFAULT_RECYCLE_FROM
         chunk_prefix = keys.chunks + token.hex() + ":"
         extra = [count, leaves, base]
         table = self._known_table(name)

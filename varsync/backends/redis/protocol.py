@@ -354,6 +354,17 @@ for index, item in ipairs(retained) do
     if token and not known[token] and not live[token] then retire(token, layout) end
   end
 end
+-- a push that does not recycle frees the spare a larger push (or another writer's
+-- recycle_from) left, unless a kept version still reads it (only a damaged head says so)
+if ARGV[11] ~= '1' and spare ~= '' then
+  local token, layout = string.match(spare, '^(%x+):(%d+:%d+:%d+)$')
+  if token and not live[token] and not known[token] and token ~= ARGV[2] then
+    for i = 0, tonumber(string.match(layout, ':(%d+)$')) - 1 do
+      table.insert(doomed, ARGV[6] .. token .. ':' .. i)
+    end
+  end
+  spare = ''
+end
 for _, key in ipairs(doomed) do redis.call('EXISTS', key) end
 -- every check is done: publish
 for i = 0, chunks - 1 do redis.call('PERSIST', data .. i) end
