@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -325,3 +327,22 @@ def test_a_publish_stopped_by_a_migrating_slot_changes_nothing(
         migration.finish()
         assert writer.push(filled(SIGNATURE, 3)) == 2
         assert check_consistent(writer.pull()) == 3
+
+
+def test_varsync_watch_shows_the_tables_of_every_primary_and_their_readers(
+    shared_redis_cluster: LocalCluster,  # noqa: F811
+) -> None:
+    url = shared_redis_cluster.url(namespace=_namespace())
+    names = [f"t{i}" for i in range(6)]
+    with varsync.connect(url) as writer, varsync.connect(url) as reader:
+        for name in names:
+            writer.create_table(name, SIGNATURE)
+            writer.push(filled(SIGNATURE, 1), table=name)
+        reader.report_as("actor-7")
+        reader.pull(table="t3")
+        shown = subprocess.run(
+            [sys.executable, "-m", "varsync.cli", "watch", url, "--once", "--interval", "0.2"],
+            capture_output=True, text=True, timeout=60, check=True,
+        ).stdout
+    assert {line.split()[0] for line in shown.splitlines() if line[:1] == "t"} == set(names)
+    assert any("actor-7" in line and line.startswith("t3") for line in shown.splitlines())
