@@ -5,22 +5,19 @@ from __future__ import annotations
 import collections
 import math
 import threading
-import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from varsync import adapters, delta
+from varsync import adapters, checks, delta
 from varsync import nest as nest_lib
 from varsync import readers as readers_lib
 from varsync import signature as sig
 from varsync.backends.base import Backend, deadline_after, read_snapshot, remaining
-from varsync.config import check_text
 from varsync.errors import (
     ConfigurationError,
     CorruptDataError,
-    ItemTooLargeError,
     PullTimeoutError,
     TableExistsError,
     TableNotFoundError,
@@ -82,7 +79,7 @@ class VariableContainer:
         """Create table ``name`` from a nest of specs or example values; return its
         signature. Creating an existing table with an equal signature is a no-op; with a
         different one it raises :class:`TableExistsError`."""
-        self._check_name(name)
+        checks.table_name(name)
         wanted = sig.signature_of(signature)
         stored_text = self._backend_call().create_table(
             name, sig.to_json(wanted), sig.flat_specs(wanted)
@@ -133,25 +130,15 @@ class VariableContainer:
         _, specs = self._table(table)
         arrays = sig.flatten_values(self.signature(table), values)
         backend = self._backend_call()
-        self._check_size(table, backend, arrays)
+        checks.push_size(table, backend, arrays)
         if skip_unchanged is None:
             skip_unchanged = not self._whole_pushes.get(table, False)
         last = self._written.pop(table, None)
         if not (skip_unchanged and backend.supports_leaf_versions):
             return backend.write(table, arrays, specs)
-        if last is not None and last.history != backend.history_of(table):
-            last = None  # the table restarted since: nothing of it is this writer's
-        changed, samples, hashes = delta.changed_leaves(last, arrays)
-        version = 0
-        if last is not None and len(changed) < len(arrays):
-            leaves = {index: arrays[index] for index in changed}
-            version = backend.write_leaves(table, leaves, specs, last.version)
-        if version == 0:  # everything changed, a first push, or another writer's since
-            version = backend.write(table, arrays, specs)
-        self._written[table] = delta.Written(
-            version, samples, hashes, backend.history_of(table)
-        )
-        return version
+        written = delta.push_changed(backend, table, arrays, specs, last)
+        self._written[table] = written
+        return written.version
 
     def push_leaves(self, leaves: Mapping[Any, Any], table: str = DEFAULT_TABLE) -> int:
         """Publish a new version that changes only the leaves given; every other leaf
@@ -166,46 +153,22 @@ class VariableContainer:
         backend without leaf versions this reads the current value and writes a whole
         new one: a push by another writer in between is overwritten (``docs/delta.md``)."""
         signature, specs = self._table(table)
-        if not isinstance(leaves, Mapping) or not leaves:
-            raise ConfigurationError(
-                f"push_leaves takes a non-empty mapping of leaf paths to values, got "
-                f"{leaves!r:.80}"
-            )
-        given: Dict[int, np.ndarray] = {}
-        for path, value in leaves.items():
-            node, indices, walked = delta.leaf_indices(signature, path)
-            try:
-                arrays = sig.flatten_values(node, value)
-            except sig.SignatureMismatchError as exc:
-                raise sig.SignatureMismatchError(
-                    f"push_leaves, path {nest_lib.format_path(walked)}: {exc}"
-                ) from None
-            for index, array in zip(indices, arrays):
-                if index in given:
-                    raise ConfigurationError(
-                        f"push_leaves names the leaf at {path!r} twice (paths overlap)"
-                    )
-                given[index] = array
+        given = delta.given_leaves(signature, leaves)
         if len(given) == len(specs):  # every leaf: a push, compared with the last as one
             return self.push(nest_lib.unflatten(signature, [given[i] for i in range(len(specs))]),
                              table)
         backend = self._backend_call()
-        self._check_size(table, backend, list(given.values()))
+        checks.push_size(table, backend, list(given.values()))
         last = self._written.pop(table, None)
         if not backend.supports_leaf_versions:
             return self._push_leaves_whole(table, given, specs)
         if backend.version(table) == 0 or not (
             version := backend.write_leaves(table, given, specs, None)
         ):
-            raise self._empty_for_leaves(table, signature, given)
-        if last is not None and last.version == version - 1 and (
-            last.history == backend.history_of(table)
-        ):  # the rest is still ours
-            for index, array in given.items():
-                raw = delta._bytes_of(array)
-                last.samples[index], last.hashes[index] = delta._sample(raw), None
-            last.version = version
-            self._written[table] = last
+            raise delta.nothing_to_keep(table, backend.url, signature, given)
+        written = delta.written_after(last, given, version, backend.history_of(table))
+        if written is not None:  # the rest is still ours
+            self._written[table] = written
         return version
 
     def configure_table(self, table: str = DEFAULT_TABLE, *, skip_unchanged: bool) -> None:
@@ -279,7 +242,7 @@ class VariableContainer:
         since are fetched; the others in the nest returned are ``held``'s own leaves, not
         copies. Without it (or for a ``version`` this container did not hand out) every
         leaf is fetched."""
-        version = self._check_version(version)
+        version = checks.version(version)
         specs = self._table(table)[1]
         shaped = None if like is None else self._like(table, like)
         limit = self._timeout(timeout)
@@ -297,7 +260,7 @@ class VariableContainer:
             if changed is None:
                 self._check_not_reset(table, current, version)
                 return None
-            changed = self._checked_leaves(table, current, changed)
+            changed = checks.read_leaves(table, current, changed, specs)
             fetched = [i for i, array in enumerate(changed) if array is not None]
             if shaped is not None:
                 made = adapters.from_numpy_all(
@@ -322,7 +285,7 @@ class VariableContainer:
         """Block until the table's version is greater than ``version``; return it.
         Raises :class:`PullTimeoutError` after ``timeout`` seconds (``None``: the
         container's timeout; ``math.inf`` to wait without bound)."""
-        version = self._check_version(version)
+        version = checks.version(version)
         self._table(table)
         current = self._backend_call().wait(table, version, self._timeout(timeout))
         self._check_not_reset(table, current, version)
@@ -371,7 +334,7 @@ class VariableContainer:
             version, arrays = self._pull_flat(table, timeout)
             sig.assign_all(targets, arrays)
         else:
-            changed = self._checked_leaves(table, version, changed)
+            changed = checks.read_leaves(table, version, changed, specs)
             fetched = [i for i, array in enumerate(changed) if array is not None]
             sig.assign_all(
                 [targets[i] for i in fetched], [changed[i] for i in fetched]  # type: ignore[misc]
@@ -392,7 +355,7 @@ class VariableContainer:
         seconds after this container stops (closed, killed or cut off). Raises
         :class:`UnsupportedError` on a backend without a reader registry."""
         backend = self._backend_call()
-        self._registry(backend)
+        readers_lib.require_registry(backend)
         reporter = readers_lib.Reporter(backend, reader or readers_lib.reader_id(), ttl)
         with self._lock:
             previous, self._reporter = self._reporter, reporter
@@ -405,7 +368,7 @@ class VariableContainer:
         ``info.lag(container.version(table))`` is how many versions one is behind."""
         self._table(table)
         backend = self._backend_call()
-        self._registry(backend)
+        readers_lib.require_registry(backend)
         return readers_lib.parse_records(table, backend.readers(table))
 
     def wait_for_readers(
@@ -414,34 +377,11 @@ class VariableContainer:
         """Block until at least ``count`` readers report holding ``version`` or newer;
         return them. Raises :class:`PullTimeoutError` after ``timeout`` seconds (default:
         the container's), naming the readers that do report and what they hold."""
-        version = self._check_version(version)
+        version = checks.version(version)
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ConfigurationError(f"count must be an int >= 1, got {count!r}")
-        limit = self._timeout(timeout)
-        deadline = deadline_after(limit)
-        interval = 0.002
-        while True:
-            seen = self.readers(table)
-            holding = [r for r in seen if r.version >= version]
-            if len(holding) >= count:
-                return holding
-            left = remaining(deadline)
-            if left <= 0:
-                raise PullTimeoutError(
-                    f"table {table!r}: {len(holding)} of the {count} readers asked for hold "
-                    f"version {version} or newer after {limit:g} s; reporting: "
-                    f"{readers_lib.describe(seen, version)}"
-                )
-            time.sleep(min(interval, left))
-            interval = min(interval * 2, 0.1)
-
-    def _registry(self, backend: Backend) -> None:
-        if not backend.supports_reader_registry:
-            raise UnsupportedError(
-                f"{type(backend).__name__} ({backend.url}) keeps no reader registry: no "
-                "reader can report what it holds there. Use a backend with one "
-                "(memory://, redis://, shm://; docs/guide.md, who holds what)."
-            )
+        return readers_lib.wait_until_held(
+            lambda: self.readers(table), table, version, count, self._timeout(timeout))
 
     def _holds(self, table: str, version: int) -> None:
         reporter = self._reporter
@@ -489,7 +429,7 @@ class VariableContainer:
         known = self._signatures.get(name)
         if known is not None:
             return known
-        self._check_name(name)
+        checks.table_name(name)
         text = self._backend_call().signature(name)
         if text is None:
             existing = self.tables()
@@ -589,52 +529,11 @@ class VariableContainer:
         self, table: str, version: int, arrays: List[np.ndarray]
     ) -> Tuple[int, List[np.ndarray]]:
         """The backend's arrays, verified against the table's specs."""
-        self._checked_leaves(table, version, arrays, whole=True)
+        checks.read_leaves(table, version, arrays, self._table(table)[1], whole=True)
         if self._backend.supports_leaf_versions:
             self._handed.add(table, version, self._backend.history_of(table))
         self._holds(table, version)
         return version, list(arrays)
-
-    def _checked_leaves(
-        self, table: str, version: int, arrays: Sequence[Optional[np.ndarray]],
-        whole: bool = False,
-    ) -> List[Optional[np.ndarray]]:
-        """A read's arrays verified (a delta read's: ``None`` for leaves not fetched)."""
-        specs = self._table(table)[1]
-        if len(arrays) != len(specs):
-            raise CorruptDataError(
-                f"table {table!r} returned {len(arrays)} "
-                f"{'arrays' if whole else 'places'} for a signature of "
-                f"{len(specs)} leaves (version {version})"
-            )
-        for index, (array, spec) in enumerate(zip(arrays, specs)):
-            if array is not None or whole:
-                self._check_leaf(table, version, index, array, spec)
-        return list(arrays)
-
-    @staticmethod
-    def _check_leaf(table: str, version: int, index: int, array: Any, spec: sig.Spec) -> None:
-        if (
-            not isinstance(array, np.ndarray)
-            or array.shape != spec.shape
-            or array.dtype != spec.dtype
-        ):
-            raise CorruptDataError(
-                f"table {table!r} version {version}: leaf {index} is "
-                f"{getattr(array, 'dtype', type(array).__name__)} "
-                f"{getattr(array, 'shape', '')}, the signature says {spec}"
-            )
-
-    def _check_size(self, table: str, backend: Backend, arrays: List[np.ndarray]) -> None:
-        limit = backend.max_push_bytes
-        if limit is not None:
-            total = sum(a.nbytes for a in arrays)
-            if total > limit:
-                raise ItemTooLargeError(
-                    f"push to {table!r} is {total} bytes; {type(backend).__name__} accepts "
-                    f"at most {limit} bytes per push. Nothing was sent. Split the variables "
-                    "over several tables, or use a backend without this limit."
-                )
 
     def _push_leaves_whole(
         self, table: str, given: Dict[int, np.ndarray], specs: List[sig.Spec]
@@ -644,35 +543,8 @@ class VariableContainer:
         backend = self._backend_call()
         current, arrays = read_snapshot(backend, table, 0, self.timeout, specs)
         if arrays is None:
-            raise self._empty_for_leaves(table, self._table(table)[0], given)
+            raise delta.nothing_to_keep(table, backend.url, self._table(table)[0], given)
         arrays = list(self._checked(table, current, arrays)[1])
         for index, array in given.items():
             arrays[index] = array
         return backend.write(table, arrays, specs)
-
-    def _empty_for_leaves(
-        self, table: str, signature: Any, given: Dict[int, np.ndarray]
-    ) -> TableNotFoundError:
-        missing = [
-            nest_lib.format_path(path)
-            for index, (path, _) in enumerate(nest_lib.flatten_with_paths(signature))
-            if index not in given
-        ]
-        return TableNotFoundError(
-            f"table {table!r} at {self._backend.url} holds no value yet, so push_leaves "
-            f"has nothing to keep for the leaves not given ({', '.join(missing[:5])}"
-            f"{', ...' if len(missing) > 5 else ''}): a first push gives every leaf, with "
-            "push(values)"
-        )
-
-    @staticmethod
-    def _check_name(name: Any) -> None:
-        if not isinstance(name, str) or not name:
-            raise ConfigurationError(f"table name must be a non-empty str, got {name!r}")
-        check_text(name, "table name")
-
-    @staticmethod
-    def _check_version(version: Any) -> int:
-        if isinstance(version, bool) or not isinstance(version, (int, np.integer)) or version < 0:
-            raise ConfigurationError(f"version must be an int >= 0, got {version!r}")
-        return int(version)

@@ -16,8 +16,10 @@ Three pieces, each the core's, none a backend's (``docs/delta.md``):
   hashed only when such leaves hold at most a quarter of the push's bytes
   (:data:`HASH_CHANGED_SHARE`): then it is skipped from its first repeat; in a push
   where most bytes changed it is not, and once it stops changing it is sent once more.
-- :func:`leaf_indices`: ``push_leaves``' paths to flat indices, with the nearest valid
-  paths in the error for one the signature does not have.
+  :func:`push_changed` makes such a push, :func:`written_after` keeps the record after a
+  ``push_leaves``.
+- :func:`leaf_indices`, :func:`given_leaves`: ``push_leaves``' paths to flat indices,
+  with the nearest valid paths in the error for one the signature does not have.
 - :class:`Handed` and :class:`Assigned`: the versions a container handed out per table
   (a nest passed back as ``held=`` must be one of them), and the variables an
   ``update`` last assigned, by identity (weak references), with their version.
@@ -29,15 +31,19 @@ import collections
 import difflib
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from varsync import nest as nest_lib
-from varsync.errors import LeafPathError
+from varsync import signature as sig
+from varsync.backends.base import Backend
+from varsync.errors import ConfigurationError, LeafPathError, TableNotFoundError
+from varsync.signature import Spec
 
 __all__ = [
-    "Written", "changed_leaves", "leaf_indices", "Handed", "Assigned", "EXACT_BYTES",
+    "Written", "changed_leaves", "push_changed", "written_after", "given_leaves",
+    "nothing_to_keep", "leaf_indices", "Handed", "Assigned", "EXACT_BYTES",
     "SAMPLE_POSITIONS", "HASH_CHANGED_SHARE",
 ]
 
@@ -129,7 +135,85 @@ def changed_leaves(
     return changed, samples, hashes
 
 
+def push_changed(
+    backend: Backend, table: str, arrays: List[np.ndarray], specs: Sequence[Spec],
+    last: Optional[Written],
+) -> Written:
+    """A push through a backend with leaf versions: only the leaves changed since
+    ``last`` (this container's last write to the table), written on that version; every
+    leaf if there is none, all changed, or another writer pushed since. The record of it
+    for the next push."""
+    if last is not None and last.history != backend.history_of(table):
+        last = None  # the table restarted since: nothing of it is this writer's
+    changed, samples, hashes = changed_leaves(last, arrays)
+    version = 0
+    if last is not None and len(changed) < len(arrays):
+        leaves = {index: arrays[index] for index in changed}
+        version = backend.write_leaves(table, leaves, specs, last.version)
+    if version == 0:  # everything changed, a first push, or another writer's since
+        version = backend.write(table, arrays, specs)
+    return Written(version, samples, hashes, backend.history_of(table))
+
+
+def written_after(
+    last: Optional[Written], given: Dict[int, np.ndarray], version: int, history: Hashable
+) -> Optional[Written]:
+    """The record of a ``push_leaves`` that published ``version``, if the rest of it is
+    still ``last``'s (it was the version before, in the same history): its samples with
+    the given leaves', their hashes left to the next push."""
+    if last is None or last.version != version - 1 or last.history != history:
+        return None
+    for index, array in given.items():
+        last.samples[index], last.hashes[index] = _sample(_bytes_of(array)), None
+    last.version = version
+    return last
+
+
 # -- paths ---------------------------------------------------------------------------------
+
+
+def given_leaves(signature: Any, leaves: Any) -> Dict[int, np.ndarray]:
+    """``push_leaves``' ``{path: value}`` as flat index -> array, each value checked
+    against the specs its path names (a nest for an inner node)."""
+    if not isinstance(leaves, Mapping) or not leaves:
+        raise ConfigurationError(
+            f"push_leaves takes a non-empty mapping of leaf paths to values, got "
+            f"{leaves!r:.80}"
+        )
+    given: Dict[int, np.ndarray] = {}
+    for path, value in leaves.items():
+        node, indices, walked = leaf_indices(signature, path)
+        try:
+            arrays = sig.flatten_values(node, value)
+        except sig.SignatureMismatchError as exc:
+            raise sig.SignatureMismatchError(
+                f"push_leaves, path {nest_lib.format_path(walked)}: {exc}"
+            ) from None
+        for index, array in zip(indices, arrays):
+            if index in given:
+                raise ConfigurationError(
+                    f"push_leaves names the leaf at {path!r} twice (paths overlap)"
+                )
+            given[index] = array
+    return given
+
+
+def nothing_to_keep(
+    table: str, url: str, signature: Any, given: Dict[int, np.ndarray]
+) -> TableNotFoundError:
+    """The error of a ``push_leaves`` into a table that holds no value yet."""
+    missing = [
+        nest_lib.format_path(path)
+        for index, (path, _) in enumerate(nest_lib.flatten_with_paths(signature))
+        if index not in given
+    ]
+    return TableNotFoundError(
+        f"table {table!r} at {url} holds no value yet, so push_leaves has nothing to keep "
+        f"for the leaves not given ({', '.join(missing[:5])}"
+        f"{', ...' if len(missing) > 5 else ''}): a first push gives every leaf, with "
+        "push(values)"
+    )
+
 
 
 def _items(path: nest_lib.Path) -> Tuple[Any, ...]:

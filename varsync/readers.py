@@ -23,12 +23,20 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
-from varsync.backends.base import Backend
-from varsync.errors import ConfigurationError, CorruptDataError
+from varsync.backends.base import Backend, deadline_after, remaining
+from varsync.errors import (
+    ConfigurationError,
+    CorruptDataError,
+    PullTimeoutError,
+    UnsupportedError,
+)
 
-__all__ = ["ReaderInfo", "Reporter", "parse_records", "DEFAULT_TTL"]
+__all__ = [
+    "ReaderInfo", "Reporter", "parse_records", "require_registry", "wait_until_held",
+    "DEFAULT_TTL",
+]
 
 log = logging.getLogger("varsync.readers")
 
@@ -161,6 +169,41 @@ class Reporter:
 def reader_id() -> str:
     """A default reader id: host and process."""
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def require_registry(backend: Backend) -> None:
+    """Raise :class:`UnsupportedError` unless ``backend`` keeps a reader registry."""
+    if not backend.supports_reader_registry:
+        raise UnsupportedError(
+            f"{type(backend).__name__} ({backend.url}) keeps no reader registry: no "
+            "reader can report what it holds there. Use a backend with one "
+            "(memory://, redis://, shm://; docs/guide.md, who holds what)."
+        )
+
+
+def wait_until_held(
+    listed: Callable[[], List[ReaderInfo]], table: str, version: int, count: int,
+    limit: Optional[float],
+) -> List[ReaderInfo]:
+    """``wait_for_readers``: the readers ``listed()`` names that hold ``version`` or newer,
+    once there are ``count`` of them, looked at with a backoff from 2 ms to 0.1 s; a
+    :class:`PullTimeoutError` naming who holds what after ``limit`` seconds."""
+    deadline = deadline_after(limit)
+    interval = 0.002
+    while True:
+        seen = listed()
+        holding = [r for r in seen if r.version >= version]
+        if len(holding) >= count:
+            return holding
+        left = remaining(deadline)
+        if left <= 0:
+            raise PullTimeoutError(
+                f"table {table!r}: {len(holding)} of the {count} readers asked for hold "
+                f"version {version} or newer after {limit:g} s; reporting: "
+                f"{describe(seen, version)}"
+            )
+        time.sleep(min(interval, left))
+        interval = min(interval * 2, 0.1)
 
 
 def describe(readers: List[ReaderInfo], table_version: int) -> str:
