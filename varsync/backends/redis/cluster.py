@@ -92,13 +92,15 @@ class ClusterClient:
     """The :class:`~.pool.Client` interface over the primaries of a Redis Cluster: one
     :class:`Client` (a pool) per primary, chosen by slot."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, failed_over: Callable[[], None]) -> None:
         self._settings = settings
+        self._failed_over = failed_over  # a lost node's slots went to another: a failover
         self._lock = threading.Lock()
         self._nodes: Dict[HostPort, Client] = {}
         self._owners: List[Optional[HostPort]] = [None] * SLOTS
         self.server = settings.cluster[0]  # for messages
         self.redirections = 0  # MOVED and ASK replies followed, for tests and details()
+        self.failovers = 0  # times a lost node's slots were found with another owner
         self.refresh(math.inf)
 
     # -- the slot map ------------------------------------------------------------------------
@@ -110,9 +112,9 @@ class ClusterClient:
                 client = self._nodes[server] = Client(self._settings, server)
             return client
 
-    def refresh(self, deadline: float) -> None:
+    def refresh(self, deadline: float) -> bool:
         """The slot map, from the first node that answers ``CLUSTER SLOTS`` (the nodes
-        known first, then the seeds)."""
+        known first, then the seeds); whether a slot changed owner."""
         errors = []
         for server in dict.fromkeys([*self._nodes, *self._settings.cluster]):
             if remaining(deadline) <= 0:
@@ -129,8 +131,9 @@ class ClusterClient:
                 owner = HostPort(server.host if host == "?" else host, int(primary[1]))
                 owners[start : end + 1] = [owner] * (end - start + 1)
             with self._lock:
+                changed = owners != self._owners
                 self._owners = owners
-            return
+            return changed
         raise BackendConnectionError(
             f"asking the cluster's nodes for its slots (CLUSTER SLOTS): "
             f"{'; '.join(errors) or 'out of time'}. Is it a Redis Cluster "
@@ -192,9 +195,16 @@ class ClusterClient:
 
     def _lost(self, deadline: float) -> None:
         """A node did not answer: it may have failed over. Ask for the slots again (a
-        failure to is left for the next request)."""
+        failure to is left for the next request). Slots that changed owner now went to a
+        promoted replica, which may lack the last pushes its primary acknowledged: the
+        backend's writer then vouches only for its last push (as after a Sentinel
+        failover), so that no version number names two values."""
         try:
-            self.refresh(min(deadline, time.monotonic() + 1.0))
+            if self.refresh(min(deadline, time.monotonic() + 1.0)):
+                log.warning("the cluster's slot map changed after a node was lost (a "
+                            "failover?)")
+                self.failovers += 1
+                self._failed_over()
         except BackendConnectionError as exc:
             log.debug("could not refresh the cluster's slot map: %s", exc)
 
@@ -239,12 +249,23 @@ class ClusterClient:
     def settled(self, attempt: Callable[[], T], key: str, timeout: Optional[float]) -> T:
         """``attempt()`` (a whole push or pull of the table ``key`` is of), again once the
         slot it met in migration (:data:`IN_MOTION`) is no longer migrating, for at most
-        ``timeout`` seconds (:data:`SETTLE_SECONDS` without one)."""
+        ``timeout`` seconds (:data:`SETTLE_SECONDS` without one); and again at once
+        after a lost node whose slots the refreshed map gives to another (a failover)."""
         deadline = time.monotonic() + (SETTLE_SECONDS if timeout is None else timeout)
         moves = 0
+        failovers = self.failovers
         while True:
             try:
                 return attempt()
+            except (rx.ConnectionError, rx.TimeoutError) as exc:
+                # the node was lost, and the map asked again names another owner (a
+                # promoted replica): once more there. Raised out of a push only before
+                # its publish script was sent (after it, the push says its answer was
+                # lost, a varsync error), so nothing was published.
+                if self.failovers == failovers or isinstance(exc, rx.AuthenticationError):
+                    raise
+                failovers = self.failovers
+                log.debug("trying %r again on its slot's new owner (%s)", key, exc)
             except (*IN_MOTION, rx.MovedError) as exc:
                 if isinstance(exc, rx.MovedError):  # also one read off a pipeline
                     self._moved(exc)

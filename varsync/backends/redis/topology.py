@@ -69,7 +69,7 @@ class Topology:
         self.cluster: Optional[ClusterClient] = None
         self.primary: Requests
         if settings.cluster:  # each table's primary: its slot's (replicas= refused)
-            self.primary = self.cluster = ClusterClient(settings)
+            self.primary = self.cluster = ClusterClient(settings, failed_over=moved)
             return
         server = settings.server
         if settings.sentinels:
