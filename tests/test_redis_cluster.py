@@ -33,7 +33,6 @@ from varsync.backend import ConfigurationError, check_consistent, filled
 from varsync.backends.redis import wire
 from redis_cluster_fixtures import (  # noqa: F401  (fixtures)
     LocalCluster,
-    redis_cluster,
     shared_redis_cluster,
     slot_of,
 )
@@ -112,21 +111,28 @@ def test_tables_spread_over_the_primaries_and_each_lies_on_one_node(
             assert len(keys) > 10  # head, events, and the chunks of two versions
             holders.add(port)
         assert holders == {n.port for n in shared_redis_cluster.nodes}
+    # the default table name in many namespaces (one per run, say): spread too
+    spread = set()
+    for _ in range(12):
+        with varsync.connect(shared_redis_cluster.url(namespace=_namespace())) as container:
+            container.create_table("variables", SIGNATURE)
+            spread.add(shared_redis_cluster.owner_of(container.backend._keys("variables").head))
+    assert len(spread) >= 2
 
 
 def test_a_stale_slot_map_follows_moved_for_pulls_pushes_and_waits(
-    redis_cluster: LocalCluster,  # noqa: F811
+    shared_redis_cluster: LocalCluster,  # noqa: F811
 ) -> None:
-    url = redis_cluster.url(chunk_size=4096)
+    url = shared_redis_cluster.url(namespace=_namespace(), chunk_size=4096)
     with varsync.connect(url) as writer, varsync.connect(url) as reader:
         writer.create_table("variables", SIGNATURE)
         writer.push(filled(SIGNATURE, 1))
         assert check_consistent(reader.pull()) == 1
         head = writer.backend._keys("variables").head
-        source = redis_cluster.owner_of(head)
-        target = next(n for n in redis_cluster.nodes if n is not source)
-        redis_cluster.migrate_slot(slot_of(head), target)
-        assert redis_cluster.owner_of(head) is target
+        source = shared_redis_cluster.owner_of(head)
+        target = next(n for n in shared_redis_cluster.nodes if n is not source)
+        shared_redis_cluster.migrate_slot(slot_of(head), target)
+        assert shared_redis_cluster.owner_of(head) is target
 
         before = reader.backend._client.redirections
         assert reader.pull_if_newer(1) is None  # its map still names the old owner
@@ -144,16 +150,16 @@ def test_a_stale_slot_map_follows_moved_for_pulls_pushes_and_waits(
 
 
 def test_pulls_follow_ask_mid_migration_and_pushes_wait_for_it_to_end(
-    redis_cluster: LocalCluster,  # noqa: F811
+    shared_redis_cluster: LocalCluster,  # noqa: F811
 ) -> None:
-    url = redis_cluster.url(chunk_size=4096, keep=2)
+    url = shared_redis_cluster.url(namespace=_namespace(), chunk_size=4096, keep=2)
     with varsync.connect(url, timeout=20) as writer, varsync.connect(url) as reader:
         writer.create_table("variables", SIGNATURE)
         writer.push(filled(SIGNATURE, 1))
         head = writer.backend._keys("variables").head
-        source = redis_cluster.owner_of(head)
-        target = next(n for n in redis_cluster.nodes if n is not source)
-        migration = redis_cluster.begin_migration(slot_of(head), target)
+        source = shared_redis_cluster.owner_of(head)
+        target = next(n for n in shared_redis_cluster.nodes if n is not source)
+        migration = shared_redis_cluster.begin_migration(slot_of(head), target)
         # half the keys moved: some chunks of version 1 on each node, the head on either
         total = migration.remaining()
         while migration.remaining() > total // 2:
@@ -173,7 +179,7 @@ def test_pulls_follow_ask_mid_migration_and_pushes_wait_for_it_to_end(
         pushing.join(25)
         assert pushed == [2]
         assert check_consistent(reader.pull()) == 2
-        assert list(_keys_of_table(redis_cluster, head)) == [target.port]
+        assert list(_keys_of_table(shared_redis_cluster, head)) == [target.port]
 
 
 @pytest.mark.parametrize("signature, chunk_size", [
@@ -182,12 +188,13 @@ def test_pulls_follow_ask_mid_migration_and_pushes_wait_for_it_to_end(
     ({"w": np.zeros((1250, 1000), np.float32), "b": np.zeros(1000, np.int32)}, 256 << 10),
 ], ids=["70KB-in-4KiB-chunks", "5MB-recycled-in-256KiB-chunks"])
 def test_a_table_resharded_back_and_forth_while_readers_pull_stays_whole(
-    redis_cluster: LocalCluster, signature: Dict[str, np.ndarray], chunk_size: int,  # noqa: F811
+    shared_redis_cluster: LocalCluster, signature: Dict[str, np.ndarray], chunk_size: int,  # noqa: F811
 ) -> None:
     """A writer pushes, three readers pull and wait, while the table's slot moves to
     another node and back in batches of a few keys: every pull is one whole version,
     no reader's version goes back, and nothing is lost."""
-    url = redis_cluster.url(chunk_size=chunk_size, keep=2, recycle_from=4 << 20)
+    url = shared_redis_cluster.url(
+        namespace=_namespace(), chunk_size=chunk_size, keep=2, recycle_from=4 << 20)
     with varsync.connect(url, timeout=20) as writer:
         writer.create_table("variables", signature)
         writer.push(filled(signature, 1))
@@ -235,10 +242,10 @@ def test_a_table_resharded_back_and_forth_while_readers_pull_stays_whole(
         for thread in threads:
             thread.start()
         try:
-            home = redis_cluster.owner_of(head)
-            away = next(n for n in redis_cluster.nodes if n is not home)
+            home = shared_redis_cluster.owner_of(head)
+            away = next(n for n in shared_redis_cluster.nodes if n is not home)
             for target in (away, home):
-                redis_cluster.migrate_slot(slot, target, batch=3, pause=0.005)
+                shared_redis_cluster.migrate_slot(slot, target, batch=3, pause=0.005)
                 settled = len(pushed)
                 time.sleep(0.3)
                 assert len(pushed) > settled + 3  # pushes resume once the slot settles
@@ -284,19 +291,19 @@ def test_a_cluster_url_naming_a_standalone_server_says_what_it_is(redis_servers:
 
 
 def test_a_publish_stopped_by_a_migrating_slot_changes_nothing(
-    redis_cluster: LocalCluster,  # noqa: F811
+    shared_redis_cluster: LocalCluster,  # noqa: F811
 ) -> None:
     """The publish script reads every key it will change before its first change: with
     the chunks it would retire gone to the migration's target, the server stops it, and
     the head, the stream and the new chunks' TTLs are as they were."""
-    url = redis_cluster.url(chunk_size=4096, keep=0)
+    url = shared_redis_cluster.url(namespace=_namespace(), chunk_size=4096, keep=0)
     with varsync.connect(url) as writer:
         writer.create_table("variables", SIGNATURE)
         writer.push(filled(SIGNATURE, 1))
         backend = writer.backend
         keys = backend._keys("variables")
-        source = redis_cluster.owner_of(keys.head)
-        target = next(n for n in redis_cluster.nodes if n is not source)
+        source = shared_redis_cluster.owner_of(keys.head)
+        target = next(n for n in shared_redis_cluster.nodes if n is not source)
         with source.client() as admin:
             head_before = admin.hgetall(keys.head)
             stream_before = admin.xlen(keys.events)
@@ -309,7 +316,7 @@ def test_a_publish_stopped_by_a_migrating_slot_changes_nothing(
         chunks = -(-total // payload)
         sent = backend._send_chunks(keys.chunks + token.hex() + ":", token, arrays, payload)
         assert sent.error is None
-        migration = redis_cluster.begin_migration(slot_of(keys.head), target)
+        migration = shared_redis_cluster.begin_migration(slot_of(keys.head), target)
         with source.client() as admin:  # only the chunks version 1 retires (keep=0) move
             doomed = list(admin.scan_iter(match=f"*:d:{retired}:*", count=1000))
             assert doomed

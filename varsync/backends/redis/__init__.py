@@ -2,7 +2,7 @@
 in a Redis server, published atomically by version.
 
 Keys, under ``P = "{prefix}:{namespace}:"`` (namespace and table names percent-encoded;
-on a Redis Cluster ``<table>`` is in braces, a hash tag: :mod:`.cluster`)::
+on a Redis Cluster ``<table>`` is ``{<namespace>:<table>}``, a hash tag: :mod:`.cluster`)::
 
     P tables                   set: the names of the tables
     P <table>:head             hash: fmt, sig, epoch, version, data, layout, retained, spare, run,

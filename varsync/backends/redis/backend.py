@@ -122,7 +122,7 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
                 raise
 
     def _keys(self, name: str) -> Keys:
-        return keys_of(self.key_base, name, tagged=self._cluster is not None)
+        return keys_of(self.key_base, name, None if self._cluster is None else self.namespace)
 
     def _where(self, name: str) -> str:
         return f"table {name!r} at {self.address}"

@@ -1,10 +1,10 @@
 """Requests to a Redis Cluster (``redis+cluster://host:port[,host:port...]``): each to the
 primary that owns its key's slot.
 
-A table's keys share one hash tag, its name (:func:`.protocol.keys_of`), so one node holds
-the whole table and one script changes it, as on a single server; tables spread over the
-primaries by their names' slots. The list of tables is a set key of its own slot, added to
-after the table's creation script (:meth:`RedisBackend._create`).
+A table's keys share one hash tag, its namespace and name (:func:`.protocol.keys_of`), so
+one node holds the whole table and one script changes it, as on a single server; tables
+spread over the primaries by their tags' slots. The list of tables is a set key of its
+own slot, added to after the table's creation script (:meth:`RedisBackend._create`).
 
 The slot map comes from ``CLUSTER SLOTS``, asked of the seed nodes at connect and of any
 reachable node again when a node is lost. Redirections are followed as a cluster client

@@ -39,12 +39,15 @@ class Keys(NamedTuple):
     chunks: str  # the prefix of its chunks' keys: ``<chunks><token>:<index>``
 
 
-def keys_of(key_base: str, name: str, tagged: bool = False) -> Keys:
-    """``tagged``: in a Redis Cluster, the name in braces, a hash tag: every key of the
-    table (chunks, registry) falls in one slot, so one node holds it and one script
-    changes it. Braces in a name are percent-encoded, so the tag is always the name."""
+def keys_of(key_base: str, name: str, namespace: Optional[str] = None) -> Keys:
+    """``namespace`` (given in a Redis Cluster): the namespace and the name in braces, a
+    hash tag, so that every key of the table (chunks, registry) falls in one slot, one
+    node holds it and one script changes it, and tables of the same name in different
+    namespaces spread over the nodes. Both are percent-encoded: the tag is always them."""
     quoted = quote(name, safe="")
-    table = key_base + ("{" + quoted + "}" if tagged else quoted)
+    if namespace is not None:
+        quoted = "{" + quote(namespace, safe="") + ":" + quoted + "}"
+    table = key_base + quoted
     return Keys(table + ":head", table + ":events", table + ":d:")
 
 
