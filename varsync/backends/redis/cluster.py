@@ -35,6 +35,7 @@ from redis import exceptions as rx
 from redis.crc import key_slot
 
 from varsync.backend import BackendConnectionError, HostPort, remaining
+from varsync.backends.redis.errors import OutOfTime
 from varsync.backends.redis.options import Settings
 from varsync.backends.redis.pool import Client
 from varsync.backends.redis.protocol import Script
@@ -121,7 +122,7 @@ class ClusterClient:
                 break
             try:
                 ranges = self.node(server).call("CLUSTER", "SLOTS", deadline=deadline)
-            except (rx.RedisError, OSError) as exc:
+            except (rx.RedisError, OSError, OutOfTime) as exc:
                 errors.append(f"{server.address}: {type(exc).__name__}: {exc}")
                 continue
             owners: List[Optional[HostPort]] = [None] * SLOTS
