@@ -212,11 +212,15 @@ def _torch_shm(plan: Frameworks) -> Dict[Tuple[str, str], List[float]]:
     try:
         pusher.create_table(TABLE, learner)
         turns: List[Turn] = [
-            [("varsync shm://", "update(module)", lambda: reader.update(actor))],
+            [("varsync shm://", "update(module)",
+              lambda: reader.update(actor, delta_only=False))],
             [("torch", "load_state_dict(copy)", lambda: actor.load_state_dict(copy))],
             [("varsync shm://", "pull(like=module)", lambda: reader.pull(like=actor))],
         ]
-        samples = in_rounds(turns, plan.rounds, plan.warm, lambda: pusher.push(learner))
+        # whole pushes and updates: the same module is pushed every round (what moving only
+        # the changed leaves saves is the delta group's)
+        samples = in_rounds(turns, plan.rounds, plan.warm,
+                            lambda: pusher.push(learner, skip_unchanged=False))
         reader.update(actor)
         _same(learner, actor)
         return samples
@@ -252,8 +256,8 @@ def torch_redis(plan: Frameworks, url: str) -> Dict[Tuple[str, str], List[float]
         pusher.create_table(TABLE, learner)
         turns: List[Turn] = [
             [("by hand", "push", hand_push), ("by hand", "pull", hand_pull)],
-            [("varsync redis://", "push", lambda: pusher.push(learner)),
-             ("varsync redis://", "pull", lambda: reader.update(actor))],
+            [("varsync redis://", "push", lambda: pusher.push(learner, skip_unchanged=False)),
+             ("varsync redis://", "pull", lambda: reader.update(actor, delta_only=False))],
         ]
         # Three warm rounds: from the third push on, redis:// overwrites a spare version.
         samples = in_rounds(turns, plan.rounds, max(plan.warm, 3))
@@ -470,7 +474,8 @@ def jax_shm(plan: Frameworks,
             [("jax", "device_put(numpy, unaligned)",
               lambda: jax.block_until_ready(jax.device_put(unaligned)))],
         ]
-        samples = in_rounds(turns, plan.rounds, plan.warm, lambda: pusher.push(tree))
+        samples = in_rounds(turns, plan.rounds, plan.warm,
+                            lambda: pusher.push(tree, skip_unchanged=False))
         pulled = reader.pull(like=tree)
         aliases["pull(like=tree)"] = bool(all(
             leaf.unsafe_buffer_pointer() == view.ctypes.data for leaf, view in zip(

@@ -80,7 +80,7 @@ def run_readers(plan: Plan, readers: "Children", reverb: ReverbProcess,
                 if pulled.contender != "reverb":  # Reverb's tables are the server's
                     store.create_table(pulled.table, nest)
                 for _ in range(3 if pulled.contender == "shm" else 1):
-                    store.push(nest, pulled.table)
+                    store.push(nest, pulled.table, skip_unchanged=False)
         del nest
         for pulled in fanout:
             readers.pull(pulled, fan, out["fanout"], log)

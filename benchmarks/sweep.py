@@ -124,7 +124,8 @@ class Sweep:
             memory_store, forget = memory_table(case, nest, f"{self.tag}-reverb")
             closers += [memory_store.close, forget]
             memory_store.push(nest, TABLE)  # only its update is timed
-            ops.append(("memory", "update", lambda: memory_store.update(variables, TABLE)))
+            ops.append(("memory", "update",
+                        lambda: memory_store.update(variables, TABLE, delta_only=False)))
         ops += copies(nest, targets, variables)
 
         def close() -> None:
@@ -216,7 +217,7 @@ class Sweep:
         per_round = []
         if case.targets:  # issue 5: pull ≤ 2 x np.copyto, steady and cold
             ops += [("shm", "pull + read", lambda: read(store.pull())),
-                    ("shm", "update numpy", lambda: store.update(targets))]
+                    ("shm", "update numpy", lambda: store.update(targets, delta_only=False))]
             per_round.append(lambda: shm_cold_paths(store, nest, read))
         ops += copies(nest, targets, variables)
 
@@ -286,11 +287,14 @@ class Sweep:
 
 def varsync_ops(contender: str, store: Any, nest: Any, variables: Any,
                 table: str = TABLE) -> List[Op]:
-    """A varsync container's push and pull of ``nest`` and, with ``variables``, its update."""
-    ops: List[Op] = [(contender, "push", lambda: store.push(nest, table)),
+    """A varsync container's push and pull of ``nest`` and, with ``variables``, its update:
+    whole ones (``skip_unchanged=False``, ``delta_only=False``), for the same nest is pushed
+    every round; what moving only changed leaves saves is the delta group's."""
+    ops: List[Op] = [(contender, "push", lambda: store.push(nest, table, skip_unchanged=False)),
                      (contender, "pull", lambda: store.pull(table))]
     if variables is not None:
-        ops.append((contender, "update", lambda: store.update(variables, table)))
+        ops.append((contender, "update",
+                    lambda: store.update(variables, table, delta_only=False)))
     return ops
 
 
@@ -353,14 +357,14 @@ def shm_cold_paths(store: Any, nest: Any, read: Callable[[Any], None]) -> Timing
     """With a reader holding both segments (no spare free): a push into a new segment and
     the first pull + read of it; then back to the steady state, untimed."""
     held = [store.pull()]
-    store.push(nest)  # refills the spare
+    store.push(nest, skip_unchanged=False)  # refills the spare
     held.append(store.pull())  # now both segments are held
-    push = timed(lambda: store.push(nest))
+    push = timed(lambda: store.push(nest, skip_unchanged=False))
     first_read = timed(lambda: read(store.pull()))
     del held
     gc.collect()
     for _ in range(3):
-        store.push(nest)
+        store.push(nest, skip_unchanged=False)
         read(store.pull())
     return {("shm", "push, new segment"): push, ("shm", "pull + read, new segment"): first_read}
 
