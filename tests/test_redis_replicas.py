@@ -232,6 +232,10 @@ def test_pulls_stay_whole_and_never_go_back_while_a_replica_resyncs(
             push_some(10)
             wait_linked(primary, replica)
             push_some(5)
+            caught_up = time.monotonic() + 10  # the readers get to the last version
+            while max(pulled, default=0) < number and not failures:
+                assert time.monotonic() < caught_up, f"readers at {max(pulled, default=0)}"
+                time.sleep(0.01)
         finally:
             stop.set()
             for thread in readers:
