@@ -6,6 +6,7 @@ resharded while readers pull and a writer pushes, every pull whole."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import secrets
 import subprocess
 import sys
@@ -44,6 +45,21 @@ SIGNATURE = {"w": np.zeros((64, 64), np.float32), "b": np.zeros(100, np.int64)}
 
 def _namespace() -> str:
     return f"c-{uuid.uuid4().hex[:10]}"
+
+
+def _until(what: str, condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout:g} s: {what}"
+        time.sleep(0.01)
+
+
+def _blocked_in_xread(node: Any) -> bool:
+    """Whether a client of ``node`` is blocked in ``XREAD`` (a ``wait_for``)."""
+    with node.client() as admin:
+        clients = admin.execute_command("CLIENT", "LIST")
+    text = clients.decode() if isinstance(clients, bytes) else str(clients)
+    return any("cmd=xread" in line and "flags=b" in line for line in text.splitlines())
 
 
 def _keys_of_table(cluster: LocalCluster, head: str) -> Dict[int, List[bytes]]:
@@ -143,15 +159,17 @@ def test_a_stale_slot_map_follows_moved_for_pulls_pushes_and_waits(
         woken: List[int] = []
         waiting = threading.Thread(target=lambda: woken.append(reader.wait_for(2, timeout=10)))
         waiting.start()
-        time.sleep(0.3)
+        _until("the reader blocks in XREAD on the new owner",
+               lambda: _blocked_in_xread(target))
         writer.push(filled(SIGNATURE, 3))
         waiting.join(15)
         assert woken == [3]
 
 
 def test_pulls_follow_ask_mid_migration_and_pushes_wait_for_it_to_end(
-    shared_redis_cluster: LocalCluster,  # noqa: F811
+    shared_redis_cluster: LocalCluster, caplog: pytest.LogCaptureFixture,  # noqa: F811
 ) -> None:
+    caplog.set_level(logging.DEBUG, logger="varsync.backends.redis")
     url = shared_redis_cluster.url(namespace=_namespace(), chunk_size=4096, keep=2)
     with varsync.connect(url, timeout=20) as writer, varsync.connect(url) as reader:
         writer.create_table("variables", SIGNATURE)
@@ -172,7 +190,8 @@ def test_pulls_follow_ask_mid_migration_and_pushes_wait_for_it_to_end(
         pushing = threading.Thread(target=lambda: pushed.append(
             writer.push(filled(SIGNATURE, 2))))
         pushing.start()
-        time.sleep(0.5)
+        _until("the push meets the slot in migration", lambda: any(
+            "in motion" in record.getMessage() for record in caplog.records))
         assert pushed == []  # a push cannot be published on a table split over two nodes
         assert check_consistent(reader.pull()) == 1
         migration.finish()

@@ -38,7 +38,7 @@ from varsync.backend import BackendConnectionError, HostPort, remaining
 from varsync.backends.redis.errors import OutOfTime
 from varsync.backends.redis.options import Settings
 from varsync.backends.redis.pool import Client
-from varsync.backends.redis.protocol import Script
+from varsync.backends.redis.protocol import Script, text
 
 __all__ = ["ClusterClient", "SlotInMotion", "IN_MOTION", "SETTLE_SECONDS", "in_motion"]
 
@@ -128,7 +128,7 @@ class ClusterClient:
             owners: List[Optional[HostPort]] = [None] * SLOTS
             for entry in ranges:
                 start, end, primary = int(entry[0]), int(entry[1]), entry[2]
-                host = _text(primary[0]) or server.host  # "" or "?": the node asked
+                host = str(text(primary[0])) or server.host  # "" or "?": the node asked
                 owner = HostPort(server.host if host == "?" else host, int(primary[1]))
                 owners[start : end + 1] = [owner] * (end - start + 1)
             with self._lock:
@@ -287,7 +287,7 @@ class ClusterClient:
             time.sleep(pause)
             pause = min(pause * 2, _PAUSE[1])
             try:
-                nodes = _text(self.owner(key).call("CLUSTER", "NODES", deadline=deadline))
+                nodes = str(text(self.owner(key).call("CLUSTER", "NODES", deadline=deadline)))
             except (rx.RedisError, OSError):
                 continue  # the map or a node is changing: look again after the next pause
             mine = next((line for line in nodes.splitlines() if "myself" in line), "")
@@ -300,7 +300,3 @@ class ClusterClient:
             nodes = list(self._nodes.values())
         for client in nodes:
             client.close()
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -103,19 +103,16 @@ def parse_settings(
     cluster: Tuple[HostPort, ...] = ()
     service = ""
     if scheme in CLUSTER_SCHEMES:
-        netloc, _, path = url.partition("://")[2].partition("/")
-        credentials, _, hosts = netloc.rpartition("@")
+        credentials, hosts, path = _split_hosts(url)
         cluster = parse_addresses(hosts, "the cluster's nodes", default_port=6379)
         if path.strip("/") not in ("", "0"):
             raise ConfigurationError(
                 f"the URL {scheme}://{hosts}/{path} names database {path.strip('/')!r}; "
                 "a Redis Cluster has database 0 only"
             )
-        url = f"{scheme.partition('+')[0]}://{credentials + '@' if credentials else ''}" \
-            f"{cluster[0].address}/"
+        url = _one_server_url(scheme, credentials, cluster[0], "")
     elif scheme in SENTINEL_SCHEMES:
-        netloc, _, path = url.partition("://")[2].partition("/")
-        credentials, _, hosts = netloc.rpartition("@")
+        credentials, hosts, path = _split_hosts(url)
         sentinels = parse_addresses(hosts, "the sentinels", default_port=26379)
         service, _, path = path.partition("/")
         if not service:
@@ -125,8 +122,7 @@ def parse_settings(
                 "'sentinel monitor <name> ...')"
             )
         service = unquote(service)
-        url = f"{scheme.partition('+')[0]}://{credentials + '@' if credentials else ''}" \
-            f"{sentinels[0].address}/{path}"
+        url = _one_server_url(scheme, credentials, sentinels[0], path)
     parts = urlsplit(url)
     tls = parts.scheme.lower() == "rediss"
     server = parse_host_port(
@@ -202,6 +198,21 @@ def parse_settings(
         socket_timeout=socket_timeout, ssl=ssl, replicas=replicas, sentinels=sentinels,
         service=service, read_from=read_from, cluster=cluster,
     )
+
+
+def _split_hosts(url: str) -> Tuple[str, str, str]:
+    """A many-host URL's (``redis+sentinel://``, ``redis+cluster://``) credentials, its
+    ``host:port[,host:port...]`` and its path after the first ``/``."""
+    netloc, _, path = url.partition("://")[2].partition("/")
+    credentials, _, hosts = netloc.rpartition("@")
+    return credentials, hosts, path
+
+
+def _one_server_url(scheme: str, credentials: str, server: HostPort, path: str) -> str:
+    """The plain ``redis://`` (``rediss://``) URL of ``server`` with the many-host URL's
+    credentials and ``path``, which the rest of the parsing reads."""
+    userinfo = credentials + "@" if credentials else ""
+    return f"{scheme.partition('+')[0]}://{userinfo}{server.address}/{path}"
 
 
 def parse_addresses(value: Any, what: str, default_port: int) -> Tuple[HostPort, ...]:
