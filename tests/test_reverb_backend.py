@@ -4,6 +4,7 @@ table validation, no hangs, the gRPC size limit, restarts and checkpoints."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -351,6 +352,31 @@ def test_pulls_reuse_warm_sampling_threads_and_close_stops_them(reverb_servers):
     assert 1 <= len(workers) <= 4
     store.close()
     assert _all_exit(workers)
+
+
+def test_a_pull_never_returns_the_sample_a_kept_sampler_took_before_it(reverb_servers):
+    """A kept sampler samples one item ahead, right after the pull that used it. A reset
+    and a push again replace the item under the same count (the server's counts start
+    over): the next pull must get the new item, never the one taken ahead."""
+    import reverb
+
+    server = reverb_servers({"variables": SIGNATURE})
+    admin = reverb.Client(f"localhost:{server.port}")
+    with varsync.connect(server.url, timeout=20) as store:
+        assert store.push(values(1)) == 1
+        assert store.pull()["train_step"] == 1  # its sampler is kept, one sample ahead
+        deadline = time.monotonic() + 10
+        while _samples_taken(admin) < 2:  # the pull's and the one taken ahead
+            assert time.monotonic() < deadline, "the kept sampler took no sample ahead"
+            time.sleep(0.01)
+        admin.reset("variables")
+        assert store.push(values(2)) == 1  # counted from 1 again
+        for _ in range(3):
+            assert store.pull()["train_step"] == 2
+
+
+def _samples_taken(admin: Any) -> int:
+    return int(admin.server_info()["variables"].rate_limiter_info.sample_stats.completed)
 
 
 def test_a_sample_that_overruns_its_timeout_is_abandoned_and_never_reused(reverb_servers):

@@ -305,6 +305,8 @@ class ReverbBackend(Backend):
         asked_at = time.monotonic()
         info = self._checked_info(name, left())
         self._check_same_server(name, info, asked_at, newer_than)
+        if self._incarnations.restarted(("sample", info.name), info, asked_at) is not None:
+            self._sampler.forget(info.name)  # kept samplers of a server run that is gone
         version = version_of(info)
         if version <= newer_than:
             return version, None

@@ -13,6 +13,14 @@ which measured about 30% faster on a 40 MB pull (fresh memory, faulted in each t
 starts one, so concurrent pulls still run in parallel; a worker whose sample overran its
 timeout is abandoned, never reused.
 
+Items up to ``STREAM_MAX_BYTES`` are sampled from long-lived pybind samplers, one per
+pull running at the same time, kept between pulls (:class:`_Streams`): opening a sampler
+asks the server first, a round trip that measured about a third of a small pull. A kept
+sampler holds one sample taken ahead, before the next pull began, perhaps of a content
+replaced since without the count showing it (a ``reset`` and as many pushes again): each
+pull drops it and returns the sample after, so that a pull's sample is always taken after
+the pull read the table's count, as with a sampler opened per pull.
+
 Reverb 0.14's Python writer takes only numpy's own dtypes ("Unsupported numpy type" for
 bfloat16 and float8), so an item holding one is inserted by Reverb's TensorFlow insert op,
 the one TF-Agents' own pushes use, which stores the tensors' dtypes as they are
@@ -34,11 +42,17 @@ from varsync.adapters.tensorflow import numpy_view
 from varsync.backends.reverb.engine import gen_reverb_ops, nested_structure_coder, tf, translated
 from varsync.spec import ML_DTYPE_NAMES
 
-__all__ = ["SamplingPool", "PYBIND_MAX_BYTES"]
+__all__ = ["SamplingPool", "PYBIND_MAX_BYTES", "STREAM_MAX_BYTES"]
 
 #: The largest item sampled by the pybind sampler (see above: measured faster up to 1 MB,
 #: even at 4 MB, slower from 10 MB).
 PYBIND_MAX_BYTES = 4 << 20
+#: The largest item sampled from a kept sampler (see above), whose dropped sample taken
+#: ahead is a second copy of the item on the wire for every pull.
+STREAM_MAX_BYTES = 1 << 20
+#: Kept samplers a forked child inherited: never freed (freeing one waits for its
+#: threads, which the child does not have).
+_ORPHANS: List[Any] = []
 #: Numbers for TensorFlow-side clients' shared names, unique in the process.
 _CLIENT_NUMBERS = itertools.count()
 
@@ -51,12 +65,15 @@ class SamplingPool:
         #: Warm workers, waiting for a pull.
         self.idle: List[_Worker] = []
         # (server table, signature proto) -> (TensorFlow client handle, dtypes); see _client
-        self._clients: Dict[Tuple[str, bytes], Tuple[Any, List[Any], bool]] = {}
+        self._clients: Dict[Tuple[str, bytes], Tuple[Any, List[Any], bool, bool]] = {}
+        self._streams = _Streams()
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._closed = False
         # also when never closed (not at interpreter exit: the process frees all anyway)
-        weakref.finalize(self, _release, self.idle, self._clients).atexit = False
+        weakref.finalize(
+            self, _release, self.idle, self._clients, self._streams
+        ).atexit = False
 
     def sample(
         self, info: Any, limit: Optional[float], client: Any
@@ -66,16 +83,14 @@ class SamplingPool:
         abandoned. ``client``: the backend's ``reverb.Client``, whose pybind sampler takes
         small items."""
         table = info.name
-        handle, dtypes, by_pybind = self._client(info)
-        if by_pybind:
+        handle, dtypes, by_pybind, streamed = self._client(info)
+        if streamed:
+            sample = self._streams.sampling(table, client._client)
+        elif by_pybind:
             pybind = client._client
 
             def sample() -> Any:  # holds nothing of self: an idle worker would keep it alive
-                sampler = pybind.NewSampler(table, 1, 1)  # one sample, one in flight
-                # key, probability, table size, priority, times sampled; the columns
-                sampled = sampler.GetNextTrajectory()
-                columns = sampled[sampler.NUM_INFO_TENSORS:]
-                return [column[0, ...] for column in columns], float(sampled[3])
+                return _taken(pybind.NewSampler(table, 1, 1))  # one sample, one in flight
         else:
 
             def sample() -> Any:
@@ -94,7 +109,7 @@ class SamplingPool:
         TensorFlow op, as TF-Agents does; ``False`` if the insert took longer than
         ``limit`` seconds (``None``: no bound) and was abandoned (it may still land)."""
         table = info.name
-        handle, _, _ = self._client(info)
+        handle, _, _, _ = self._client(info)
         tensors = [tf.constant(array) for array in arrays]  # before the worker: no race
 
         def insert() -> None:  # holds nothing of self, as sample() does
@@ -143,12 +158,18 @@ class SamplingPool:
         clients."""
         with self._lock:
             self._closed = True
-            _release(self.idle, self._clients)
+            _release(self.idle, self._clients, self._streams)
 
-    def _client(self, info: Any) -> Tuple[Any, List[Any], bool]:
+    def forget(self, table: str) -> None:
+        """Free the kept samplers of ``table`` (its server restarted: they belong to the
+        run that is gone)."""
+        self._streams.forget(table)
+
+    def _client(self, info: Any) -> Tuple[Any, List[Any], bool, bool]:
         """A TensorFlow-side Reverb client for sampling ``info``'s table, the dtypes of
-        the table's columns in flat order, and whether its items go by the pybind sampler
-        (at most ``PYBIND_MAX_BYTES``, and only numpy's own dtypes: it has no others).
+        the table's columns in flat order, whether its items go by the pybind sampler
+        (at most ``PYBIND_MAX_BYTES``, and only numpy's own dtypes: it has no others), and
+        whether from a kept one (at most ``STREAM_MAX_BYTES``).
 
         Reverb's sample op checks the dtypes asked for against the table signatures its
         client read from the server on first use, and never reads them again. So each
@@ -176,7 +197,8 @@ class SamplingPool:
                 shared_name=f"varsync-{id(self):x}-{next(_CLIENT_NUMBERS)}",
             )
         with self._lock:
-            raced = self._clients.setdefault(key, (handle, dtypes, by_pybind))
+            raced = self._clients.setdefault(
+                key, (handle, dtypes, by_pybind, by_pybind and nbytes <= STREAM_MAX_BYTES))
         if raced[0] is not handle:  # another pull made one meanwhile: use that one
             _destroy_quietly(handle)
         return raced
@@ -200,12 +222,82 @@ def _destroy_quietly(handle: Any) -> None:
         pass
 
 
-def _release(workers: List["_Worker"], clients: Dict[Any, Tuple[Any, List[Any], bool]]) -> None:
-    """Retire idle sampling workers and free sampling clients (emptying both)."""
+def _release(
+    workers: List["_Worker"],
+    clients: Dict[Any, Tuple[Any, List[Any], bool, bool]],
+    streams: "_Streams",
+) -> None:
+    """Retire idle sampling workers, free sampling clients (emptying both) and close the
+    kept samplers."""
     while workers:
         workers.pop().retire()
     while clients:
         _destroy_quietly(clients.popitem()[1][0])
+    streams.close()
+
+
+class _Streams:
+    """The kept pybind samplers of one pool's tables, each idle between two pulls (see
+    the module's docstring). Thread-safe; a forked child drops its parent's."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: Dict[str, List[Any]] = {}
+        self._pid = os.getpid()
+        self._closed = False
+
+    def sampling(self, table: str, pybind: Any) -> Callable[[], Tuple[List[np.ndarray], float]]:
+        """A sample of ``table`` to run on a worker: from a kept sampler (its sample taken
+        ahead dropped) or a new one, kept again once it sampled."""
+        with self._lock:
+            self._forked()
+            kept = self._idle.get(table)
+            sampler = kept.pop() if kept else None
+
+        def sample() -> Tuple[List[np.ndarray], float]:  # holds nothing of the pool
+            if sampler is None:
+                opened = pybind.NewSampler(table, -1, 1)  # no end, one sample ahead
+            else:
+                opened = sampler
+                opened.GetNextTrajectory()  # taken before this pull began: dropped
+            taken = _taken(opened)
+            self._give(table, opened)  # a sampler that failed is not kept: freed
+            return taken
+
+        return sample
+
+    def _give(self, table: str, sampler: Any) -> None:
+        with self._lock:
+            if not self._closed and self._pid == os.getpid():
+                self._idle.setdefault(table, []).append(sampler)
+
+    def forget(self, table: str) -> None:
+        with self._lock:
+            self._forked()
+            kept = self._idle.pop(table, [])
+        kept.clear()  # outside the lock: a sampler freed waits for its thread
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._forked()
+            kept, self._idle = self._idle, {}
+        kept.clear()
+
+    def _forked(self) -> None:
+        """(Under the lock.) In a forked child: the parent's samplers are never freed."""
+        if self._pid != os.getpid():
+            _ORPHANS.extend(s for kept in self._idle.values() for s in kept)
+            self._idle.clear()
+            self._pid = os.getpid()
+
+
+def _taken(sampler: Any) -> Tuple[List[np.ndarray], float]:
+    """The next sample of a pybind sampler: its columns' single rows and its priority."""
+    # key, probability, table size, priority, times sampled; the columns
+    sampled = sampler.GetNextTrajectory()
+    columns = sampled[sampler.NUM_INFO_TENSORS:]
+    return [column[0, ...] for column in columns], float(sampled[3])
 
 
 class _Call:
