@@ -375,6 +375,18 @@ def test_a_pull_never_returns_the_sample_a_kept_sampler_took_before_it(reverb_se
             assert store.pull()["train_step"] == 2
 
 
+def test_tables_whose_names_hold_one_another_keep_their_own_versions(reverb_servers):
+    """A version check decodes only the infos whose bytes hold the table's name: "v"
+    is in every blob here, "v2" in one; each table must still read its own."""
+    server = reverb_servers({"v": SIGNATURE, "v2": SIGNATURE, "variables": SIGNATURE})
+    with varsync.connect(server.url, timeout=20) as store:
+        for _ in range(3):
+            store.push(values(2), "v2")
+        store.push(values(1), "v")
+        assert (store.version("v"), store.version("v2"), store.version("variables")) == (1, 3, 0)
+        assert store.pull("v")["train_step"] == 1 and store.pull("v2")["train_step"] == 2
+
+
 def _samples_taken(admin: Any) -> int:
     return int(admin.server_info()["variables"].rate_limiter_info.sample_stats.completed)
 
