@@ -84,8 +84,8 @@ def arguments(argv: Optional[List[str]]) -> argparse.Namespace:
     parser.add_argument("--group", action="append", choices=GROUPS,
                         help="run only this group (repeatable; default: every group); a full "
                         "run keeps the other groups' results from results.json")
-    parser.add_argument("--budget", type=float, default=1200,
-                        help="seconds the whole suite may take (default 1200); stages that no "
+    parser.add_argument("--budget", type=float, default=1500,
+                        help="seconds the whole suite may take (default 1500); stages that no "
                         "longer fit are skipped and RESULTS.md says so")
     parser.add_argument("--out", type=Path,
                         help="RESULTS.md to write (default benchmarks/RESULTS.md)")

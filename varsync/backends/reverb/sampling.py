@@ -64,7 +64,8 @@ class SamplingPool:
         self.address = address
         #: Warm workers, waiting for a pull.
         self.idle: List[_Worker] = []
-        # (server table, signature proto) -> (TensorFlow client handle, dtypes); see _client
+        # (server table, signature proto) -> (TensorFlow client handle, dtypes, by pybind,
+        # from a kept sampler); see _client
         self._clients: Dict[Tuple[str, bytes], Tuple[Any, List[Any], bool, bool]] = {}
         self._streams = _Streams()
         self._lock = threading.Lock()
