@@ -50,8 +50,8 @@ class TensorFlowAdapter:
         """Many values' contents: plain variables read in one graph call when there are
         many (as :meth:`assign_all` assigns them; one eager ``read_value`` each cost
         ~0.1 ms of Python and op dispatch, most of a small drop-in push), each by the bare
-        read op when few (~22 us each against the graph call's ~200 us, measured with 4 to
-        500 variables: even from 10 on), the rest one by one."""
+        read op when few (~22 us each against ~200 us for the graph call, whatever the
+        count: they broke even at about 10, measured with 4 to 500), the rest one by one."""
         indices = [i for i, value in enumerate(values) if type(value) is _PLAIN_VARIABLE]
         out: List[Any] = [None] * len(values)
         if len(indices) >= _READ_BATCH_FROM:
