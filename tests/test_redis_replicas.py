@@ -152,6 +152,34 @@ def test_a_lagging_replica_answers_nothing_newer_and_a_wait_wakes_only_once_it_h
         assert (version, check_consistent(values)) == (2, 2)
 
 
+def test_a_container_reading_a_lagging_replica_still_sees_its_own_push(
+    group: List[RedisServer],
+) -> None:
+    """Read-your-writes on a replica that stays at the version the container holds: the
+    container knows of its own newer push, so "nothing newer" is asked of the primary."""
+    replica = group[1]
+    url = urls(group)
+    with varsync.connect(url["reader"], timeout=10) as container:  # writes: the primary
+        container.create_table("variables", SIGNATURE)
+        container.push(filled(SIGNATURE, 1))
+        wait_linked(*group)
+        held, values = container.pull_if_newer(0)
+        assert (held, check_consistent(values)) == (1, 1)
+        with replica.client() as admin:  # replication stops: the replica keeps serving v1
+            admin.execute_command("REPLICAOF", "127.0.0.1", str(_free_port()))
+        try:
+            assert container.push(filled(SIGNATURE, 2)) == 2
+            before = container.backend.reads_on_primary
+            version, values = container.pull_if_newer(held)
+            assert (version, check_consistent(values)) == (2, 2)
+            assert container.backend.reads_on_primary > before
+            assert head_version(replica, url["namespace"]) == 1
+            assert container.version() == 2
+        finally:
+            with replica.client() as admin:
+                admin.execute_command("REPLICAOF", "127.0.0.1", str(group[0].port))
+
+
 def test_a_replica_that_cannot_serve_is_read_through_the_primary(
     group: List[RedisServer],
 ) -> None:

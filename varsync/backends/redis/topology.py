@@ -248,8 +248,11 @@ class RoutedReads:
     def _vouch(self: Any, name: str, head: Optional[Head], held: int) -> None:
         """On a replica: refuse (:class:`_AskPrimary`) a head that may be behind what this
         backend knows. A replica only lags its primary, so another epoch than the trusted
-        one, a vanished table, or a version newer than ``held`` but below one seen
-        already, may be the replica's past (mid-sync, or emptied by a full resync)."""
+        one, a vanished table, or a version below one seen (or pushed) already, may be the
+        replica's past (mid-sync, or emptied by a full resync); it is refused unless the
+        caller holds that seen version already (``held``): to one holding less, a version
+        newer than its own would go back, and one no newer would hide a version this
+        backend knows of."""
         if self._read_client() is self._client:
             return
         if head is None:
@@ -258,7 +261,8 @@ class RoutedReads:
         if trusted is not None and head.epoch != trusted:
             raise _AskPrimary()
         floor = self._floors.get(name)
-        if floor is not None and floor[0] == head.epoch and held < head.version < floor[1]:
+        if (floor is not None and floor[0] == head.epoch
+                and head.version < floor[1] and held < floor[1]):
             raise _AskPrimary()
 
     def _saw(self: Any, name: str, epoch: str, version: int) -> None:
