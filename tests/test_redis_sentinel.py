@@ -30,6 +30,7 @@ SIGNATURE = {"weights": np.zeros((64, 1024), np.float32), "step": np.zeros((), n
 LARGE = {"weights": np.zeros(8 << 20, np.float32), "step": np.zeros((), np.int64)}
 SERVICE = "mymaster"
 SETTLE_TIMEOUT = 20.0
+SENTINEL_SETTLE_TIMEOUT = 60.0  # see the cluster fixture
 TIMEOUT = 3.0  # each container's timeout: every call ends within it
 
 
@@ -119,7 +120,11 @@ def cluster(tmp_path: Path) -> Iterator[Tuple[List[RedisServer], List[Sentinel]]
                     return False
             return True
 
-        until("the sentinels to see the replicas and each other", settled)
+        # A sentinel learns of replicas and of their links from the INFO it asks every
+        # 10 s, so a replica linked just after one of those asks shows at the next: two
+        # rounds can pass (20 s), more on a loaded machine (CI's side-by-side run did).
+        until("the sentinels to see the replicas and each other", settled,
+              timeout=SENTINEL_SETTLE_TIMEOUT)
         yield servers, sentinels
     finally:
         for sentinel in sentinels:
