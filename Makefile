@@ -65,7 +65,7 @@ lint: $(TOX)
 # part of RESULTS.md and results.json. `make test` runs every group as a smoke test
 # (--smoke: tiny sizes, under a minute; it writes none of those files).
 bench: tf-env
-	$(PY) -c "import matplotlib" 2>/dev/null || $(PIP) install -e ".[all,test,bench]"
+	$(PY) -c "import matplotlib" 2>/dev/null && test -x $(VENV)/bin/py-spy || $(PIP) install -e ".[all,test,bench]"
 	scripts/loopback-only $(PY) -m benchmarks.suite --group cross-backend
 	$(TOXRUN) -e modern --notest
 	.tox/modern/bin/python -c "import matplotlib" 2>/dev/null || .tox/modern/bin/python -m pip --disable-pip-version-check -q install -e ".[bench]"

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import traceback
 import uuid
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .common import GB, KB, leaf_names, nest_of, signature_of, size_label, stage
 from .plan import Case, Plan
@@ -78,7 +78,7 @@ def run(plan: Plan, out: Dict[str, Any], log: Callable[[str], None],
             readers.wait_up()
             probes.wait_up()
         _measure(plan, out, log, time_left, pid, addresses, fanout, readers, probes,
-                 redis_server.url)
+                 redis_server.url, redis_server.pid)
 
 
 def stop_all(children: List[Any]) -> None:
@@ -100,7 +100,7 @@ def import_clients() -> None:
 def _measure(plan: Plan, out: Dict[str, Any], log: Callable[[str], None],
              time_left: Callable[[], float], reverb_pid: int, reverb: Dict[str, str],
              fanout: ReverbProcess, readers: Children, probes: Children,
-             redis_url: str) -> None:
+             redis_url: str, redis_pid: Optional[int] = None) -> None:
     """The stages, once everything is up. ``reverb``: the sweep's Reverb servers by name
     ("sweep", and one per case of many arrays)."""
     import redis
@@ -114,7 +114,7 @@ def _measure(plan: Plan, out: Dict[str, Any], log: Callable[[str], None],
     out["versions"]["redis-server"] = redis_version
     log(f"   Reverb servers (pid {reverb_pid}) at {', '.join(reverb.values())}; "
         f"redis-server {redis_version} at {redis_url}")
-    sweep = Sweep(plan, reverb, redis_url, out, log)
+    sweep = Sweep(plan, reverb, redis_url, out, log, redis_pid)
     with stage("size sweep", log, out["stage_seconds"]):
         for case in plan.cases:
             sweep.run_case(case)

@@ -30,6 +30,7 @@ class Case:
     targets: bool = False
     first_push: bool = False  # Redis: also a new table's first push, once per round
     dropin: bool = True  # Reverb, 4 arrays: also varsync's drop-in for TF-Agents' container
+    profile: bool = False  # Redis: where push, pull and the floor spend their time (15.4)
 
     @property
     def name(self) -> str:
@@ -103,9 +104,9 @@ def full_plan() -> Plan:
         Case("few", 4, 1 * MB, 11, 3),
         Case("few", 4, 10 * MB, 7),
         Case("few", 4, 40 * MB, 9, targets=True),
-        Case("few", 4, 100 * MB, 5),
+        Case("few", 4, 100 * MB, 5, profile=True),
         Case("few", 4, 400 * MB, 4, targets=True, first_push=True),
-        Case("few", 4, 1 * GB, 3, first_push=True, dropin=False),
+        Case("few", 4, 1 * GB, 3, first_push=True, dropin=False, profile=True),
     ]
     many = [Case("many", 500, 1 * MB, 11), Case("many", 500, 100 * MB, 3)]
     return Plan(
@@ -140,7 +141,7 @@ def smoke_plan() -> Plan:
     (not the run above 2 GiB: that size is the point of it)."""
     return Plan(
         cases=[Case("few", 4, 10 * KB, 1, targets=True, first_push=True),
-               Case("few", 4, 100 * KB, 2, targets=True),
+               Case("few", 4, 100 * KB, 2, targets=True, profile=True),
                Case("many", 50, 100 * KB, 1)],
         big=None,
         fanout=Readers(100 * KB, [1, 2], 1),

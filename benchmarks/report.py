@@ -38,6 +38,7 @@ from .report_sweep import (
     wire_section,
 )
 from .report_targets import backends_section, issue_15_targets, targets
+from .report_wire import wire_time_section
 
 ISSUE_15_DETAIL = "## 9. Issue 15: Redis against the wire, many Reverb tables, cold start"
 
@@ -173,7 +174,8 @@ def _fanout_bullet(r: Results) -> str:
 
 def issue_15_section(r: Results) -> List[str]:
     """Section 9: the figures behind issue 15's targets that the sweep's sections lack."""
-    lines = wire_section(r) + many_tables_section(r) + cold_start_section(r)
+    lines = (wire_section(r) + wire_time_section(r) + many_tables_section(r)
+             + cold_start_section(r))
     return [ISSUE_15_DETAIL, ""] + lines if lines else []
 
 

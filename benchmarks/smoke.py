@@ -37,7 +37,8 @@ SECTIONS = ["## Headline", "## Targets of issues 3, 4 and 5", "## 1. Throughput"
             "## 4. pull_if_newer", "## 5. Fan-out", "### Redis: server memory under readers",
             "## 6. Client memory", "## 7. Each backend", "### Reverb:", "### Redis:",
             "### shm://", "## What was run", "## Targets of issue 15",
-            "### Redis: both hand-written pushes", "### Reverb: pull_if_newer with many tables",
+            "### Redis: both hand-written pushes", "### Redis: where the time goes",
+            "### Reverb: pull_if_newer with many tables",
             "### Cold start"]
 TARGET_ROWS = 12  # 2 + 2 + 1 Reverb, 2 + 1 + 1 + 1 Redis, 2 shm (two target sizes)
 ISSUE_15_ITEMS = ("15.1 Reverb", "15.2 many variables", "15.3 Redis", "15.4 the wire",

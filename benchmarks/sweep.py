@@ -29,12 +29,16 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from . import wire_profile
 from .common import GB, MB, nest_of, payload_of, size_label, timed
 from .plan import Case, Plan
 
 TABLE = "variables"
 REDIS_BULK_LIMIT = 512 * 2**20  # redis-server's default proto-max-bulk-len
 FLOOR_TIMEOUT = 300.0  # seconds one transfer of the TCP floor may take before it is an error
+# Untimed rounds of the Redis group: from the third push on, a table pushed at recycle_from
+# (256 MiB) or more has a spare version, which each push overwrites in place.
+REDIS_WARM = 3
 
 Op = Tuple[str, str, Callable[[], Any]]  # (contender, operation, call)
 Poll = Tuple[str, str, Callable[[], Any], int]  # (contender, operation, call, count)
@@ -52,12 +56,15 @@ class Group:
     warm: int = 1  # untimed rounds first
     # Measurements that time themselves (setup untimed), once per round after the turns.
     per_round: List[Callable[[], Timings]] = field(default_factory=list)
+    after: List[Callable[[], None]] = field(default_factory=list)  # once, after the polls
 
 
 class Sweep:
     def __init__(self, plan: Plan, reverb: Dict[str, str], redis_url: str,
-                 out: Dict[str, Any], log: Callable[[str], None]) -> None:
+                 out: Dict[str, Any], log: Callable[[str], None],
+                 redis_pid: Optional[int] = None) -> None:
         self.plan, self.reverb, self.redis_url = plan, reverb, redis_url
+        self.redis_pid = redis_pid  # for the redis-server's CPU (Case.profile)
         self.out, self.log = out, log
         self.tag = uuid.uuid4().hex[:6]
 
@@ -166,6 +173,7 @@ class Sweep:
                 variables[name].assign(np.frombuffer(hand.get(key), np.float32))
 
         ops = varsync_ops("redis", store, nest, variables)
+        store_ops = {(c, o): call for c, o, call in ops}
         if max(leaf.nbytes for leaf in nest.values()) > REDIS_BULK_LIMIT:
             self.refuse(case, "redis-py", "push", hand_refusal(self.redis_url, nest))
         else:
@@ -189,6 +197,15 @@ class Sweep:
             per_round.append(lambda: redis_first_push(
                 self.redis_url, nest, f"bench-{case.name}-{self.tag}-first-{next(fresh)}", hand))
 
+        after = []
+        if case.profile:  # issue 15.4: where the time of push, pull and the floor goes
+            meter = wire_profile.CpuMeter(self.redis_pid)
+            accounted = {("redis", "push"), ("redis", "pull"), ("tcp loopback", "transfer")}
+            ops = [(c, o, meter.wrap((c, o), call) if (c, o) in accounted else call)
+                   for c, o, call in ops]
+            after.append(lambda: self.profile_wire(case, meter, {
+                key: store_ops[key] for key in (("redis", "push"), ("redis", "pull"))}))
+
         def close() -> None:
             if floor is not None:
                 floor.close()
@@ -196,10 +213,21 @@ class Sweep:
             hand.flushall()  # free the server's memory for the next size
             hand.close()
 
-        # Three rounds before redis:// is in its steady state: from the third push on, a
-        # table pushed at recycle_from (256 MiB) or more has a spare version, which each
-        # push overwrites in place.
-        return Group("redis", ops, polls, close, warm=3, per_round=per_round)
+        return Group("redis", ops, polls, close, warm=REDIS_WARM, per_round=per_round,
+                     after=after)
+
+    def profile_wire(self, case: Case, meter: wire_profile.CpuMeter,
+                     calls: Dict[Tuple[str, str], Callable[[], Any]]) -> None:
+        """Issue 15.4: the timed rounds' CPU figures (the warm rounds' left out) and a
+        py-spy profile of more pushes and pulls, untimed, into ``out["wire_profile"]``."""
+        timed_rounds = {key: records[REDIS_WARM:] for key, records in meter.records.items()}
+        medians = {key: float(np.median([r["wall"] for r in records]))
+                   for key, records in timed_rounds.items() if records}
+        profiles = wire_profile.profile(calls, medians)
+        for (contender, op), records in timed_rounds.items():
+            self.out.setdefault("wire_profile", []).append({
+                "case": case.name, "bytes": case.nbytes, "contender": contender, "op": op,
+                "cpu": records, "py_spy": profiles.get((contender, op))})
 
     def shm_group(self, case: Case, nest: Any, variables: Any, targets: Any) -> Group:
         import varsync
@@ -283,6 +311,8 @@ class Sweep:
             self.out["polls"].append({"case": case.name, "layout": case.layout,
                                       "bytes": case.nbytes, "contender": contender, "op": op,
                                       "samples": values})
+        for after in group.after:
+            after()
 
 
 def varsync_ops(contender: str, store: Any, nest: Any, variables: Any,

@@ -1,0 +1,147 @@
+"""RESULTS.md section 9's "where the time goes" (issue 15.4): the CPU accounting and py-spy
+profile that ``wire_profile.py`` took in the Redis group at the cases that ask for it."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Dict, List, Optional, Tuple
+
+from .common import seconds_text, size_label
+from .report_base import Results, table
+from .wire_profile import CATEGORIES, OTHER
+
+CALLS = {("redis", "push"): "varsync push", ("redis", "pull"): "varsync pull",
+         ("tcp loopback", "transfer"): "raw TCP floor"}
+CPU_FIELDS = ("client_user", "client_kernel", "server")
+PART_NAMES = {"client_user": "the client's user CPU", "client_kernel": "the client's kernel CPU",
+              "server": "the redis-server's CPU"}
+SHOWN = [name for name, _ in CATEGORIES] + [OTHER]
+
+
+def _median(records: List[Dict[str, float]], field: str) -> float:
+    return statistics.median(r[field] for r in records)
+
+
+def _records(r: Results) -> List[Dict[str, Any]]:
+    order = list(CALLS)
+    return sorted((w for w in r.raw.get("wire_profile", []) if (w["contender"], w["op"]) in CALLS
+                   and w["cpu"]),
+                  key=lambda w: (w["bytes"], order.index((w["contender"], w["op"]))))
+
+
+def wire_time_section(r: Results) -> List[str]:
+    records = _records(r)
+    if not records:
+        return []
+    cpu_rows = []
+    for w in records:
+        cpu = w["cpu"]
+        wall = _median(cpu, "wall")
+        cpu_rows.append([size_label(w["bytes"]), CALLS[(w["contender"], w["op"])],
+                         f"{seconds_text(wall)} ({len(cpu)})",
+                         *(f"{seconds_text(_median(cpu, f))} ({_share(_median(cpu, f), wall)})"
+                           for f in CPU_FIELDS),
+                         _kernel_share(cpu), f"{_median(cpu, 'client_faults'):.0f}"])
+    lines = ["### Redis: where the time goes", "",
+             "Where the Redis group's timed varsync pushes and pulls and the raw TCP floor's "
+             "transfers spent their time, at the sizes of the wire's targets "
+             "(`benchmarks/wire_profile.py`). **CPU**: around each timed call, this "
+             "process's user and kernel CPU and minor page faults (`getrusage`: every thread, "
+             "so the floor's receiver thread too) and the redis-server's CPU "
+             "(`/proc/<pid>/schedstat` of its main thread, which does its work; the share of "
+             "it in the kernel from its user and kernel ticks of `/proc/<pid>/stat`, 10 ms "
+             "each, summed over the rounds): medians over the timed rounds (their count in "
+             "brackets after the wall time), each also as a share of the wall time. "
+             "A kernel share on the client is its socket calls: copying the bytes between "
+             "the socket and the arrays, and faulting in the pages of arrays it has not "
+             "written before (a pull allocates new ones; the floor receives into arrays "
+             "written before, and sends from the nest).", ""]
+    lines += table(["nest", "call", "wall (rounds)", "client user CPU", "client kernel CPU",
+                    "redis-server CPU", "of it in the kernel", "client page faults"], cpu_rows)
+    spy_rows, skipped = [], set()
+    for w in records:
+        spy = w.get("py_spy")
+        if not spy:
+            continue
+        if "skipped" in spy:
+            skipped.add(spy["skipped"])
+            continue
+        spy_rows.append(_spy_row(w, spy))
+    if spy_rows:
+        lines += ["**py-spy** (`py-spy record --nonblocking`, "
+                  f"{records[0]['py_spy'].get('rate', '')} samples a second) of this process "
+                  "during more of the same calls after the timed rounds (untimed; their count "
+                  "in brackets): the share of the calls' wall time whose samples had varsync's "
+                  "innermost frame in each part. py-spy does not sample a thread waiting in "
+                  "the kernel, so what no sample covers is time the client waited: for the "
+                  "server's replies, or for the wire.", ""]
+        lines += table(["nest", "call (profiled)", *SHOWN, "waiting (no sample)"], spy_rows)
+    for why in sorted(skipped):
+        lines += [f"py-spy profile: not taken ({why}).", ""]
+    lines += _reading(records)
+    return lines
+
+
+def _spy_row(w: Dict[str, Any], spy: Dict[str, Any]) -> List[str]:
+    samples: Dict[str, int] = spy["samples"]
+    covered = spy["wall"] * spy["rate"]
+    parts = [samples.get(name, 0) / covered for name in SHOWN]
+    waiting = max(0.0, 1 - sum(parts))
+    return [size_label(w["bytes"]), f"{CALLS[(w['contender'], w['op'])]} ({spy['calls']})",
+            *(f"{p:.0%}" for p in parts), f"{waiting:.0%}"]
+
+
+def _kernel_share(cpu: List[Dict[str, float]]) -> str:
+    user = sum(r["server_user_ticks"] for r in cpu)
+    kernel = sum(r["server_kernel_ticks"] for r in cpu)
+    return _share(kernel, user + kernel) if user + kernel > 0 else "– (no tick)"
+
+
+def _share(part: float, whole: float) -> str:
+    return f"{part / whole:.0%}" if whole > 0 else "–"
+
+
+def _reading(records: List[Dict[str, Any]]) -> List[str]:
+    """One sentence per size, from the figures: each varsync call against the floor, and
+    which part of its time is the largest."""
+    by_size: Dict[int, Dict[Tuple[str, str], Dict[str, Any]]] = {}
+    for w in records:
+        by_size.setdefault(w["bytes"], {})[(w["contender"], w["op"])] = w
+    lines = []
+    for n, calls in sorted(by_size.items()):
+        floor = calls.get(("tcp loopback", "transfer"))
+        bits = []
+        for key in (("redis", "push"), ("redis", "pull")):
+            mine = calls.get(key)
+            if mine is None:
+                continue
+            w = mine
+            wall = _median(w["cpu"], "wall")
+            parts = {f: _median(w["cpu"], f) for f in CPU_FIELDS}
+            top = max(parts, key=lambda f: parts[f])
+            text = (f"{CALLS[key]} {seconds_text(wall)}"
+                    + (f" ({wall / _median(floor['cpu'], 'wall'):.1f}× the floor's)"
+                       if floor else "")
+                    + f", the largest part {PART_NAMES[top]} ({_share(parts[top], wall)} of it)")
+            spy = _largest_part(w.get("py_spy"))
+            if spy is not None:
+                text += f"; py-spy's largest part: {spy[0]} ({spy[1]:.0%})"
+            bits.append(text)
+        if floor is not None:
+            f_wall = _median(floor["cpu"], "wall")
+            bits.append(f"the floor's client kernel CPU "
+                        f"{_share(_median(floor['cpu'], 'client_kernel'), f_wall)} of its "
+                        f"{seconds_text(f_wall)}")
+        if bits:
+            lines.append(f"- **{size_label(n)}**: " + "; ".join(bits) + ".")
+    return lines + [""] if lines else []
+
+
+def _largest_part(spy: Optional[Dict[str, Any]]) -> Optional[Tuple[str, float]]:
+    if not spy or "skipped" in spy:
+        return None
+    covered = spy["wall"] * spy["rate"]
+    shares = {name: spy["samples"].get(name, 0) / covered for name in SHOWN}
+    shares["waiting"] = max(0.0, 1 - sum(shares.values()))
+    name = max(shares, key=lambda k: shares[k])
+    return name, shares[name]

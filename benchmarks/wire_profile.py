@@ -1,0 +1,204 @@
+"""Where a Redis transfer's time goes (issue 15.4), measured in the size sweep's Redis group
+at the cases that ask for it (``Case.profile``: 100 MB and 1 GB in the full plan).
+
+- **CPU accounting**, in the timed rounds themselves: around every timed varsync push and
+  pull and every transfer of the raw TCP floor, this process's user and kernel CPU and
+  minor page faults (``getrusage``) and the redis-server's CPU (``/proc/<pid>/schedstat``,
+  its main thread, which does its work) with its user and kernel ticks
+  (``/proc/<pid>/stat``, 10 ms each: summed over the rounds, they split its CPU). Reading
+  them costs about 30 µs per call, against the 40 ms and more such a call takes at these
+  sizes.
+- **A py-spy profile** of this process, after the rounds: py-spy (the ``bench`` extra)
+  samples it from outside without stopping it (``--nonblocking``) while it makes a few
+  more pushes and pulls, untimed. Each sample's stack is put in the first category whose
+  function it holds (:data:`CATEGORIES`); samples of threads waiting in the kernel are not
+  taken (py-spy's default), so the client's wall time not covered by samples is time it
+  spent waiting: for the server, or for the wire.
+
+Both land in results.json under ``wire_profile``: one record per case and operation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+#: (name shown, (file, function) pairs that put a sample in it), tried on the innermost
+#: frame of varsync's code on a sample's stack (:func:`_category`).
+CATEGORIES: Sequence[Tuple[str, Sequence[Tuple[str, str]]]] = (
+    ("socket receive (recv_into)", (("varsync/backends/redis/wire.py", "_recv_into"),)),
+    ("socket send (sendall)", (("varsync/backends/redis/wire.py", "_send"),)),
+    ("CRC-32 of the chunks", (("varsync/backends/redis/wire.py", "checksum"),)),
+    ("allocating the pulled arrays", (("varsync/backends/redis/leaves.py", "fetch_whole"),)),
+    ("reading replies (RESP parsing)", (("varsync/backends/redis/wire.py", "bulk_length"),
+                                        ("varsync/backends/redis/wire.py", "line"),
+                                        ("varsync/backends/redis/wire.py", "reply"),
+                                        ("varsync/backends/redis/wire.py", "status"))),
+)
+OTHER = "other (varsync's checks and bookkeeping, redis-py)"
+RATE = 500  # py-spy samples per second
+START_TIMEOUT = 30.0  # seconds py-spy may take to attach
+STOP_TIMEOUT = 30.0  # and to write its samples once told to stop
+PROFILED_SECONDS = 2.0  # each operation is repeated (untimed) about this long under py-spy
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _server_cpu(pid: Optional[int]) -> Tuple[float, float, float]:
+    """A process's CPU seconds on its main thread (``/proc/<pid>/schedstat``: nanoseconds),
+    and its user and kernel CPU in clock ticks (``/proc/<pid>/stat``); zeros if they
+    cannot be read."""
+    if pid is None:
+        return 0.0, 0.0, 0.0
+    try:
+        ran = int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, ValueError, IndexError):
+        return 0.0, 0.0, 0.0
+    return ran, int(fields[11]) / _TICK, int(fields[12]) / _TICK
+
+
+class CpuMeter:
+    """Per-call CPU figures of this process and of the redis-server ``server_pid``."""
+
+    def __init__(self, server_pid: Optional[int]) -> None:
+        self.server_pid = server_pid
+        self.records: Dict[Tuple[str, str], List[Dict[str, float]]] = {}
+
+    def wrap(self, key: Tuple[str, str], call: Callable[[], Any]) -> Callable[[], Any]:
+        """``call``, each of its calls accounted under ``key`` (contender, operation)."""
+        into = self.records.setdefault(key, [])
+
+        def accounted() -> Any:
+            mine, server = resource.getrusage(resource.RUSAGE_SELF), _server_cpu(self.server_pid)
+            started = time.perf_counter()
+            try:
+                return call()
+            finally:
+                wall = time.perf_counter() - started
+                after, server_after = (resource.getrusage(resource.RUSAGE_SELF),
+                                       _server_cpu(self.server_pid))
+                into.append({
+                    "wall": wall,
+                    "client_user": after.ru_utime - mine.ru_utime,
+                    "client_kernel": after.ru_stime - mine.ru_stime,
+                    "client_faults": after.ru_minflt - mine.ru_minflt,
+                    "server": server_after[0] - server[0],
+                    "server_user_ticks": server_after[1] - server[1],
+                    "server_kernel_ticks": server_after[2] - server[2],
+                })
+
+        return accounted
+
+
+def py_spy() -> Optional[str]:
+    """The py-spy executable beside this Python, or on PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if os.access(beside, os.X_OK) else shutil.which("py-spy")
+
+
+def profile(calls: Dict[Tuple[str, str], Callable[[], Any]], seconds_per_call: Dict[
+        Tuple[str, str], float]) -> Dict[Tuple[str, str], Dict[str, Any]]:
+    """Each of ``calls`` repeated about :data:`PROFILED_SECONDS` (at least twice) under
+    py-spy; per call, its samples by category and the wall time they cover. An entry
+    ``{"skipped": why}`` where py-spy is missing or failed."""
+    exe = py_spy()
+    if exe is None:
+        return {key: {"skipped": "py-spy is not installed here (the bench extra has it)"}
+                for key in calls}
+    out: Dict[Tuple[str, str], Dict[str, Any]] = {}
+    for key, call in calls.items():
+        repeats = max(2, round(PROFILED_SECONDS / max(seconds_per_call.get(key, 1.0), 1e-6)))
+        try:
+            out[key] = _profiled(exe, call, repeats)
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+            out[key] = {"skipped": f"py-spy failed: {type(exc).__name__}: {exc}"}
+    return out
+
+
+def _profiled(exe: str, call: Callable[[], Any], repeats: int) -> Dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="varsync-bench-spy-") as folder:
+        raw = Path(folder) / "samples.txt"
+        log = Path(folder) / "py-spy.log"
+        with open(log, "wb") as sink:
+            spy = subprocess.Popen(
+                [exe, "record", "--pid", str(os.getpid()), "--nonblocking", "--rate",
+                 str(RATE), "--format", "raw", "--output", str(raw)],
+                stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            _wait_for_sampling(spy, log)
+            started = time.perf_counter()
+            for _ in range(repeats):
+                result = call()
+                del result
+            wall = time.perf_counter() - started
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                spy.send_signal(signal.SIGINT)
+            try:
+                spy.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                spy.kill()
+                spy.wait(STOP_TIMEOUT)
+        if not raw.exists():
+            raise RuntimeError(f"no samples written; py-spy said: {_tail(log)}")
+        counts = categorize(raw.read_text(errors="replace").splitlines())
+    return {"calls": repeats, "wall": wall, "rate": RATE, "samples": dict(counts)}
+
+
+def _wait_for_sampling(spy: subprocess.Popen, log: Path) -> None:
+    """Until py-spy says it samples (bounded): samples before that would be lost."""
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if spy.poll() is not None:
+            raise RuntimeError(f"py-spy exited with {spy.returncode}: {_tail(log)}")
+        if b"Sampling process" in log.read_bytes():
+            return
+        time.sleep(0.02)  # polling py-spy's log, bounded by the deadline
+    raise RuntimeError(f"py-spy did not start sampling within {START_TIMEOUT:.0f} s")
+
+
+def _tail(log: Path) -> str:
+    return log.read_text(errors="replace").strip()[-300:] if log.exists() else "(no output)"
+
+
+def categorize(lines: Sequence[str]) -> Counter:
+    """Samples per category from py-spy's raw (collapsed) lines: ``frame;frame;... N``,
+    outermost frame first, each ``function (file:line)``. Stacks outside varsync's
+    transfer (py-spy's own attach, other threads) count as ``"elsewhere"``."""
+    counts: Counter = Counter()
+    for line in lines:
+        stack, _, number = line.rpartition(" ")
+        if not stack or not number.isdigit():
+            continue
+        frames = stack.split(";")
+        counts[_category(frames) if _in_transfer(frames) else "elsewhere"] += int(number)
+    return counts
+
+
+def _in_transfer(frames: List[str]) -> bool:
+    return any("varsync/container.py" in frame for frame in frames)
+
+
+def _category(frames: List[str]) -> str:
+    """By the innermost frame of varsync's code: what runs below it is C (the socket
+    call, the CRC, numpy's allocation), which py-spy shows as the frame that called it."""
+    for frame in reversed(frames):
+        function, _, place = frame.partition(" (")
+        if "varsync/" not in place:
+            continue
+        for name, places in CATEGORIES:
+            if any(function == wanted and path in place for path, wanted in places):
+                return name
+        return OTHER
+    return OTHER
