@@ -192,13 +192,15 @@ def _in_transfer(frames: List[str]) -> bool:
 
 def _category(frames: List[str]) -> str:
     """By the innermost frame of varsync's code: what runs below it is C (the socket
-    call, the CRC, numpy's allocation), which py-spy shows as the frame that called it."""
+    call, the CRC, numpy's allocation), which py-spy shows as the frame that called it.
+    py-spy names a method by its class too (``Wire._recv_into``)."""
     for frame in reversed(frames):
         function, _, place = frame.partition(" (")
         if "varsync/" not in place:
             continue
         for name, places in CATEGORIES:
-            if any(function == wanted and path in place for path, wanted in places):
+            if any(path in place and function.rpartition(".")[2] == wanted
+                   for path, wanted in places):
                 return name
         return OTHER
     return OTHER

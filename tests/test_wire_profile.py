@@ -20,8 +20,9 @@ def test_a_sample_goes_to_the_part_of_its_innermost_varsync_frame() -> None:
     lines = [
         PULL + ";on_connection (varsync/backends/redis/pool.py:90);"
         "receive_selected (varsync/backends/redis/wire.py:220);"
-        "_take (varsync/backends/redis/wire.py:270);readinto (varsync/backends/redis/wire.py:384);"
-        "_recv_into (varsync/backends/redis/wire.py:348) 7",
+        "_take (varsync/backends/redis/wire.py:270);"
+        "Wire.readinto (varsync/backends/redis/wire.py:384);"
+        "Wire._recv_into (varsync/backends/redis/wire.py:348) 7",
         PULL + ";receive_selected (varsync/backends/redis/wire.py:230);"
         "_check (varsync/backends/redis/wire.py:279);"
         "checksum (varsync/backends/redis/wire.py:53) 3",
