@@ -10,7 +10,7 @@ import contextlib
 import queue
 import time
 import traceback
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
 
@@ -65,7 +65,7 @@ def fanout_reader(name: str, commands: Any, results: Any, go: Any) -> None:
             try:
                 if url not in clients:
                     clients[url] = _connect(kind, url)
-                fill = _filler(kind, clients[url], table)
+                fill, _ = _filler(kind, clients[url], table)
                 fill()  # warm: connection, mappings, page faults of the arrays
                 results.put(("ready", name))
                 if not go.wait(600):
@@ -96,8 +96,9 @@ def _connect(kind: str, url: str) -> Any:
     return varsync.connect(url, timeout=300)
 
 
-def _filler(kind: str, client: Any, table: Any) -> Callable[[], None]:
-    """A call that fills this reader's own arrays with the table's current values."""
+def _filler(kind: str, client: Any, table: Any) -> Tuple[Callable[[], Any], Dict[str, Any]]:
+    """A call that fills this reader's own arrays with the table's current values, and
+    those arrays."""
     if kind == "redis-py":
         arrays = {key: np.empty(count, np.float32) for key, count in table.items()}
 
@@ -105,10 +106,12 @@ def _filler(kind: str, client: Any, table: Any) -> Callable[[], None]:
             for key, array in arrays.items():
                 np.copyto(array, np.frombuffer(client.get(key), np.float32))
 
-        return hand_fill
+        return hand_fill, arrays
     signature = client.signature(table)
     mine = {name: np.empty(spec.shape, spec.dtype) for name, spec in signature.items()}
-    return lambda: client.update(mine, table)
+    # Every leaf, every time: the table does not change between the fills, so a delta
+    # update (the default) would fetch nothing after the first and move no bytes.
+    return (lambda: client.update(mine, table, delta_only=False)), mine
 
 
 # -- client memory -------------------------------------------------------------------------------
