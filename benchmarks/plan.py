@@ -98,7 +98,7 @@ def full_plan() -> Plan:
     it (the whole sweep 809 s, and the 840 s budget then skipped every stage after it),
     and the drop-in's target from 10 MB up is measured at 10, 40, 100 and 400 MB."""
     few = [
-        Case("few", 4, 1 * KB, 15, 20),
+        Case("few", 4, 1 * KB, 15, 20, profile=True),
         Case("few", 4, 10 * KB, 15, 20),
         Case("few", 4, 100 * KB, 15, 10),
         Case("few", 4, 1 * MB, 11, 3),

@@ -12,13 +12,15 @@ from .wire_profile import CATEGORIES, OTHER
 
 CALLS = {("redis", "push"): "varsync push", ("redis", "pull"): "varsync pull",
          ("tcp loopback", "transfer"): "raw TCP floor"}
-CPU_FIELDS = ("client_user", "client_kernel", "server")
-PART_NAMES = {"client_user": "the client's user CPU", "client_kernel": "the client's kernel CPU",
+CPU_FIELDS = ("thread", "client", "server")
+PART_NAMES = {"thread": "the calling thread's CPU", "client": "the client process's CPU",
               "server": "the redis-server's CPU"}
 SHOWN = [name for name, _ in CATEGORIES] + [OTHER]
 
 
 def _median(records: List[Dict[str, float]], field: str) -> float:
+    if field == "client":
+        return statistics.median(r["client_user"] + r["client_kernel"] for r in records)
     return statistics.median(r[field] for r in records)
 
 
@@ -37,27 +39,35 @@ def wire_time_section(r: Results) -> List[str]:
     for w in records:
         cpu = w["cpu"]
         wall = _median(cpu, "wall")
+        def cell(field: str, cpu: List[Dict[str, float]] = cpu, wall: float = wall) -> str:
+            return f"{seconds_text(_median(cpu, field))} ({_share(_median(cpu, field), wall)})"
+
         cpu_rows.append([size_label(w["bytes"]), CALLS[(w["contender"], w["op"])],
-                         f"{seconds_text(wall)} ({len(cpu)})",
-                         *(f"{seconds_text(_median(cpu, f))} ({_share(_median(cpu, f), wall)})"
-                           for f in CPU_FIELDS),
-                         _kernel_share(cpu), f"{_median(cpu, 'client_faults'):.0f}"])
+                         f"{seconds_text(wall)} ({len(cpu)})", cell("thread"), cell("client"),
+                         _kernel_share(cpu, "client_user", "client_kernel"), cell("server"),
+                         _kernel_share(cpu, "server_user_ticks", "server_kernel_ticks"),
+                         f"{_median(cpu, 'client_faults'):.0f}"])
     lines = ["### Redis: where the time goes", "",
              "Where the Redis group's timed varsync pushes and pulls and the raw TCP floor's "
-             "transfers spent their time, at the sizes of the wire's targets "
-             "(`benchmarks/wire_profile.py`). **CPU**: around each timed call, this "
-             "process's user and kernel CPU and minor page faults (`getrusage`: every thread, "
-             "so the floor's receiver thread too) and the redis-server's CPU "
-             "(`/proc/<pid>/schedstat` of its main thread, which does its work; the share of "
-             "it in the kernel from its user and kernel ticks of `/proc/<pid>/stat`, 10 ms "
-             "each, summed over the rounds): medians over the timed rounds (their count in "
-             "brackets after the wall time), each also as a share of the wall time. "
-             "A kernel share on the client is its socket calls: copying the bytes between "
-             "the socket and the arrays, and faulting in the pages of arrays it has not "
-             "written before (a pull allocates new ones; the floor receives into arrays "
-             "written before, and sends from the nest).", ""]
-    lines += table(["nest", "call", "wall (rounds)", "client user CPU", "client kernel CPU",
-                    "redis-server CPU", "of it in the kernel", "client page faults"], cpu_rows)
+             "transfers spent their time, at the sizes the cases name (`Case.profile`: the "
+             "small pushes of 15.3 and the wire's targets of 15.4; "
+             "`benchmarks/wire_profile.py`). **CPU**: around each timed sample, outside its "
+             "clock, and divided by its calls: the CPU of the thread making the calls "
+             "(`time.thread_time`), this process's CPU and minor page faults (`getrusage`: "
+             "every thread, so the floor's receiver thread too, and any background thread "
+             "of the libraries loaded; its split between user and kernel comes from clock "
+             "ticks, so it is summed over the rounds) and the redis-server's CPU "
+             "(`/proc/<pid>/schedstat` of its main thread, which does its work; the share "
+             "of it in the kernel from its user and kernel ticks of "
+             "`/proc/<pid>/stat`, 10 ms each, summed over the rounds): medians over the timed "
+             "rounds (their count in brackets after the wall time), each also as a share of "
+             "the wall time. A kernel share on the client is its socket calls: copying the "
+             "bytes between the socket and the arrays, and faulting in the pages of arrays "
+             "it has not written before (a pull allocates new ones; the floor receives into "
+             "arrays written before, and sends from the nest).", ""]
+    lines += table(["nest", "call", "wall (rounds)", "calling thread's CPU",
+                    "client process's CPU", "of it in the kernel", "redis-server CPU",
+                    "of it in the kernel", "client page faults"], cpu_rows)
     spy_rows, skipped = [], set()
     for w in records:
         spy = w.get("py_spy")
@@ -91,9 +101,10 @@ def _spy_row(w: Dict[str, Any], spy: Dict[str, Any]) -> List[str]:
             *(f"{p:.0%}" for p in parts), f"{waiting:.0%}"]
 
 
-def _kernel_share(cpu: List[Dict[str, float]]) -> str:
-    user = sum(r["server_user_ticks"] for r in cpu)
-    kernel = sum(r["server_kernel_ticks"] for r in cpu)
+def _kernel_share(cpu: List[Dict[str, float]], user_field: str, kernel_field: str) -> str:
+    """The kernel's share of CPU split by clock ticks, summed over the rounds."""
+    user = sum(r[user_field] for r in cpu)
+    kernel = sum(r[kernel_field] for r in cpu)
     return _share(kernel, user + kernel) if user + kernel > 0 else "– (no tick)"
 
 

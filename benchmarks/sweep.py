@@ -57,6 +57,7 @@ class Group:
     # Measurements that time themselves (setup untimed), once per round after the turns.
     per_round: List[Callable[[], Timings]] = field(default_factory=list)
     after: List[Callable[[], None]] = field(default_factory=list)  # once, after the polls
+    meter: Optional[wire_profile.CpuMeter] = None  # CPU around its timed samples (15.4)
 
 
 class Sweep:
@@ -198,11 +199,10 @@ class Sweep:
                 self.redis_url, nest, f"bench-{case.name}-{self.tag}-first-{next(fresh)}", hand))
 
         after = []
+        meter = None
         if case.profile:  # issue 15.4: where the time of push, pull and the floor goes
-            meter = wire_profile.CpuMeter(self.redis_pid)
-            accounted = {("redis", "push"), ("redis", "pull"), ("tcp loopback", "transfer")}
-            ops = [(c, o, meter.wrap((c, o), call) if (c, o) in accounted else call)
-                   for c, o, call in ops]
+            meter = wire_profile.CpuMeter(self.redis_pid, {
+                ("redis", "push"), ("redis", "pull"), ("tcp loopback", "transfer")})
             after.append(lambda: self.profile_wire(case, meter, {
                 key: store_ops[key] for key in (("redis", "push"), ("redis", "pull"))}))
 
@@ -214,17 +214,16 @@ class Sweep:
             hand.close()
 
         return Group("redis", ops, polls, close, warm=REDIS_WARM, per_round=per_round,
-                     after=after)
+                     after=after, meter=meter)
 
     def profile_wire(self, case: Case, meter: wire_profile.CpuMeter,
                      calls: Dict[Tuple[str, str], Callable[[], Any]]) -> None:
-        """Issue 15.4: the timed rounds' CPU figures (the warm rounds' left out) and a
-        py-spy profile of more pushes and pulls, untimed, into ``out["wire_profile"]``."""
-        timed_rounds = {key: records[REDIS_WARM:] for key, records in meter.records.items()}
+        """Issue 15.4: the timed rounds' CPU figures and a py-spy profile of more pushes
+        and pulls, untimed, into ``out["wire_profile"]``."""
         medians = {key: float(np.median([r["wall"] for r in records]))
-                   for key, records in timed_rounds.items() if records}
+                   for key, records in meter.records.items() if records}
         profiles = wire_profile.profile(calls, medians)
-        for (contender, op), records in timed_rounds.items():
+        for (contender, op), records in meter.records.items():
             self.out.setdefault("wire_profile", []).append({
                 "case": case.name, "bytes": case.nbytes, "contender": contender, "op": op,
                 "cpu": records, "py_spy": profiles.get((contender, op))})
@@ -297,7 +296,12 @@ class Sweep:
         for _ in range(case.rounds):
             gc.collect()
             for contender, op, call in group.ops:
-                samples[(contender, op)].append(timed(call, case.inner))
+                def sample(call: Callable[[], Any] = call) -> float:
+                    return timed(call, case.inner)
+
+                samples[(contender, op)].append(
+                    sample() if group.meter is None
+                    else group.meter.sample((contender, op), sample, case.inner))
             for measure in group.per_round:
                 for key, seconds in measure().items():
                     samples.setdefault(key, []).append(seconds)

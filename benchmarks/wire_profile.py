@@ -1,13 +1,13 @@
 """Where a Redis transfer's time goes (issue 15.4), measured in the size sweep's Redis group
-at the cases that ask for it (``Case.profile``: 100 MB and 1 GB in the full plan).
+at the cases that ask for it (``Case.profile``: 1 KB, 100 MB and 1 GB in the full plan).
 
-- **CPU accounting**, in the timed rounds themselves: around every timed varsync push and
-  pull and every transfer of the raw TCP floor, this process's user and kernel CPU and
-  minor page faults (``getrusage``) and the redis-server's CPU (``/proc/<pid>/schedstat``,
-  its main thread, which does its work) with its user and kernel ticks
-  (``/proc/<pid>/stat``, 10 ms each: summed over the rounds, they split its CPU). Reading
-  them costs about 30 µs per call, against the 40 ms and more such a call takes at these
-  sizes.
+- **CPU accounting**, in the timed rounds themselves: around every timed sample of a varsync
+  push and pull and of the raw TCP floor's transfer (outside its clock, divided by the
+  sample's calls), the calling thread's CPU (``time.thread_time``), this process's user
+  and kernel CPU and minor page faults (``getrusage``: its total is exact, its split
+  between user and kernel comes from clock ticks) and the redis-server's CPU
+  (``/proc/<pid>/schedstat`` of its main thread, which does its work) with its user and
+  kernel ticks (``/proc/<pid>/stat``, 10 ms each: summed over the rounds, they split it).
 - **A py-spy profile** of this process, after the rounds: py-spy (the ``bench`` extra)
   samples it from outside without stopping it (``--nonblocking``) while it makes a few
   more pushes and pulls, untimed. Each sample's stack is put in the first category whose
@@ -31,7 +31,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 #: (name shown, (file, function) pairs that put a sample in it), tried on the innermost
 #: frame of varsync's code on a sample's stack (:func:`_category`).
@@ -69,36 +69,36 @@ def _server_cpu(pid: Optional[int]) -> Tuple[float, float, float]:
 
 
 class CpuMeter:
-    """Per-call CPU figures of this process and of the redis-server ``server_pid``."""
+    """CPU figures of this process and of the redis-server ``server_pid``, per call, for
+    the operations in ``keys``: taken around a whole timed sample, outside its clock."""
 
-    def __init__(self, server_pid: Optional[int]) -> None:
-        self.server_pid = server_pid
+    def __init__(self, server_pid: Optional[int], keys: Set[Tuple[str, str]]) -> None:
+        self.server_pid, self.keys = server_pid, keys
         self.records: Dict[Tuple[str, str], List[Dict[str, float]]] = {}
 
-    def wrap(self, key: Tuple[str, str], call: Callable[[], Any]) -> Callable[[], Any]:
-        """``call``, each of its calls accounted under ``key`` (contender, operation)."""
-        into = self.records.setdefault(key, [])
-
-        def accounted() -> Any:
-            mine, server = resource.getrusage(resource.RUSAGE_SELF), _server_cpu(self.server_pid)
-            started = time.perf_counter()
-            try:
-                return call()
-            finally:
-                wall = time.perf_counter() - started
-                after, server_after = (resource.getrusage(resource.RUSAGE_SELF),
-                                       _server_cpu(self.server_pid))
-                into.append({
-                    "wall": wall,
-                    "client_user": after.ru_utime - mine.ru_utime,
-                    "client_kernel": after.ru_stime - mine.ru_stime,
-                    "client_faults": after.ru_minflt - mine.ru_minflt,
-                    "server": server_after[0] - server[0],
-                    "server_user_ticks": server_after[1] - server[1],
-                    "server_kernel_ticks": server_after[2] - server[2],
-                })
-
-        return accounted
+    def sample(self, key: Tuple[str, str], timed: Callable[[], float], calls: int) -> float:
+        """``timed()``'s seconds per call (a timed sample of ``calls`` calls), its CPU
+        figures per call recorded under ``key`` (contender, operation) if it is one of
+        :attr:`keys`."""
+        if key not in self.keys:
+            return timed()
+        mine, server = resource.getrusage(resource.RUSAGE_SELF), _server_cpu(self.server_pid)
+        thread = time.thread_time()
+        seconds = timed()
+        thread = time.thread_time() - thread
+        after, server_after = (resource.getrusage(resource.RUSAGE_SELF),
+                               _server_cpu(self.server_pid))
+        self.records.setdefault(key, []).append({
+            "wall": seconds,
+            "thread": thread / calls,
+            "client_user": (after.ru_utime - mine.ru_utime) / calls,
+            "client_kernel": (after.ru_stime - mine.ru_stime) / calls,
+            "client_faults": (after.ru_minflt - mine.ru_minflt) / calls,
+            "server": (server_after[0] - server[0]) / calls,
+            "server_user_ticks": (server_after[1] - server[1]) / calls,
+            "server_kernel_ticks": (server_after[2] - server[2]) / calls,
+        })
+        return seconds
 
 
 def py_spy() -> Optional[str]:

@@ -43,18 +43,19 @@ def test_a_sample_goes_to_the_part_of_its_innermost_varsync_frame() -> None:
     }
 
 
-def test_the_meter_accounts_each_call_and_passes_its_result_on() -> None:
-    meter = wire_profile.CpuMeter(server_pid=None)
+def test_the_meter_accounts_a_timed_sample_per_call_and_passes_its_seconds_on() -> None:
+    meter = wire_profile.CpuMeter(server_pid=None, keys={("redis", "pull")})
 
-    def busy() -> int:
+    def busy() -> float:  # a timed sample of 2 calls, 25 ms of this process's CPU each
         deadline = time.process_time() + 0.05
-        while time.process_time() < deadline:  # bounded: 50 ms of this process's CPU
+        while time.process_time() < deadline:  # bounded: 50 ms of CPU in all
             pass
-        return 42
+        return 0.025
 
-    wrapped = meter.wrap(("redis", "pull"), busy)
-    assert wrapped() == 42
+    assert meter.sample(("redis", "pull"), busy, calls=2) == 0.025
+    assert meter.sample(("redis", "push"), busy, calls=2) == 0.025  # not accounted
+    assert list(meter.records) == [("redis", "pull")]
     (record,) = meter.records[("redis", "pull")]
-    assert record["wall"] >= 0.04
-    assert record["client_user"] + record["client_kernel"] >= 0.04
+    assert record["wall"] == 0.025
+    assert 0.02 <= record["client_user"] + record["client_kernel"] <= 0.05
     assert record["server"] == 0.0
