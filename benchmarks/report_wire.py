@@ -13,8 +13,6 @@ from .wire_profile import CATEGORIES, OTHER
 CALLS = {("redis", "push"): "varsync push", ("redis", "pull"): "varsync pull",
          ("tcp loopback", "transfer"): "raw TCP floor"}
 CPU_FIELDS = ("thread", "client", "server")
-PART_NAMES = {"thread": "the calling thread's CPU", "client": "the client process's CPU",
-              "server": "the redis-server's CPU"}
 SHOWN = [name for name, _ in CATEGORIES] + [OTHER]
 
 
@@ -46,7 +44,8 @@ def wire_time_section(r: Results) -> List[str]:
                          f"{seconds_text(wall)} ({len(cpu)})", cell("thread"), cell("client"),
                          _kernel_share(cpu, "client_user", "client_kernel"), cell("server"),
                          _kernel_share(cpu, "server_user_ticks", "server_kernel_ticks"),
-                         f"{_median(cpu, 'client_faults'):.0f}"])
+                         f"{_median(cpu, 'client_faults'):.0f}",
+                         _share(max(0.0, wall - _median(cpu, "thread")), wall)])
     lines = ["### Redis: where the time goes", "",
              "Where the Redis group's timed varsync pushes and pulls and the raw TCP floor's "
              "transfers spent their time, at the sizes the cases name (`Case.profile`: the "
@@ -61,13 +60,16 @@ def wire_time_section(r: Results) -> List[str]:
              "of it in the kernel from its user and kernel ticks of "
              "`/proc/<pid>/stat`, 10 ms each, summed over the rounds): medians over the timed "
              "rounds (their count in brackets after the wall time), each also as a share of "
-             "the wall time. A kernel share on the client is its socket calls: copying the "
+             "the wall time. The last column is the wall time the calling thread spent off "
+             "CPU (wall minus its CPU): waiting for the server or the wire. A kernel share "
+             "on the client is its socket calls: copying the "
              "bytes between the socket and the arrays, and faulting in the pages of arrays "
              "it has not written before (a pull allocates new ones; the floor receives into "
              "arrays written before, and sends from the nest).", ""]
     lines += table(["nest", "call", "wall (rounds)", "calling thread's CPU",
                     "client process's CPU", "of it in the kernel", "redis-server CPU",
-                    "of it in the kernel", "client page faults"], cpu_rows)
+                    "of it in the kernel", "client page faults",
+                    "calling thread off CPU"], cpu_rows)
     spy_rows, skipped = [], set()
     for w in records:
         spy = w.get("py_spy")
@@ -81,24 +83,31 @@ def wire_time_section(r: Results) -> List[str]:
         lines += ["**py-spy** (`py-spy record --nonblocking`, "
                   f"{records[0]['py_spy'].get('rate', '')} samples a second) of this process "
                   "during more of the same calls after the timed rounds (untimed; their count "
-                  "in brackets): the share of the calls' wall time whose samples had varsync's "
-                  "innermost frame in each part. py-spy does not sample a thread waiting in "
-                  "the kernel, so what no sample covers is time the client waited: for the "
-                  "server's replies, or for the wire.", ""]
-        lines += table(["nest", "call (profiled)", *SHOWN, "waiting (no sample)"], spy_rows)
+                  "in brackets): of the samples taken in those calls, the share whose "
+                  "innermost frame of varsync's code is in each part (what runs below it is C: "
+                  "the socket call, the CRC, numpy's allocation). py-spy takes no sample of a "
+                  "thread waiting in the kernel, and fewer than its rate of one that runs "
+                  "(reading a running process's stack fails at times), so these are shares of "
+                  "the thread's time on CPU; how much of the wall time it was off CPU, "
+                  "waiting for the server or the wire, is the CPU table's last column.", ""]
+        lines += table(["nest", "call (profiled)", "samples", *SHOWN], spy_rows)
     for why in sorted(skipped):
         lines += [f"py-spy profile: not taken ({why}).", ""]
     lines += _reading(records)
     return lines
 
 
-def _spy_row(w: Dict[str, Any], spy: Dict[str, Any]) -> List[str]:
+def _shares(spy: Dict[str, Any]) -> Tuple[int, Dict[str, float]]:
+    """The samples taken in the calls, and each part's share of them."""
     samples: Dict[str, int] = spy["samples"]
-    covered = spy["wall"] * spy["rate"]
-    parts = [samples.get(name, 0) / covered for name in SHOWN]
-    waiting = max(0.0, 1 - sum(parts))
+    taken = sum(samples.get(name, 0) for name in SHOWN)
+    return taken, {name: samples.get(name, 0) / taken if taken else 0.0 for name in SHOWN}
+
+
+def _spy_row(w: Dict[str, Any], spy: Dict[str, Any]) -> List[str]:
+    taken, shares = _shares(spy)
     return [size_label(w["bytes"]), f"{CALLS[(w['contender'], w['op'])]} ({spy['calls']})",
-            *(f"{p:.0%}" for p in parts), f"{waiting:.0%}"]
+            str(taken), *(f"{shares[name]:.0%}" for name in SHOWN)]
 
 
 def _kernel_share(cpu: List[Dict[str, float]], user_field: str, kernel_field: str) -> str:
@@ -113,8 +122,9 @@ def _share(part: float, whole: float) -> str:
 
 
 def _reading(records: List[Dict[str, Any]]) -> List[str]:
-    """One sentence per size, from the figures: each varsync call against the floor, and
-    which part of its time is the largest."""
+    """One sentence per size, from the figures: each varsync call against the floor, its
+    calling thread's time on and off CPU and py-spy's largest part of the time on CPU,
+    and the redis-server's CPU."""
     by_size: Dict[int, Dict[Tuple[str, str], Dict[str, Any]]] = {}
     for w in records:
         by_size.setdefault(w["bytes"], {})[(w["contender"], w["op"])] = w
@@ -126,23 +136,25 @@ def _reading(records: List[Dict[str, Any]]) -> List[str]:
             mine = calls.get(key)
             if mine is None:
                 continue
-            w = mine
-            wall = _median(w["cpu"], "wall")
-            parts = {f: _median(w["cpu"], f) for f in CPU_FIELDS}
-            top = max(parts, key=lambda f: parts[f])
+            cpu = mine["cpu"]
+            wall, thread = _median(cpu, "wall"), _median(cpu, "thread")
             text = (f"{CALLS[key]} {seconds_text(wall)}"
                     + (f" ({wall / _median(floor['cpu'], 'wall'):.1f}× the floor's)"
                        if floor else "")
-                    + f", the largest part {PART_NAMES[top]} ({_share(parts[top], wall)} of it)")
-            spy = _largest_part(w.get("py_spy"))
+                    + f": its thread on CPU {_share(thread, wall)} of it")
+            spy = _largest_part(mine.get("py_spy"))
             if spy is not None:
-                text += f"; py-spy's largest part: {spy[0]} ({spy[1]:.0%})"
+                text += f" (most in {spy[0]}: {spy[1]:.0%} of the samples)"
+            text += (f", off CPU {_share(max(0.0, wall - thread), wall)}; the redis-server "
+                     f"on CPU {_share(_median(cpu, 'server'), wall)} of it")
             bits.append(text)
         if floor is not None:
-            f_wall = _median(floor["cpu"], "wall")
-            bits.append(f"the floor's client kernel CPU "
-                        f"{_share(_median(floor['cpu'], 'client_kernel'), f_wall)} of its "
-                        f"{seconds_text(f_wall)}")
+            f_cpu = floor["cpu"]
+            f_wall = _median(f_cpu, "wall")
+            bits.append(f"the floor {seconds_text(f_wall)}, its process on CPU "
+                        f"{_share(_median(f_cpu, 'client'), f_wall)} of it (two threads), "
+                        f"{_kernel_share(f_cpu, 'client_user', 'client_kernel')} of that "
+                        "in the kernel")
         if bits:
             lines.append(f"- **{size_label(n)}**: " + "; ".join(bits) + ".")
     return lines + [""] if lines else []
@@ -151,8 +163,8 @@ def _reading(records: List[Dict[str, Any]]) -> List[str]:
 def _largest_part(spy: Optional[Dict[str, Any]]) -> Optional[Tuple[str, float]]:
     if not spy or "skipped" in spy:
         return None
-    covered = spy["wall"] * spy["rate"]
-    shares = {name: spy["samples"].get(name, 0) / covered for name in SHOWN}
-    shares["waiting"] = max(0.0, 1 - sum(shares.values()))
+    taken, shares = _shares(spy)
+    if not taken:
+        return None
     name = max(shares, key=lambda k: shares[k])
     return name, shares[name]

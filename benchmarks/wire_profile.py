@@ -10,10 +10,11 @@ at the cases that ask for it (``Case.profile``: 1 KB, 100 MB and 1 GB in the ful
   kernel ticks (``/proc/<pid>/stat``, 10 ms each: summed over the rounds, they split it).
 - **A py-spy profile** of this process, after the rounds: py-spy (the ``bench`` extra)
   samples it from outside without stopping it (``--nonblocking``) while it makes a few
-  more pushes and pulls, untimed. Each sample's stack is put in the first category whose
-  function it holds (:data:`CATEGORIES`); samples of threads waiting in the kernel are not
-  taken (py-spy's default), so the client's wall time not covered by samples is time it
-  spent waiting: for the server, or for the wire.
+  more pushes and pulls, untimed. Each sample goes to the part of its innermost frame of
+  varsync's code (:data:`CATEGORIES`). py-spy takes no sample of a thread waiting in the
+  kernel, and fewer than its rate of a running one (reading a running process's stack
+  fails at times: its count of errors is kept), so the parts are shares of the samples,
+  that is of the thread's time on CPU; its time off CPU is the CPU accounting's.
 
 Both land in results.json under ``wire_profile``: one record per case and operation.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import resource
 import shutil
 import signal
@@ -153,7 +155,9 @@ def _profiled(exe: str, call: Callable[[], Any], repeats: int) -> Dict[str, Any]
         if not raw.exists():
             raise RuntimeError(f"no samples written; py-spy said: {_tail(log)}")
         counts = categorize(raw.read_text(errors="replace").splitlines())
-    return {"calls": repeats, "wall": wall, "rate": RATE, "samples": dict(counts)}
+        said = re.search(r"Samples: (\d+) Errors: (\d+)", log.read_text(errors="replace"))
+    return {"calls": repeats, "wall": wall, "rate": RATE, "samples": dict(counts),
+            "errors": int(said.group(2)) if said else None}
 
 
 def _wait_for_sampling(spy: subprocess.Popen, log: Path) -> None:
