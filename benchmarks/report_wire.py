@@ -12,7 +12,6 @@ from .wire_profile import CATEGORIES, OTHER
 
 CALLS = {("redis", "push"): "varsync push", ("redis", "pull"): "varsync pull",
          ("tcp loopback", "transfer"): "raw TCP floor"}
-CPU_FIELDS = ("thread", "client", "server")
 SHOWN = [name for name, _ in CATEGORIES] + [OTHER]
 
 

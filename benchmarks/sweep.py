@@ -36,9 +36,6 @@ from .plan import Case, Plan
 TABLE = "variables"
 REDIS_BULK_LIMIT = 512 * 2**20  # redis-server's default proto-max-bulk-len
 FLOOR_TIMEOUT = 300.0  # seconds one transfer of the TCP floor may take before it is an error
-# Untimed rounds of the Redis group: from the third push on, a table pushed at recycle_from
-# (256 MiB) or more has a spare version, which each push overwrites in place.
-REDIS_WARM = 3
 
 Op = Tuple[str, str, Callable[[], Any]]  # (contender, operation, call)
 Poll = Tuple[str, str, Callable[[], Any], int]  # (contender, operation, call, count)
@@ -213,8 +210,11 @@ class Sweep:
             hand.flushall()  # free the server's memory for the next size
             hand.close()
 
-        return Group("redis", ops, polls, close, warm=REDIS_WARM, per_round=per_round,
-                     after=after, meter=meter)
+        # Three rounds before redis:// is in its steady state: from the third push on, a
+        # table pushed at recycle_from (256 MiB) or more has a spare version, which each
+        # push overwrites in place.
+        return Group("redis", ops, polls, close, warm=3, per_round=per_round, after=after,
+                     meter=meter)
 
     def profile_wire(self, case: Case, meter: wire_profile.CpuMeter,
                      calls: Dict[Tuple[str, str], Callable[[], Any]]) -> None:
