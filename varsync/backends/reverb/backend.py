@@ -55,6 +55,10 @@ _OPTIONS = ("wait_for_server",)
 _URL_FORM = "reverb://host:port (reverb://localhost:8000)"
 #: Samples a pull takes at most while pushes keep landing between count and sample.
 _SAMPLE_ATTEMPTS = 3
+#: Server-info requests a version check makes at most when the connection was cut, and
+#: the pause before the second (doubling after): gRPC reconnects within them.
+_INFO_ATTEMPTS = 4
+_INFO_PAUSE = 0.05
 #: The ml_dtypes types TensorFlow 2.15 has (``tf.bfloat16``, ``tf.dtypes.experimental``'s
 #: float8 types): the ones a Reverb table signature can hold (docs/reverb.md).
 STORED_ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
@@ -136,22 +140,24 @@ class ReverbBackend(Backend):
         table is on the server; version checks need none of it.
         """
         limit = self.timeout if timeout is None else timeout
-        seconds = 0 if limit is None else max(1, math.ceil(limit))
         started = time.monotonic()
-        try:
-            with self._translated("asking for the server's tables"):
-                blobs = self._client._client.ServerInfo(seconds)
-        except BackendConnectionError:
-            # A connection cut since the last call fails the next one at once ("Socket
-            # closed") before gRPC reconnects: this request is idempotent, so ask again
-            # once, within what is left of its bound.
+        for attempt in range(_INFO_ATTEMPTS):
             left = None if limit is None else limit - (time.monotonic() - started)
-            if left is not None and left <= 0:
-                raise
-            with self._translated("asking for the server's tables"):
-                blobs = self._client._client.ServerInfo(
-                    0 if left is None else max(1, math.ceil(left))
-                )
+            try:
+                with self._translated("asking for the server's tables"):
+                    blobs = self._client._client.ServerInfo(
+                        0 if left is None else max(1, math.ceil(left))
+                    )
+                break
+            except BackendConnectionError:
+                # A connection cut since the last call fails the next ones at once
+                # ("Socket closed", "Transport closed") until gRPC has reconnected: this
+                # request is idempotent, so ask again after a pause, within its bound.
+                pause = _INFO_PAUSE * 2**attempt
+                left = None if limit is None else limit - (time.monotonic() - started)
+                if attempt + 1 == _INFO_ATTEMPTS or (left is not None and left <= pause):
+                    raise
+                time.sleep(pause)
         if only is not None:  # a blob holds its table's name as it is (UTF-8 bytes)
             needle = only.encode()
             blobs = [blob for blob in blobs if needle in blob]
