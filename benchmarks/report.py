@@ -211,9 +211,13 @@ def plan_section(r: Results) -> List[str]:
                          f"{size_label(plan['cold_bytes'])} table; a new table's first push "
                          "(Redis) at " + (", ".join(size_label(c["nbytes"]) for c in cases
                                                     if c.get("first_push")) or "no size") + ".")
-    lines += ["- Servers: one Reverb server (in a child process; every table made by "
-              "`varsync.reverb.serve`, TF-Agents' layout) for the 4-array sizes and the "
-              "client-memory probe, one per 500-array case (in the same process), one for the "
+    lines += ["- Servers: Reverb servers in a child process (every table made by "
+              "`varsync.reverb.serve`, TF-Agents' layout): one per size of the sweep, each "
+              "serving that size's table alone (Reverb answers every table's info to each "
+              "of varsync's version checks: with all 13 of the 4-array tables on one server, "
+              "as in the runs up to d4806a9 (the previous figures beside this run's), a varsync push at 1 KB took about 160 µs more; many "
+              "tables are section 9's measurement), one for the client-memory probe and the "
+              "cold start, one for the 50 tables; one for the "
               "fan-out (in a process of its own, whose memory is measured); one "
               "redis-server (no persistence, 127.0.0.1) for the sweep and one for the fan-out "
               "and reader memory (the redis-server binary the tests use). All started by the "

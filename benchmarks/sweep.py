@@ -67,10 +67,13 @@ class Sweep:
         self.tag = uuid.uuid4().hex[:6]
 
     def reverb_address(self, case: Case) -> str:
-        """The shared server for the 4-array sweep; for a case of many arrays, the server of
-        its own: varsync reads versions through Reverb's server_info, which carries every
-        table's signature, so a 500-leaf table would slow every other table's calls."""
-        return self.reverb["sweep" if case.layout == "few" else case.name]
+        """The case's own server, serving its table alone: varsync reads versions through
+        Reverb's server_info, which answers every table's info to each request, so other
+        tables would slow each of its version checks (TF-Agents' push and pull ask none).
+        All the 4-array cases' tables on one server (13 tables) cost each varsync push,
+        which checks twice, about 160 us more at 1 KB. The cost of many tables on one
+        server is issue 15.1's 50-table measurement (section 9)."""
+        return self.reverb[case.name]
 
     # The groups: each returns None when its backend cannot take this case (recorded).
 
