@@ -57,16 +57,15 @@ def run(plan: Plan, out: Dict[str, Any], log: Callable[[str], None],
 
     with contextlib.ExitStack() as stack:
         stack.callback(stop_all, children)
-        cases = [c for c in plan.cases + ([plan.big] if plan.big else []) if c.layout == "few"]
         tables = {"probe": signature_of(plan.probe_bytes, 4),
                   COLD_TABLE: signature_of(plan.cold_bytes, 4)}
         # a server each, as a TF-Agents program's variable container has: Reverb answers
         # every table's info to each version check (issue 15.1's 50 tables measure that)
-        many = {case.name: {case.name: signature_of(case.nbytes, case.leaves)}
-                for case in cases + [c for c in plan.cases if c.layout != "few"]}
-        many["tables"] = {name: signature_of(TABLE_BYTES, plan.table_leaves)
-                          for name in leaf_names(plan.tables)}  # issue 15.1: 50 tables
-        reverb = started(ReverbProcess({"sweep": tables, **many}))
+        servers = {case.name: {case.name: signature_of(case.nbytes, case.leaves)}
+                   for case in plan.cases + ([plan.big] if plan.big else [])}
+        servers["tables"] = {name: signature_of(TABLE_BYTES, plan.table_leaves)
+                             for name in leaf_names(plan.tables)}  # issue 15.1: 50 tables
+        reverb = started(ReverbProcess({"sweep": tables, **servers}))
         fanout = started(ReverbProcess({"fanout": {"fanout": signature_of(plan.fanout.nbytes,
                                                                           4)}}))
         readers = started(reader_processes(max(plan.fanout.counts + plan.reader_memory.counts)))
