@@ -87,28 +87,47 @@ class _History:
         self.held = (version, number)
 
 
-def _interrupt_delays(interrupter: Interrupter, typical: float) -> float:
-    """A delay that lands anywhere in a call that typically takes ``typical`` seconds."""
-    return interrupter.random.uniform(0, 1.2 * typical)
+class _CallTimes:
+    """How long a call typically takes, for interrupts that land anywhere in it: the median
+    of the last few uninterrupted calls, five measured first and one in every ten calls
+    after. It follows the machine as it gets busier or quieter during the test, so that a
+    slow start does not send most interrupts after the call has returned (one CI run put
+    only 25 of 450 inside pushes). Only uninterrupted calls are timed: the calls that
+    completed before an interrupt are the shorter ones, and would drag the median down."""
+
+    KEPT = 5
+    MEASURE_EVERY = 10
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.recent: List[float] = []
+        self.calls = 0
+        for _ in range(self.KEPT):
+            self._timed(fn)
+
+    def _timed(self, fn: Callable[[], Any]) -> Any:
+        started = time.perf_counter()
+        result = fn()
+        self.recent = (self.recent + [time.perf_counter() - started])[-self.KEPT:]
+        return result
+
+    def interrupted(self, interrupter: Interrupter, fn: Callable[[], Any]) -> Tuple[bool, Any]:
+        """``interrupter.call(fn, delay)``, the delay drawn from 0 to 1.2 times the typical
+        duration; or, one call in ten, ``(True, fn())`` timed."""
+        self.calls += 1
+        if self.calls % self.MEASURE_EVERY == 0:
+            return True, self._timed(fn)
+        delay = interrupter.random.uniform(0, 1.2 * statistics.median(self.recent))
+        return interrupter.call(fn, delay)
 
 
 def _interrupt_rounds(rounds: int, interrupter: Interrupter) -> Iterator[int]:
     """``rounds`` calls, and up to twice as many more while fewer than a quarter were
-    interrupted: a busy machine can stretch or shrink calls against the typical time
-    measured first, so that more of the interrupts land after the call."""
+    interrupted: a busy machine can stretch or shrink calls between two measurements of
+    the typical time, so that more of the interrupts land after the call."""
     for index in range(3 * rounds):
         if index >= rounds and interrupter.fired > rounds // 4:
             return
         yield index
-
-
-def _median_seconds(fn: Callable[[], Any], rounds: int = 5) -> float:
-    times = []
-    for _ in range(rounds):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 def _write_and_report(url: str, options: Dict[str, Any], first: int, count: int,
@@ -232,12 +251,12 @@ class FaultTests(_Base):
             history.pushed += 1
             return writer.push(filled(CONSISTENCY, history.pushed))
 
-        typical = _median_seconds(lambda: history.pushed_as(push()))
+        times = _CallTimes(lambda: history.pushed_as(push()))
         history.observe(checker)
         before, fds_before = self._baseline(leak_counts)
         with Interrupter(seed=11) as interrupter:
             for _ in _interrupt_rounds(self.INTERRUPTS, interrupter):
-                done, version = interrupter.call(push, _interrupt_delays(interrupter, typical))
+                done, version = times.interrupted(interrupter, push)
                 history.pushed_as(version if done else None)
                 history.observe(checker)
         assert interrupter.fired > self.INTERRUPTS // 4, "too few pushes were interrupted"
@@ -254,7 +273,7 @@ class FaultTests(_Base):
         history = _History()
         history.pushed = 1
         writer.push(filled(CONSISTENCY, 1))
-        typical = _median_seconds(lambda: reader.pull())
+        times = _CallTimes(reader.pull)
         kept = []  # pulled values held on to, as an actor holds its weights
         before, fds_before = self._baseline(leak_counts)
         with Interrupter(seed=12) as interrupter:
@@ -262,9 +281,7 @@ class FaultTests(_Base):
                 calls: List[Callable[[], Any]] = [
                     reader.pull, lambda: reader.pull_if_newer(0)
                 ]
-                done, got = interrupter.call(
-                    calls[index % 2], _interrupt_delays(interrupter, typical)
-                )
+                done, got = times.interrupted(interrupter, calls[index % 2])
                 if done:
                     check_consistent(got if index % 2 == 0 else got[1])
                     kept = [got]
