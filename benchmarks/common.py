@@ -51,6 +51,43 @@ def machine() -> Dict[str, Any]:
     }
 
 
+REPORTED_KIB = "/sys/module/page_reporting/parameters/reported_kib"
+
+
+def fresh_memory(nbytes: int, idle: float) -> Dict[str, Any]:
+    """How fast this machine gives a process memory it has not written yet, which every
+    pull into new arrays and every first write of a server's key pays at large sizes:
+    ``nbytes`` written (``np.ones``) twice in a row, the second time into the pages the
+    first freed, then again after ``idle`` seconds. A VM whose kernel reports free pages to
+    its host (``page_reporting``, virtio-balloon) hands freed memory back within seconds,
+    and the host faults it in again, far slower: ``reported_mib`` says how much went back
+    meanwhile (``None`` where the kernel does not report)."""
+
+    def reported() -> Optional[int]:
+        try:
+            with open(REPORTED_KIB) as f:
+                return int(f.read())
+        except (OSError, ValueError):
+            return None
+
+    def write_fresh() -> float:
+        started = time.perf_counter()
+        block = np.ones(nbytes, np.uint8)
+        seconds = time.perf_counter() - started
+        del block
+        return nbytes / seconds / 1e9
+
+    first = write_fresh()
+    again = write_fresh()
+    before = reported()
+    time.sleep(idle)
+    after = reported()
+    return {"nbytes": nbytes, "idle_seconds": idle, "first_gbps": first, "again_gbps": again,
+            "after_idle_gbps": write_fresh(),
+            "reported_mib": None if before is None or after is None
+            else (after - before) / 1024}
+
+
 def machine_line(m: Dict[str, Any]) -> str:
     """One line for every figure and table: cores, memory, date."""
     return (f"{m['cores']} cores, {m['memory_gib']:.0f} GiB, measured {m['date']} "

@@ -7,7 +7,7 @@ every backend, tiny sizes, one or two rounds).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from .common import GB, KB, MB
 
@@ -75,6 +75,9 @@ class Plan:
     cold_samples: int = 4
     # issue 14.8: a 100 MB state_dict of 50 tensors
     frameworks: Frameworks = field(default_factory=lambda: Frameworks(100 * MB, 50, 15))
+    # the machine: bytes of fresh memory written, and the idle seconds before the last time
+    # (common.fresh_memory)
+    fresh_memory: Tuple[int, float] = (512 * MB, 5.0)
 
     def summary(self) -> Dict[str, Any]:
         """What results.json and RESULTS.md record of the plan."""
@@ -133,6 +136,7 @@ def quick_plan() -> Plan:
         versions=200,
         cold_samples=3,
         frameworks=Frameworks(10 * MB, 50, 5),
+        fresh_memory=(64 * MB, 2.0),
     )
 
 
@@ -153,4 +157,5 @@ def smoke_plan() -> Plan:
         cold_bytes=100 * KB,
         cold_samples=1,
         frameworks=Frameworks(100 * KB, 50, 2, warm=1),
+        fresh_memory=(16 * MB, 0.2),
     )

@@ -61,6 +61,7 @@ def header(r: Results, images: Dict[str, Path], out: Path, json_path: Path) -> L
         "not by single times. Servers ran on this machine, on loopback, sharing its cores with "
         "the clients.",
         "",
+        *_fresh_memory(raw),
         "How the suite works and how to read it: [docs/benchmarks.md](../docs/benchmarks.md). "
         f"Every sample: [{json_path.name}]({rel(json_path, out.parent)}).",
         "",
@@ -76,6 +77,27 @@ def header(r: Results, images: Dict[str, Path], out: Path, json_path: Path) -> L
     if "throughput" in images:
         lines += [f"![Throughput vs nest size]({rel(images['throughput'], out.parent)})", ""]
     return lines
+
+
+def _fresh_memory(raw: Dict[str, Any]) -> List[str]:
+    """What memory not written before costs here (common.fresh_memory), measured at the
+    start of the run: every pull into new arrays pays it, and a server's first write of a
+    key, so large figures move with it."""
+    f = raw.get("fresh_memory")
+    if not f:
+        return []
+    gone = f["reported_mib"]
+    handed = (f"its kernel handed {gone:.0f} MB of free memory back to the host meanwhile "
+              "(free page reporting)" if gone is not None
+              else "this kernel does not report free memory to a host")
+    slower = f["again_gbps"] / f["after_idle_gbps"]
+    return [f"**Fresh memory**: writing {size_label(f['nbytes'])} into new arrays ran at "
+            f"{f['again_gbps']:.2f} GB/s into pages just freed, {f['after_idle_gbps']:.2f} GB/s "
+            f"after {f['idle_seconds']:.0f} s idle ({slower:.1f}x slower; the very first time "
+            f"{f['first_gbps']:.2f} GB/s): {handed}. A pull into new arrays and a "
+            "redis-server's first write of a key pay this at large sizes, as their baselines "
+            "do, so large figures move between runs with what the machine freed before.",
+            ""]
 
 
 def _load(raw: Dict[str, Any]) -> str:

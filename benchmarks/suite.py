@@ -55,7 +55,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from .common import machine, machine_line, stage
+from .common import fresh_memory, machine, machine_line, stage
 
 HERE = Path(__file__).resolve().parent
 GROUPS = ("cross-backend", "frameworks", "delta")
@@ -124,6 +124,7 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
     chosen = (plan.smoke_plan() if args.smoke else plan.quick_plan() if args.quick
               else plan.full_plan())
     results: Dict[str, Any] = {"machine": machine(), "quick": trial, "smoke": args.smoke,
+                               "fresh_memory": fresh_memory(*chosen.fresh_memory),
                                "stage_seconds": {}, "plan": chosen.summary(),
                                "tree": working_tree(),
                                "previous": previous_run(json_path if json_path.exists()
