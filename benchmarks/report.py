@@ -93,7 +93,7 @@ def _fresh_memory(raw: Dict[str, Any]) -> List[str]:
     slower = f["again_gbps"] / f["after_idle_gbps"]
     return [f"**Fresh memory**: writing {size_label(f['nbytes'])} into new arrays ran at "
             f"{f['again_gbps']:.2f} GB/s into pages just freed, {f['after_idle_gbps']:.2f} GB/s "
-            f"after {f['idle_seconds']:.0f} s idle ({slower:.1f}x slower; the very first time "
+            f"after {f['idle_seconds']:g} s idle ({slower:.1f}x slower; the very first time "
             f"{f['first_gbps']:.2f} GB/s): {handed}. A pull into new arrays and a "
             "redis-server's first write of a key pay this at large sizes, as their baselines "
             "do, so large figures move between runs with what the machine freed before.",

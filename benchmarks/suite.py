@@ -160,7 +160,7 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
         else:  # only sections 8 and 10 are new: the rest of RESULTS.md stays as written
             report.splice(results, out_path, images, ran)
     if args.smoke:
-        return smoke_verdict(results, out_path.read_text(), started, args.group or GROUPS)
+        return smoke_verdict(results, out_path.read_text(), started, groups)
     log(f"done in {(time.monotonic() - started) / 60:.1f} min: {out_path}, {json_path}, "
         f"{len(images)} plots in {img_dir}")
     return 0
