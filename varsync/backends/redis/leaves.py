@@ -32,6 +32,7 @@ import numpy as np
 
 from varsync.backend import CorruptDataError, LeafSnapshot, PullTimeoutError, Spec
 from varsync.backends.redis import wire
+from varsync.backends.redis.prefault import Prefaulted
 from varsync.backends.redis.protocol import LEAF_FORMAT, Head, parse_layout
 from varsync.signature import flat_specs
 from varsync.signature_json import from_json
@@ -209,14 +210,15 @@ def fetch_whole(
     token = _token(where, head.data)
     arrays = [np.empty(s.shape, s.dtype) for s in specs]
     client = backend._read_client()
-    received: Optional[List[np.ndarray]] = client.on_connection(
-        deadline,
-        lambda conn: wire.receive_chunks(
-            conn, deadline, chunk_prefix, token, arrays, payload, chunks, where,
-            client.asker(deadline),
-        ),
-        key=chunk_prefix,
-    )
+    with Prefaulted(arrays):
+        received: Optional[List[np.ndarray]] = client.on_connection(
+            deadline,
+            lambda conn: wire.receive_chunks(
+                conn, deadline, chunk_prefix, token, arrays, payload, chunks, where,
+                client.asker(deadline),
+            ),
+            key=chunk_prefix,
+        )
     return received
 
 
@@ -256,8 +258,10 @@ def _fetch(
                 return False
         return True
 
-    if plans and not client.on_connection(deadline, receive, key=chunk_base):
-        return None
+    if plans:
+        with Prefaulted([a for a in arrays if a is not None]):
+            if not client.on_connection(deadline, receive, key=chunk_base):
+                return None
     return arrays
 
 
