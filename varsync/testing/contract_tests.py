@@ -9,6 +9,7 @@ The checks are about behaviour: what a call returned and what had happened by th
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import uuid
@@ -42,6 +43,9 @@ SHARED = {
 #: synchronisation: calls that answer at once return long before it (and the push is then
 #: cancelled); a call that waits for data, or blocks for seconds, returns after it.
 SCHEDULED_PUSH_DELAY = 2.0
+
+#: The GIL's switch interval while threads share one container (the default is 5 ms).
+SWITCH_INTERVAL = 2e-5
 
 #: A wait's timeout in the "never gives up early" test, and the clock reads' tolerance.
 WAIT_TIMEOUT = 0.3
@@ -211,11 +215,19 @@ class ContractTests(_Base):
             threading.Thread(target=guard, args=(push if i < pushers else pull, i))
             for i in range(self.THREADS)
         ]
-        for thread in threads:
-            thread.start()
-        for thread in threads[:pushers]:
-            thread.join(PATIENCE * 4)
-        done.set()
+        # Threads handed the GIL every 5 ms (the default) can run a small push whole
+        # between two switches: a backend sharing one connection without a lock then
+        # passed now and then. Switching every 20 us interleaves their calls.
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(SWITCH_INTERVAL)
+        try:
+            for thread in threads:
+                thread.start()
+            for thread in threads[:pushers]:
+                thread.join(PATIENCE * 4)
+        finally:
+            done.set()
+            sys.setswitchinterval(switch)
         for thread in threads:
             thread.join(PATIENCE)
         assert not any(t.is_alive() for t in threads), "a thread did not finish"
