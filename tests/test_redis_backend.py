@@ -704,3 +704,20 @@ def test_a_push_that_does_not_recycle_frees_the_spare_another_one_left(server: A
     assert keys_of(server, f"varsync::variables:d:{spare_token}:*") == []
     assert len(keys_of(server, "varsync::variables:d:*")) == 2 * 7  # current and kept
     assert _setrange_calls(server) == 0
+
+
+def test_a_server_nobody_answers_is_refused_within_the_timeout_whatever_the_retries() -> None:
+    """The first connection's tries, and redis-py's own between them, end within the
+    timeout or FIRST_ANSWER_SECONDS, the longer (retries=60 on a dead port once waited
+    about retries x retries x 0.5 s, over 30 minutes)."""
+    from varsync.testing.faults import call_within
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead = f"redis://127.0.0.1:{probe.getsockname()[1]}/0"
+
+    def refused() -> None:
+        with pytest.raises(varsync.BackendConnectionError):
+            varsync.connect(dead, timeout=1, retries=100)
+
+    call_within(15, refused)

@@ -60,6 +60,10 @@ log = logging.getLogger("varsync.backends.redis")
 
 _DISCARD_SECONDS = 1.0  # bound on deleting a failed push's chunks (they expire anyway)
 
+#: The least time a new backend's first request may take, retries included (see __init__).
+FIRST_ANSWER_SECONDS = 5.0
+
+
 class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
     """Tables in a Redis server (``redis://[user:password@]host:port/db``; ``rediss://``
     for TLS). Options: ``db``, ``username``, ``password``, ``prefix`` (key prefix, default
@@ -105,7 +109,17 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         self.reads_on_primary = 0  # reads a replica could not vouch for, asked of the primary
         try:
             with self._errors("connecting"):
-                self._client.call("PING")
+                # Bounded, however many retries: by the timeout, but never below
+                # FIRST_ANSWER_SECONDS, so that a short timeout (for waits) still connects.
+                # 0 waits for no push and bounds nothing else.
+                limit = None if not self.timeout else max(self.timeout, FIRST_ANSWER_SECONDS)
+                try:
+                    self._client.call("PING", deadline=deadline_after(limit))
+                except OutOfTime:
+                    raise BackendConnectionError(
+                        f"connecting at {self.address}: no answer within {limit:g} s; is "
+                        "the server up, and not hung?"
+                    ) from None
         except BaseException:
             self._topology.close()
             raise

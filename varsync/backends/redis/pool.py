@@ -98,6 +98,16 @@ class Client:
             self.server = server
             self.pool.disconnect()
 
+    def _retries_within(self, left: float) -> int:
+        """How many of the ``retries`` connection attempts redis-py may make again
+        (pausing before each) in ``left`` seconds."""
+        paused = 0.0
+        for failures in range(1, self.retries + 1):
+            paused += self._backoff.compute(failures)
+            if paused >= left:
+                return failures - 1
+        return self.retries
+
     def call(
         self, *args: Any, deadline: float = math.inf, retry: bool = True, asking: bool = False
     ) -> Any:
@@ -177,7 +187,14 @@ class Client:
             conn.socket_connect_timeout = _least(self.connect_timeout, bound)
             if conn._sock is not None:  # redis-py keeps the connected socket here
                 conn._sock.settimeout(bound)
-            conn.connect()
+                conn.connect()
+            else:  # redis-py backs off between tries to connect: no longer than the call
+                kept = conn.retry
+                conn.retry = Retry(self._backoff, self._retries_within(left))
+                try:
+                    conn.connect()
+                finally:
+                    conn.retry = kept
             result = use(conn)
             clean = True
             return result
