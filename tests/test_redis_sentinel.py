@@ -31,6 +31,7 @@ LARGE = {"weights": np.zeros(8 << 20, np.float32), "step": np.zeros((), np.int64
 SERVICE = "mymaster"
 SETTLE_TIMEOUT = 20.0
 SENTINEL_SETTLE_TIMEOUT = 60.0  # see the cluster fixture
+FOLLOW_TIMEOUT = 60.0  # see the failover test
 TIMEOUT = 3.0  # each container's timeout: every call ends within it
 
 
@@ -202,6 +203,14 @@ def test_a_failover_mid_push_loses_nothing_readers_hold_and_mixes_nothing(
             count = len(pushes)
             until("20 pushes after the failover", lambda: sum(
                 isinstance(p[2], int) for p in pushes[count:]) >= 20)
+            # A reader on the replica the sentinels did not promote reads that replica's
+            # past (Redis serves stale data while its link is down) until the sentinels
+            # point it at the new primary and it has synced: seconds, more when loaded.
+            until("each reader to follow the table past the failover", lambda: all(
+                any(at > recovered for at, _, _ in seen[role]) for role in seen),
+                timeout=FOLLOW_TIMEOUT)
+            followed = {role: min(at for at, _, _ in seen[role] if at > recovered) - recovered
+                        for role in seen}
         finally:
             stop.set()
             for thread in threads:
@@ -218,10 +227,9 @@ def test_a_failover_mid_push_loses_nothing_readers_hold_and_mixes_nothing(
     assert all(p[1] - p[0] < TIMEOUT + 1.5 for p in pushes), max(p[1] - p[0] for p in pushes)
     new_primary = sentinels[0].ask("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
     assert int(new_primary[1]) in (servers[1].port, servers[2].port)
-    for role in ("primary", "replica"):  # each reader followed the table past the failover
-        assert any(at > recovered for at, _, _ in seen[role]), (role, seen[role][-3:])
     print(f"\nfailover: first push on the new primary {recovered - kill_at:.2f} s after the kill; "
-          f"{len(failed)} pushes failed; readers reset: {resets}")
+          f"{len(failed)} pushes failed; readers reset: {resets}; readers followed after "
+          + ", ".join(f"{role} {lag:.2f} s" for role, lag in followed.items()))
 
 
 def head_version(server: RedisServer, namespace: str) -> int:
