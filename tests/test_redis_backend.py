@@ -721,3 +721,44 @@ def test_a_server_nobody_answers_is_refused_within_the_timeout_whatever_the_retr
             varsync.connect(dead, timeout=1, retries=100)
 
     call_within(15, refused)
+
+
+def _count_connects(monkeypatch: Any) -> List[int]:
+    """Every socket connect redis-py tries from now on, counted (each is a real try)."""
+    tries: List[int] = []
+    real = redis.connection.Connection._connect
+
+    def counted(self: Any) -> Any:
+        tries.append(1)
+        return real(self)
+
+    monkeypatch.setattr(redis.connection.Connection, "_connect", counted)
+    return tries
+
+
+@pytest.mark.parametrize("retries", [0, 3])
+def test_retries_is_one_layer_a_command_is_tried_retries_plus_one_times(
+    monkeypatch: Any, retries: int
+) -> None:
+    """``retries=N``: a small command on a dead port makes N + 1 tries to connect in all,
+    without a deadline too (timeout=0). redis-py's own retries under varsync's made
+    (N + 1) squared, each pausing: 16 tries for N = 3, and 3721 (over 30 min) for 60."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead = f"redis://127.0.0.1:{probe.getsockname()[1]}/0"
+    tries = _count_connects(monkeypatch)
+    with pytest.raises(varsync.BackendConnectionError):
+        varsync.connect(dead, timeout=0, retries=retries)
+    assert len(tries) == retries + 1
+
+
+def test_a_refused_password_is_final_at_once_whatever_the_retries(
+    redis_servers: Any, monkeypatch: Any
+) -> None:
+    """An AuthenticationError is a redis-py ConnectionError, which redis-py's own retries
+    tried again (with their pauses): one handshake, one answer."""
+    server = redis_servers(password="s3cret-pass")
+    tries = _count_connects(monkeypatch)
+    with pytest.raises(varsync.AuthenticationError):
+        varsync.connect(server.url.replace("redis://", "redis://:wrong@"), retries=5)
+    assert len(tries) == 1

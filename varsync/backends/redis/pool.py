@@ -10,11 +10,11 @@ import itertools
 import math
 import os
 import time
-from typing import Any, Callable, Deque, Optional, Sequence
+from typing import Any, Callable, Deque, Optional, Sequence, TypeVar
 
 import redis
 from redis import exceptions as rx
-from redis.backoff import ExponentialBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
 from varsync.backend import HostPort, remaining
@@ -25,6 +25,8 @@ from varsync.backends.redis.protocol import Script
 #: Error replies that mean this server is not (or no longer) what it was taken for: a
 #: replica where a primary was expected, or a replica cut off from its primary.
 MOVED_ROLE = (rx.ReadOnlyError, rx.MasterDownError)
+
+T = TypeVar("T")
 
 
 class Pool:
@@ -65,7 +67,12 @@ class Client:
     :class:`Pool` of redis-py connections (RESP2: the bulk transfers of :mod:`.wire`
     speak it on their sockets). ``before(deadline)`` runs before each request (a
     :class:`~.topology.Topology` locates the primary there), ``failed(exc)`` on each
-    lost connection or refusal that may mean the server changed role."""
+    lost connection or refusal that may mean the server changed role.
+
+    ``retries`` is one layer: a small command is sent at most ``retries + 1`` times in
+    all, each time on a connection made in one try, and a bulk transfer's new connection
+    is made in at most ``retries + 1`` tries (redis-py's own retries are off: under ours
+    they multiplied, ``retries`` squared tries and pauses for a call with no deadline)."""
 
     def __init__(
         self, settings: Settings, server: Optional[HostPort] = None,
@@ -87,7 +94,7 @@ class Client:
             password=settings.password,
             socket_timeout=settings.socket_timeout,
             socket_connect_timeout=settings.connect_timeout,
-            retry=Retry(self._backoff, settings.retries),
+            retry=Retry(NoBackoff(), 0),  # tries again in _again, not in redis-py
             protocol=2,
             **settings.ssl,
         ))
@@ -98,15 +105,21 @@ class Client:
             self.server = server
             self.pool.disconnect()
 
-    def _retries_within(self, left: float) -> int:
-        """How many of the ``retries`` connection attempts redis-py may make again
-        (pausing before each) in ``left`` seconds."""
-        paused = 0.0
-        for failures in range(1, self.retries + 1):
-            paused += self._backoff.compute(failures)
-            if paused >= left:
-                return failures - 1
-        return self.retries
+    def _again(self, deadline: float, attempt: Callable[[], T], tries: int) -> T:
+        """``attempt()``, again after a lost or refused connection up to ``tries`` more
+        times, pausing by the backoff first; never pausing past ``deadline``. A refused
+        password or ACL is final at once."""
+        for failures in itertools.count(1):
+            try:
+                return attempt()
+            except (rx.ConnectionError, rx.TimeoutError) as exc:
+                if failures > tries or isinstance(exc, rx.AuthenticationError):
+                    raise
+                pause = self._backoff.compute(failures)
+                if remaining(deadline) <= pause:
+                    raise
+                time.sleep(pause)  # backoff before reconnecting
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def call(
         self, *args: Any, deadline: float = math.inf, retry: bool = True, asking: bool = False
@@ -127,19 +140,9 @@ class Client:
                 return reply
             return conn.read_response()
 
-        for failures in itertools.count(1):
-            try:
-                return self.on_connection(deadline, command)
-            except (rx.ConnectionError, rx.TimeoutError) as exc:
-                if not retry or failures > self.retries or isinstance(
-                    exc, rx.AuthenticationError
-                ):
-                    raise
-                pause = self._backoff.compute(failures)
-                if remaining(deadline) <= pause:
-                    raise
-                time.sleep(pause)  # backoff before reconnecting
-        raise AssertionError("unreachable")  # pragma: no cover
+        return self._again(
+            deadline, lambda: self.on_connection(deadline, command, reconnect=False),
+            self.retries if retry else 0)
 
     def script(
         self, script: Script, keys: Sequence[str], args: Sequence[Any],
@@ -160,13 +163,16 @@ class Client:
         return None
 
     def on_connection(
-        self, deadline: float, use: Callable[[Any], Any], key: Optional[str] = None
+        self, deadline: float, use: Callable[[Any], Any], key: Optional[str] = None,
+        reconnect: bool = True,
     ) -> Any:
         """``use(connection)`` on a pooled, connected connection whose every socket
         operation is bounded by ``socket_timeout`` and by what is left until ``deadline``
         (past it: :class:`OutOfTime`). The connection goes back clean, or disconnected
         if ``use`` did not finish: its replies may be half read. ``key``: one of the keys
-        ``use`` touches (a Redis Cluster's client sends it to that key's node)."""
+        ``use`` touches (a Redis Cluster's client sends it to that key's node).
+        ``reconnect``: a new connection is made in up to ``retries + 1`` tries (else in
+        one: :meth:`call` tries its whole command again)."""
         conn = None
         clean = False
         try:
@@ -179,22 +185,13 @@ class Client:
                 conn = self.pool.take_new()
             if conn._sock is not None and _closed_or_dirty(conn):
                 conn.disconnect()  # the server closed it (restarted?) while it was idle
-            left = remaining(deadline)
-            if left <= 0:
-                raise OutOfTime("the call's timeout ran out")
-            bound = _least(self.socket_timeout, None if math.isinf(left) else left)
+            if conn._sock is None:  # redis-py keeps the connected socket here
+                made = conn
+                self._again(deadline, lambda: self._connect(made, deadline),
+                            self.retries if reconnect else 0)
+            bound = self._bound(deadline)
             conn.socket_timeout = bound
-            conn.socket_connect_timeout = _least(self.connect_timeout, bound)
-            if conn._sock is not None:  # redis-py keeps the connected socket here
-                conn._sock.settimeout(bound)
-                conn.connect()
-            else:  # redis-py backs off between tries to connect: no longer than the call
-                kept = conn.retry
-                conn.retry = Retry(self._backoff, self._retries_within(left))
-                try:
-                    conn.connect()
-                finally:
-                    conn.retry = kept
+            conn._sock.settimeout(bound)
             result = use(conn)
             clean = True
             return result
@@ -213,6 +210,21 @@ class Client:
         finally:
             if conn is not None:
                 self.pool.give_back(conn, clean)
+
+    def _bound(self, deadline: float) -> Optional[float]:
+        """A socket operation's bound now: ``socket_timeout`` or what is left until
+        ``deadline``, the shorter; past it, :class:`OutOfTime`."""
+        left = remaining(deadline)
+        if left <= 0:
+            raise OutOfTime("the call's timeout ran out")
+        return _least(self.socket_timeout, None if math.isinf(left) else left)
+
+    def _connect(self, conn: Any, deadline: float) -> None:
+        """One try to connect ``conn`` (and its handshake), bounded as its requests are."""
+        bound = self._bound(deadline)
+        conn.socket_timeout = bound
+        conn.socket_connect_timeout = _least(self.connect_timeout, bound)
+        conn.connect()
 
     def close(self) -> None:
         self.pool.disconnect()
