@@ -64,7 +64,16 @@ lint: $(TOX)
 # redis:// and shm://, 2-4 minutes) in tox's modern environment; each run rewrites its own
 # part of RESULTS.md and results.json. `make test` runs every group as a smoke test
 # (--smoke: tiny sizes, under a minute; it writes none of those files).
-bench: tf-env
+# Issue 15.2's PyTorch rows (benchmarks/torch_rounds.py) need torch beside Reverb, and
+# without TF-Agents, whose typing-extensions==4.5.0 pin torch 2.13 refuses: an environment
+# of its own, for make bench alone (torch pinned as in tox.ini's modern environment).
+TORCH_VENV := .venv-torch
+$(TORCH_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(TORCH_VENV)
+	$(TORCH_VENV)/bin/python -m pip --disable-pip-version-check -q install "torch==2.13.0" -e ".[reverb,torch]"
+	touch $@
+
+bench: tf-env $(TORCH_VENV)/.installed
 	$(PY) -c "import matplotlib" 2>/dev/null && test -x $(VENV)/bin/py-spy || $(PIP) install -e ".[all,test,bench]"
 	scripts/loopback-only $(PY) -m benchmarks.suite --group cross-backend
 	$(TOXRUN) -e modern --notest
@@ -80,4 +89,4 @@ soak: tf-env
 	scripts/loopback-only $(PY) -m tools.soak --seconds $(SOAK_SECONDS)
 
 clean:
-	rm -rf $(VENV) .venv-lint .tox $(TOXENV_DIR) .pytest_cache .hypothesis .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .venv-lint $(TORCH_VENV) .tox $(TOXENV_DIR) .pytest_cache .hypothesis .mypy_cache .ruff_cache *.egg-info

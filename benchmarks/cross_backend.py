@@ -8,8 +8,9 @@ issues set targets on (3, 4, 5) is measured in the same groups.
   hand-written redis-py SET/GET on the same redis-server, and ``np.copyto`` of the same
   bytes (the physical reference);
 - the same at two sizes with 500 small variables instead of 4 large ones;
-- issue 15: ``pull_if_newer`` on a Reverb server holding 50 tables of 20 leaves, and a new
-  process's first connect + pull per backend (readers.py);
+- issue 15: ``pull_if_newer`` on a Reverb server holding 50 tables of 20 leaves, a new
+  process's first connect + pull per backend (readers.py), and the many-variable update
+  into a PyTorch module beside TF-Agents' into tf.Variables (:func:`torch_many`);
 - reader processes (readers.py): fan-out to 8 readers, redis-server's memory under four
   varsync readers vs four hand-written ones, and client memory.
 
@@ -19,9 +20,17 @@ Run by ``benchmarks/suite.py``; the servers are started here and stopped on the 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import select
+import subprocess
+import time
 import traceback
 import uuid
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
 
 from .common import GB, KB, leaf_names, nest_of, signature_of, size_label, stage
 from .plan import Case, Plan
@@ -40,6 +49,12 @@ from .sweep import Sweep, poller, time_polls
 RECORDS = ("sweep", "polls", "refusals", "fanout", "reader_memory", "client_memory", "cases",
            "skipped", "cold_start")
 TABLE_BYTES = 80 * KB  # each of the many tables' nest (20 leaves of 1000 float32)
+#: The Python of an environment with torch beside Reverb (torch_rounds.py); by default
+#: the one ``make bench`` makes.
+TORCH_PYTHON = os.environ.get("VARSYNC_BENCH_TORCH_PYTHON") or str(
+    Path(__file__).resolve().parent.parent / ".venv-torch" / "bin" / "python")
+TORCH_START_SECONDS = 300.0  # for its TensorFlow and torch imports and the warm-up
+TORCH_ROUND_SECONDS = 60.0
 
 
 def run(plan: Plan, out: Dict[str, Any], log: Callable[[str], None],
@@ -124,6 +139,10 @@ def _measure(plan: Plan, out: Dict[str, Any], log: Callable[[str], None],
         ("cold start", 8 * plan.cold_samples,
          lambda: cold_start(plan, reverb["sweep"], redis_url, out, log)),
     ]
+    many = next((case for case in plan.cases if case.layout == "many"), None)
+    if many is not None:
+        stages.append(("update into a PyTorch module, many variables", 60,
+                       lambda: torch_many(many, reverb[many.name], out, log)))
     big = plan.big
     if big is not None:
         stages.append((f"{size_label(big.nbytes)} (above 2 GiB)", 130,
@@ -201,6 +220,94 @@ def cold_start(plan: Plan, reverb: str, redis_url: str, out: Dict[str, Any],
         run_cold_start(urls, plan.cold_bytes, plan.cold_samples, out, log)
     finally:
         varsync_shm.remove_store(f"bench-cold-{tag}")
+
+
+def torch_many(case: Case, address: str, out: Dict[str, Any],
+               log: Callable[[str], None]) -> None:
+    """Issue 15.2 for PyTorch modules: round by round, TF-Agents' ``update`` of ``case``'s
+    table into tf.Variables here, then varsync's ``update`` of it into a PyTorch module in
+    a torch_rounds.py process (:data:`TORCH_PYTHON`: no environment holds both TF-Agents
+    and torch), from the same Reverb server and from a memory:// store of that process.
+    Recorded as skipped, with the reason, where that environment is missing."""
+    import tensorflow as tf
+    from tf_agents.experimental.distributed.reverb_variable_container import (
+        ReverbVariableContainer,
+    )
+
+    import varsync
+
+    if not os.access(TORCH_PYTHON, os.X_OK):
+        # not a failed stage: an environment this machine was not given (make test's)
+        out.setdefault("unavailable", {})["torch_many"] = (
+            f"the update into a PyTorch module (15.2), as {TORCH_PYTHON} is missing: "
+            "`make bench` makes it (TensorFlow, dm-reverb and torch, without TF-Agents)")
+        return
+    nest = nest_of(case.nbytes, case.leaves)
+    with varsync.connect(f"reverb://{address}", timeout=300) as store:
+        store.push(nest, case.name)  # the values torch_rounds.py checks its module against
+    tfa = ReverbVariableContainer(address, table_names=(case.name,))
+    variables = {name: tf.Variable(np.zeros_like(value)) for name, value in nest.items()}
+    child = subprocess.Popen(
+        [TORCH_PYTHON, "-m", "benchmarks.torch_rounds", address, case.name,
+         str(case.nbytes), str(case.leaves)],
+        cwd=Path(__file__).resolve().parent.parent, stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        ready = _answer(child, TORCH_START_SECONDS)["ready"]
+        for _ in range(3):
+            tfa.update(variables, case.name)
+        if any(not np.array_equal(variables[name].numpy(), nest[name]) for name in nest):
+            raise AssertionError("TF-Agents' update did not assign the table's values")
+        samples: Dict[str, List[float]] = {"tf-agents": [], "reverb": [], "memory": []}
+        for _ in range(3 * case.rounds):  # short rounds: three times the sweep's
+            started = time.perf_counter()
+            tfa.update(variables, case.name)
+            samples["tf-agents"].append(time.perf_counter() - started)
+            _tell(child, b"go")
+            for name, seconds in _answer(child, TORCH_ROUND_SECONDS).items():
+                samples[name].append(seconds)
+        _tell(child, b"end")
+        checked = _answer(child, TORCH_ROUND_SECONDS)["end"]
+    finally:
+        with contextlib.suppress(OSError):
+            _tell(child, b"")  # the end of its stdin: it stops (if it has not)
+        try:
+            child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+    out["torch_many"] = {"case": case.name, "nbytes": case.nbytes, "leaves": case.leaves,
+                         "versions": ready, "checked": checked, "samples": samples}
+    log(f"   PyTorch update of {case.leaves} variables, {size_label(case.nbytes)}: "
+        + ", ".join(f"{name} {1e3 * sorted(times)[len(times) // 2]:.1f} ms"
+                    for name, times in samples.items()))
+
+
+def _tell(child: Any, word: bytes) -> None:
+    """Send torch_rounds.py one command line; ``b""`` closes its stdin."""
+    if not word:
+        child.stdin.close()
+        return
+    child.stdin.write(word + b"\n")
+    child.stdin.flush()
+
+
+def _answer(child: Any, seconds: float) -> Dict[str, Any]:
+    """torch_rounds.py's next message, within ``seconds``; its error raised here."""
+    deadline = time.monotonic() + seconds
+    line = b""
+    while not line.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([child.stdout], [], [], left)[0]:
+            raise TimeoutError(f"torch_rounds.py said nothing for {seconds:.0f} s")
+        more = os.read(child.stdout.fileno(), 1 << 16)
+        if not more:
+            raise RuntimeError(f"torch_rounds.py ended (exit {child.wait()}) mid-run")
+        line += more
+    message: Dict[str, Any] = json.loads(line)
+    if "error" in message:
+        raise RuntimeError(f"torch_rounds.py failed:\n{message['error']}")
+    return message
 
 
 def big_case(sweep: Sweep, case: Case, out: Dict[str, Any], log: Callable[[str], None]) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from .common import GB, LABELS, MB, seconds_text, size_label, summary
+from .common import GB, LABELS, MB, paired_ratio, seconds_text, size_label, summary
 from .report_base import (
     COLD_BACKENDS,
     FLOOR,
@@ -323,6 +323,16 @@ def _many_targets(r: Results) -> List[Row]:
             rows.append(Row(f"many update {contender}", "15.2 many variables",
                             f"{contender}:// update of {leaves} variables, {size_label(n)}, "
                             f"≤ {limit:.1f} × TF-Agents' update", limit, s))
+    torch = r.raw.get("torch_many")
+    if torch:  # cross_backend.torch_many: the module's update in another process, in turn
+        samples = torch["samples"]
+        for contender, limit in (("reverb", 1.0), ("memory", 0.5)):
+            rows.append(Row(
+                f"many update torch {contender}", "15.2 many variables",
+                f"{contender}:// update of {torch['leaves']} variables into a PyTorch module, "
+                f"{size_label(torch['nbytes'])}, ≤ {limit:.1f} × TF-Agents' update (into "
+                "tf.Variables, turn by turn)", limit,
+                paired_ratio(samples[contender], samples["tf-agents"])))
     return rows
 
 
@@ -449,7 +459,18 @@ def issue_15_targets(r: Results) -> List[str]:
              "not measure it; \"now worse\" marks a ratio more than 10 % worse than then.", "",
              f"Targets met: {len(met)} of {len(met) + len(missed)} with a limit. This run's "
              f"load average: {_load(r.raw)}.", ""]
-            + table(["issue", "target", "this run", "previous run", "verdict"], cells))
+            + table(["issue", "target", "this run", "previous run", "verdict"], cells)
+            + [f"\nNot measured: {why}." for why in r.raw.get("unavailable", {}).values()]
+            + _torch_note(r.raw.get("torch_many")))
+
+
+def _torch_note(torch: Optional[Dict[str, Any]]) -> List[str]:
+    if not torch:
+        return []
+    versions = ", ".join(f"{name} {version}" for name, version in torch["versions"].items())
+    return [f"\nThe PyTorch rows of 15.2: {len(torch['samples']['tf-agents'])} rounds, the "
+            f"module's update in `benchmarks/torch_rounds.py`'s process ({versions}), which "
+            f"found its {torch['checked']} tensors holding the table's values bit for bit."]
 
 
 def _load(raw: Dict[str, Any]) -> str:
