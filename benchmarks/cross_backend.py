@@ -32,7 +32,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .common import GB, KB, leaf_names, nest_of, signature_of, size_label, stage
+from .common import GB, KB, leaf_names, nest_of, signature_of, size_label, stage, summary
 from .plan import Case, Plan
 from .readers import (
     COLD_TABLE,
@@ -279,7 +279,7 @@ def torch_many(case: Case, address: str, out: Dict[str, Any],
     out["torch_many"] = {"case": case.name, "nbytes": case.nbytes, "leaves": case.leaves,
                          "versions": ready, "checked": checked, "samples": samples}
     log(f"   PyTorch update of {case.leaves} variables, {size_label(case.nbytes)}: "
-        + ", ".join(f"{name} {1e3 * sorted(times)[len(times) // 2]:.1f} ms"
+        + ", ".join(f"{name} {1e3 * summary(times)['median']:.1f} ms"
                     for name, times in samples.items()))
 
 

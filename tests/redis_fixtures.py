@@ -86,6 +86,11 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def dead_url() -> str:
+    """A redis:// URL of a loopback port nothing listens on (free a moment ago)."""
+    return f"redis://127.0.0.1:{_free_port()}/0"
+
+
 class RedisServer:
     """One redis-server process on 127.0.0.1, in its own directory."""
 

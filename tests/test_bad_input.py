@@ -484,11 +484,9 @@ def test_any_text_is_a_url_or_a_configuration_error(text: str, options: Dict[str
 def test_any_value_of_a_redis_option_is_used_or_refused_clearly(option: str) -> None:
     """Against a port nobody listens on: the option is refused (ConfigurationError), or
     accepted and the connection then refused (BackendConnectionError). Nothing else."""
-    import socket
+    from redis_fixtures import dead_url
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        dead = f"redis://127.0.0.1:{probe.getsockname()[1]}/0"
+    dead = dead_url()
 
     @examples(60)
     @given(st.one_of(st.text(max_size=12), st.integers(), st.floats(), st.booleans(), st.none()))

@@ -20,7 +20,7 @@ import varsync
 from varsync.testing import ConformanceTests
 from varsync.backend import assert_bit_equal, check_consistent, filled
 from varsync.testing._base import SMALL
-from redis_fixtures import command_calls, table_head
+from redis_fixtures import command_calls, dead_url, table_head
 
 redis = pytest.importorskip("redis")
 
@@ -712,9 +712,7 @@ def test_a_server_nobody_answers_is_refused_within_the_timeout_whatever_the_retr
     about retries x retries x 0.5 s, over 30 minutes)."""
     from varsync.testing.faults import call_within
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        dead = f"redis://127.0.0.1:{probe.getsockname()[1]}/0"
+    dead = dead_url()
 
     def refused() -> None:
         with pytest.raises(varsync.BackendConnectionError):
@@ -743,9 +741,7 @@ def test_retries_is_one_layer_a_command_is_tried_retries_plus_one_times(
     """``retries=N``: a small command on a dead port makes N + 1 tries to connect in all,
     without a deadline too (timeout=0). redis-py's own retries under varsync's made
     (N + 1) squared, each pausing: 16 tries for N = 3, and 3721 (over 30 min) for 60."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        dead = f"redis://127.0.0.1:{probe.getsockname()[1]}/0"
+    dead = dead_url()
     tries = _count_connects(monkeypatch)
     with pytest.raises(varsync.BackendConnectionError):
         varsync.connect(dead, timeout=0, retries=retries)
