@@ -48,10 +48,10 @@ def throughput_section(r: Results, images: Dict[str, Path], out: Path) -> List[s
     lines += [f"*{machine_line(r.m)}.* Each backend was timed in a group with its baselines "
               "(Reverb with TF-Agents' container on the same server and table, Redis with "
               "redis-py on the same server, every group with `np.copyto` of the same bytes into "
-              "existing arrays); within a round the group's operations take turns. memory:// and "
-              "shm:// pulls return read-only views of the stored bytes (no copy), so their pull "
-              "is not a transfer: compare backends on update, which lands the bytes in "
-              "`tf.Variable`s.", ""]
+              "existing arrays); within a round the group's operations take turns, the first "
+              "turn rotating from round to round. memory:// and shm:// pulls return read-only "
+              "views of the stored bytes (no copy), so their pull is not a transfer: compare "
+              "backends on update, which lands the bytes in `tf.Variable`s.", ""]
     for op, title in (("push", "push"), ("pull", "pull"), ("update", "update into tf.Variables")):
         rows = []
         for name in CONTENDERS:
