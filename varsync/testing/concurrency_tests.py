@@ -6,7 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import threading
 import time
-from typing import Any, Callable, Dict, List, Type
+from typing import Any, Callable, Dict, List, Tuple, Type
 
 import pytest
 
@@ -18,11 +18,15 @@ from varsync.testing.values import check_consistent, filled
 __all__ = ["ConcurrencyTests"]
 
 
-def _write_versions(url: str, options: Dict[str, Any], table: str, start: int, count: int) -> None:
-    """Child process: push ``count`` consistent nests (the numbers after ``start``)."""
+def _write_versions(url: str, options: Dict[str, Any], table: str, start: int, count: int,
+                    last: Any = None) -> None:
+    """Child process: push ``count`` consistent nests (the numbers after ``start``); the
+    last push's version goes into ``last`` (a shared ``multiprocessing.Value``) if given."""
     with varsync.connect(url, **options) as container:
         for number in range(start + 1, start + count + 1):
-            container.push(filled(CONSISTENCY, number), table=table)
+            version = container.push(filled(CONSISTENCY, number), table=table)
+            if last is not None:
+                last.value = version
 
 
 class ConcurrencyTests(_Base):
@@ -31,10 +35,15 @@ class ConcurrencyTests(_Base):
     PUSHES = 150
     READERS = 3
 
-    def _read_until(self, container: Any, stop: threading.Event, problems: List[str]) -> int:
-        """Pull every new version until ``stop`` is set and nothing newer is left; return
-        the last version seen (0 if none was)."""
-        last_version, reads = 0, 0
+    def _read_until(
+        self, container: Any, stop: threading.Event, final: List[int], problems: List[str]
+    ) -> Tuple[int, int]:
+        """Pull every new version until ``stop`` is set and the writer's last version
+        (``final``, once the writer has finished) has been seen; return the last version
+        seen and the number of the push its value came from (0, 0 if none was). A backend
+        whose reads may lag its writes (replicas) answers 'nothing newer' for a while after
+        the last push: readers wait for it, bounded by the deadline."""
+        last_version, last_number, reads = 0, 0, 0
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and reads < 10_000:
             finished = stop.is_set()
@@ -47,44 +56,53 @@ class ConcurrencyTests(_Base):
                 number = check_consistent(values)
                 if number < version:  # push n made version n: never an older value as newer
                     problems.append(f"version {version} came with the value of push {number}")
-                last_version = version
-            elif finished:
+                last_version, last_number = version, number
+            elif finished and (not final or last_version >= final[0]):
                 break
+            elif finished:
+                time.sleep(0.005)  # the writer is done; the reads have yet to catch up
         if reads == 0:
             problems.append("a reader saw no version at all while the writer pushed")
-        return last_version
+        return last_version, last_number
 
-    def _run_readers(self, url: str, connect: Any, writer: Callable[[], None]) -> List[str]:
-        """Run :attr:`READERS` reader threads while ``writer()`` pushes; the problems they
-        saw, including a reader whose last version is not the table's final one."""
+    def _run_readers(self, url: str, connect: Any, writer: Callable[[], int]) -> List[str]:
+        """Run :attr:`READERS` reader threads while ``writer()`` pushes and returns its last
+        push's version; the problems they saw, including a reader whose last version is not
+        that final one or whose last value is not the last push's."""
         problems: List[str] = []
-        last_seen: List[int] = []
+        last_seen: List[Tuple[int, int]] = []
+        final: List[int] = []
         stop = threading.Event()
         readers = [
-            threading.Thread(target=self._guard, args=(connect(url), stop, problems, last_seen))
+            threading.Thread(
+                target=self._guard, args=(connect(url), stop, final, problems, last_seen)
+            )
             for _ in range(self.READERS)
         ]
         for thread in readers:
             thread.start()
         try:
-            writer()
+            final.append(writer())
         finally:
             stop.set()
             for thread in readers:
                 thread.join(90)
         assert not any(t.is_alive() for t in readers), "a reader did not finish"
-        final = connect(url).version()
         problems += [
-            f"a reader's last version was {seen}, not the table's final {final}"
-            for seen in last_seen if seen != final
+            f"a reader's last version was {seen}, not the writer's last push's {final[0]}"
+            for seen, _ in last_seen if seen != final[0]
+        ] + [
+            f"a reader's last value was push {number}'s, not the last push's ({self.PUSHES})"
+            for seen, number in last_seen if seen == final[0] and number != self.PUSHES
         ]
         return problems
 
     def _guard(
-        self, container: Any, stop: threading.Event, problems: List[str], last_seen: List[int]
+        self, container: Any, stop: threading.Event, final: List[int], problems: List[str],
+        last_seen: List[Tuple[int, int]],
     ) -> None:
         try:
-            last_seen.append(self._read_until(container, stop, problems))
+            last_seen.append(self._read_until(container, stop, final, problems))
         except AssertionError as exc:
             problems.append(str(exc))
         except Exception as exc:
@@ -96,9 +114,10 @@ class ConcurrencyTests(_Base):
         url = make_tables({"variables": CONSISTENCY})
         writer = connect(url)
 
-        def write() -> None:
-            for number in range(1, self.PUSHES + 1):
-                writer.push(filled(CONSISTENCY, number))
+        def write() -> int:
+            versions = [writer.push(filled(CONSISTENCY, number))
+                        for number in range(1, self.PUSHES + 1)]
+            return versions[-1]
 
         assert self._run_readers(url, connect, write) == []
         assert check_consistent(writer.pull()) == self.PUSHES
@@ -112,10 +131,12 @@ class ConcurrencyTests(_Base):
         url = make_tables({"variables": CONSISTENCY})
         context = multiprocessing.get_context("spawn")
 
-        def write() -> None:
+        last = context.Value("q", 0)
+
+        def write() -> int:
             child = context.Process(
                 target=_write_versions,
-                args=(url, dict(connect_options), "variables", 0, self.PUSHES),
+                args=(url, dict(connect_options), "variables", 0, self.PUSHES, last),
             )
             child.start()
             child.join(120)
@@ -123,6 +144,6 @@ class ConcurrencyTests(_Base):
                 child.kill()
                 child.join()
             assert child.exitcode == 0, f"writer process exited with {child.exitcode}"
+            return int(last.value)
 
         assert self._run_readers(url, connect, write) == []
-        assert check_consistent(connect(url).pull()) == self.PUSHES
