@@ -9,6 +9,7 @@ observation, so each collected batch shows which weights produced it.
 
 from __future__ import annotations
 
+import itertools
 import os
 import pathlib
 import pickle
@@ -78,6 +79,18 @@ def each_step_acted_by_one_of(batch: Any, *policies: TensorDictModule) -> bool:
             for p in policies
         ]
     return bool(torch.stack(close).any(0).all())
+
+
+def tensor_by_tensor_mixes(old: TensorDictModule, new: TensorDictModule) -> list[TensorDictModule]:
+    """Every policy whose each tensor is ``old``'s or ``new``'s: what a worker runs while
+    the background thread copies an update one tensor after another (the module doc)."""
+    old_state, new_state = old.state_dict(), new.state_dict()
+    mixes = []
+    for choice in itertools.product((old_state, new_state), repeat=len(old_state)):
+        mix = make_policy(0)
+        mix.load_state_dict({k: state[k] for k, state in zip(old_state, choice)})
+        mixes.append(mix)
+    return mixes
 
 
 def eventually(check: Callable[[], bool], within: float = 10.0) -> bool:
@@ -279,7 +292,9 @@ def test_a_multiprocess_collector_follows_the_trainer(shared_url: str) -> None:
             batch = next(batches)
             if acted_by(trainer, batch):
                 break
-            assert each_step_acted_by_one_of(batch, before, trainer)
+            # each step ran old or new weights, tensor by tensor (a step between the
+            # weight's copy and the bias's runs one of each)
+            assert each_step_acted_by_one_of(batch, *tensor_by_tensor_mixes(before, trainer))
         else:
             pytest.fail("the workers never collected with the published weights")
         assert all(acted_by(trainer, next(batches)) for _ in range(2))
