@@ -49,6 +49,7 @@ from varsync.backends.redis.protocol import (
     parse_layout,
     text,
 )
+from varsync.backends.redis.pulled import PulledMemory
 from varsync.backends.redis.readers import ReaderRegistry
 from varsync.backends.redis.tables import Known, Table
 from varsync.backends.redis.topology import Requests, RoutedReads, Topology
@@ -92,6 +93,7 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         settings = parse_settings(url, timeout, namespace, options)
         super().__init__(url, timeout=timeout, namespace=namespace)
         self._settings = settings
+        self._pulled = PulledMemory(settings.reuse_pulled)
         self.address = settings.address
         self.prefix = settings.prefix
         self.key_base = key_base_of(settings.prefix, namespace)
@@ -526,6 +528,7 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
 
     def close(self) -> None:
         self._topology.close()
+        self._pulled.clear()
 
     def describe_options(self) -> Mapping[str, Any]:
         return {"timeout": self.timeout, "namespace": self.namespace,

@@ -208,9 +208,10 @@ def fetch_whole(
     if total != expected:
         raise CorruptDataError(f"{where} holds {total} bytes; its signature needs {expected}")
     token = _token(where, head.data)
-    arrays = [np.empty(s.shape, s.dtype) for s in specs]
+    made, fresh = backend._pulled.arrays(specs)
+    arrays = [a for a in made if a is not None]
     client = backend._read_client()
-    with Prefaulted(arrays):
+    with Prefaulted(fresh):
         received: Optional[List[np.ndarray]] = client.on_connection(
             deadline,
             lambda conn: wire.receive_chunks(
@@ -228,12 +229,11 @@ def _fetch(
 ) -> Optional[List[Optional[np.ndarray]]]:
     """The arrays of the ``needed`` leaves (``None`` elsewhere), or ``None`` if a chunk of
     one of their segments is gone."""
-    arrays: List[Optional[np.ndarray]] = [None] * len(specs)
+    arrays, fresh = backend._pulled.arrays(specs, needed)
     by_segment: Dict[int, Tuple[Segment, List[Tuple[int, memoryview]]]] = {}
     for index in needed:
-        array = np.empty(specs[index].shape, specs[index].dtype)
-        arrays[index] = array
-        if array.nbytes == 0:
+        array = arrays[index]
+        if array is None or array.nbytes == 0:
             continue
         place = places[index]
         entry = by_segment.setdefault(place.segment.version, (place.segment, []))
@@ -259,7 +259,7 @@ def _fetch(
         return True
 
     if plans:
-        with Prefaulted([a for a in arrays if a is not None]):
+        with Prefaulted(fresh):
             if not client.on_connection(deadline, receive, key=chunk_base):
                 return None
     return arrays

@@ -20,7 +20,7 @@ OPTIONS = (
     "db", "username", "password", "prefix", "chunk_size", "keep", "connect_timeout",
     "socket_timeout", "retries", "ssl_ca_certs", "ssl_ca_path", "ssl_certfile",
     "ssl_keyfile", "ssl_password", "ssl_cert_reqs", "ssl_check_hostname", "replicas",
-    "read_from", "recycle_from",
+    "read_from", "recycle_from", "reuse_pulled",
 )
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
@@ -57,6 +57,7 @@ class Settings:
     keep: int
     retries: int
     recycle_from: int
+    reuse_pulled: bool
     connect_timeout: Optional[float]
     socket_timeout: Optional[float]
     ssl: Dict[str, Any] = field(repr=False)  # redis-py's ssl_* keyword arguments
@@ -82,7 +83,7 @@ class Settings:
         return {
             "server": self.address, "username": self.username, "tls": self.tls,
             "prefix": self.prefix, "chunk_size": self.chunk_size, "keep": self.keep,
-            "recycle_from": self.recycle_from,
+            "recycle_from": self.recycle_from, "reuse_pulled": self.reuse_pulled,
             "connect_timeout": self.connect_timeout, "socket_timeout": self.socket_timeout,
             "retries": self.retries, "read_from": self.read_from,
             "replicas": [r.address for r in self.replicas],
@@ -174,6 +175,7 @@ def parse_settings(
     retries = parse_int(options.pop("retries", 0), "retries", 0, MAX_RETRIES)
     recycle_from = parse_int(
         options.pop("recycle_from", DEFAULT_RECYCLE_FROM), "recycle_from", 0, 2**62)
+    reuse_pulled = parse_bool(options.pop("reuse_pulled", True), "reuse_pulled")
     connect_timeout = _socket_timeout("connect_timeout", options.pop("connect_timeout", timeout))
     socket_timeout = _socket_timeout("socket_timeout", options.pop("socket_timeout", timeout))
     ssl = {k: options.pop(k) for k in list(options) if k.startswith("ssl_")}
@@ -194,7 +196,7 @@ def parse_settings(
     return Settings(
         tls=tls, server=server, db=db, username=username, password=password, prefix=prefix,
         chunk_size=chunk_size, keep=keep, retries=retries, recycle_from=recycle_from,
-        connect_timeout=connect_timeout,
+        reuse_pulled=reuse_pulled, connect_timeout=connect_timeout,
         socket_timeout=socket_timeout, ssl=ssl, replicas=replicas, sentinels=sentinels,
         service=service, read_from=read_from, cluster=cluster,
     )
