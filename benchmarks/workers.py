@@ -147,9 +147,13 @@ def _probe(group: str, url: str, table: str, nbytes: int) -> Dict[str, int]:
             store.create_table(table, nest)
         for _ in range(3 if group == "shm" else 1):  # warm: writers, segments, connections
             store.push(nest, table)
-        store.pull(table)
+        # Held while the measured pull runs, as a loop of `params = pull()` holds the last
+        # pull: redis:// would otherwise pull into that pull's memory (reuse_pulled) and
+        # show no growth at all.
+        held = store.pull(table)
         out["push"] = peak_above_baseline(lambda: store.push(nest, table))
         out["pull"] = peak_above_baseline(lambda: store.pull(table))
+        del held
 
     if group == "reverb":
         import tensorflow as tf
