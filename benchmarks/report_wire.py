@@ -63,8 +63,10 @@ def wire_time_section(r: Results) -> List[str]:
              "CPU (wall minus its CPU): waiting for the server or the wire. A kernel share "
              "on the client is its socket calls: copying the "
              "bytes between the socket and the arrays, and faulting in the pages of arrays "
-             "it has not written before (a pull allocates new ones; the floor receives into "
-             "arrays written before, and sends from the nest).", ""]
+             "it has not written before (a pull's arrays are new, except that redis:// "
+             "takes for those of 1 MiB or more the memory of an earlier pull's arrays "
+             "nothing references any more, `reuse_pulled`; the floor receives into arrays "
+             "written before, and sends from the nest).", ""]
     lines += table(["nest", "call", "wall (rounds)", "calling thread's CPU",
                     "client process's CPU", "of it in the kernel", "redis-server CPU",
                     "of it in the kernel", "client page faults",
