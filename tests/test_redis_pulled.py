@@ -71,6 +71,7 @@ def test_memory_anything_still_references_is_never_written(table: Any, hold: str
     if hold == "torch tensor":
         held = tensor(large)
     del large
+
     def contents(value: Any) -> np.ndarray:
         if isinstance(value, dict):
             return value["large"]
