@@ -59,8 +59,12 @@ class ConcurrencyTests(_Base):
                 last_version, last_number = version, number
             elif finished and (not final or last_version >= final[0]):
                 break
-            elif finished:
-                time.sleep(0.005)  # the writer is done; the reads have yet to catch up
+            elif finished:  # the writer is done; the reads have yet to catch up
+                try:
+                    container.wait_for(
+                        last_version, timeout=max(deadline - time.monotonic(), 0.01))
+                except varsync.PullTimeoutError:
+                    break  # reported below as a reader short of the last version
         if reads == 0:
             problems.append("a reader saw no version at all while the writer pushed")
         return last_version, last_number
