@@ -133,9 +133,13 @@ def _measure(plan: Plan, out: Dict[str, Any], log: Callable[[str], None],
     with stage("size sweep", log, out["stage_seconds"]):
         for case in plan.cases:
             sweep.run_case(case)
+    few = [case for case in plan.cases if case.layout == "few"]
+    # beside the many tables: a server of one table, the smallest case's (pushed by now)
+    smallest = (reverb[few[0].name], few[0].name) if few else None
     # Issue 15's two stages first: short, and its table of targets needs them.
     stages: List[Tuple[str, float, Callable[[], None]]] = [
-        (f"Reverb, {plan.tables} tables", 15, lambda: many_tables(plan, reverb["tables"], out)),
+        (f"Reverb, {plan.tables} tables", 20,
+         lambda: many_tables(plan, reverb["tables"], out, reverb_pid, smallest)),
         ("cold start", 8 * plan.cold_samples,
          lambda: cold_start(plan, reverb["sweep"], redis_url, out, log)),
     ]
@@ -184,9 +188,12 @@ def available_memory() -> int:
     return 0
 
 
-def many_tables(plan: Plan, address: str, out: Dict[str, Any]) -> None:
+def many_tables(plan: Plan, address: str, out: Dict[str, Any], server_pid: int,
+                one: Optional[Tuple[str, str]] = None) -> None:
     """Issue 15.1: ``pull_if_newer`` unchanged on one of the tables of a Reverb server that
-    holds ``plan.tables`` of ``plan.table_leaves`` leaves each (every table pushed once)."""
+    holds ``plan.tables`` of ``plan.table_leaves`` leaves each (every table pushed once);
+    with the CPU each call cost the servers' process and this one, and the same beside it
+    on ``one`` (address, table): a server of a single table (the sweep's smallest case)."""
     import varsync
 
     names = leaf_names(plan.tables)
@@ -194,9 +201,46 @@ def many_tables(plan: Plan, address: str, out: Dict[str, Any]) -> None:
     with varsync.connect(f"reverb://{address}", timeout=300) as store:
         for name in names:
             store.push(nest, name)
-        samples = time_polls(poller(store, names[0]), plan.reverb_polls, "reverb")
+        samples, cpu = _polls_with_cpu(poller(store, names[0]), plan.reverb_polls, server_pid)
     out["many_tables"] = {"tables": plan.tables, "leaves": plan.table_leaves,
-                          "table_bytes": TABLE_BYTES, "samples": samples}
+                          "table_bytes": TABLE_BYTES, "samples": samples, "cpu": cpu,
+                          "reply_bytes": _server_info_bytes(address)}
+    if one is not None:
+        with varsync.connect(f"reverb://{one[0]}", timeout=300) as store:
+            single, cpu = _polls_with_cpu(poller(store, one[1]), plan.reverb_polls, server_pid)
+        out["many_tables"]["one_table"] = {"samples": single, "cpu": cpu,
+                                           "reply_bytes": _server_info_bytes(one[0])}
+
+
+def _polls_with_cpu(poll: Callable[[], Any], count: int,
+                    server_pid: int) -> Tuple[List[float], Dict[str, float]]:
+    """``time_polls``, and the CPU seconds per call of the Reverb servers' process (every
+    thread) and of this one (every thread: gRPC's own included), taken around them all."""
+    poll()  # the held version is read here, outside the count
+    server, client = _process_cpu(server_pid), time.process_time()
+    samples = time_polls(poll, count, "reverb")
+    return samples, {"server": (_process_cpu(server_pid) - server) / count,
+                     "client": (time.process_time() - client) / count}
+
+
+def _process_cpu(pid: int) -> float:
+    """CPU seconds of every thread of process ``pid`` so far (``/proc/<pid>/task/*/schedstat``,
+    nanoseconds): a thread that ended meanwhile is missed, none does in a server."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended between the listing and the read
+    return total / 1e9
+
+
+def _server_info_bytes(address: str) -> int:
+    """The size of a Reverb server's ServerInfo reply, its table infos serialized (what
+    varsync's version check asks for; Reverb has no request for one table's)."""
+    import reverb
+
+    return sum(len(blob) for blob in reverb.Client(address)._client.ServerInfo(0))
 
 
 def cold_start(plan: Plan, reverb: str, redis_url: str, out: Dict[str, Any],

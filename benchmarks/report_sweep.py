@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .common import GB, LABELS, MB, machine_line, paired_ratio, seconds_text, size_label, summary
 from .report_base import (
@@ -252,7 +252,29 @@ def many_tables_section(r: Results) -> List[str]:
             f"float32 leaves ({size_label(tables['table_bytes'])} each, every one pushed once); "
             f"{s['n']} calls of `pull_if_newer` unchanged on one of them, each timed alone: "
             f"median {seconds_text(s['median'])}, p90 {seconds_text(s['p90'])}, max "
-            f"{seconds_text(s['max'])}{shown}.", ""]
+            f"{seconds_text(s['max'])}{shown}.{_where_polls_go(tables)}", ""]
+
+
+def _where_polls_go(tables: Dict[str, Any]) -> str:
+    """Where a poll's time goes, server and client, against a server of one table."""
+    cpu, one = tables.get("cpu"), tables.get("one_table")
+    if not cpu or not one:
+        return ""
+    single = summary(one["samples"])
+    return (f" Where it goes, CPU per call taken around all the calls: the Reverb servers' "
+            f"process {seconds_text(cpu['server'])} (every thread), this process "
+            f"{seconds_text(cpu['client'])} (every thread: gRPC's, and whatever else of the "
+            "suite's ran meanwhile); the same calls on a server of one table (the sweep's "
+            "smallest case, same stage) took "
+            f"{seconds_text(single['median'])} (median), the server "
+            f"{seconds_text(one['cpu']['server'])} and this process "
+            f"{seconds_text(one['cpu']['client'])} of CPU. A version check asks for the "
+            "table's count of inserts, which only Reverb's ServerInfo answers, and it answers "
+            f"with every table's info, signature included ({tables['reply_bytes']:,} bytes "
+            f"serialized here, {one['reply_bytes']:,} with one table): the server builds "
+            "them all and the client receives them all on each call, a cost that grows with "
+            "the tables on the server, not with the table polled, and that varsync cannot "
+            "ask Reverb to skip.")
 
 
 def _samples(values: Optional[List[float]]) -> Optional[Stat]:
