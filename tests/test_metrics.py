@@ -203,6 +203,21 @@ def test_only_the_changed_leaves_count_as_bytes_on_a_backend_with_leaf_versions(
         assert sample(registry, "varsync_bytes_pushed_total", "memory", "t") == NBYTES + 8
 
 
+def test_a_push_that_drops_its_version_is_counted_and_leaves_the_version_gauge(registry):
+    """The TF-Agents drop-in's pushes (``write_unversioned``): counted and timed as any
+    push; the version gauge keeps the last version a call was told."""
+    with varsync.connect(memory_url(), metrics=registry) as store:
+        store.create_table("t", SIGNATURE)
+        store.configure_table("t", skip_unchanged=False)  # whole writes: write_unversioned
+        store.push(values(1), table="t")
+        store._push_unversioned(values(2), table="t")
+        assert store.version("t") == 2
+    assert sample(registry, "varsync_pushes_total", "memory", "t") == 2
+    assert sample(registry, "varsync_bytes_pushed_total", "memory", "t") == 2 * NBYTES
+    assert sample(registry, "varsync_push_seconds_count", "memory", "t") == 2
+    assert sample(registry, "varsync_version", "memory", "t") == 1
+
+
 def test_a_wait_that_times_out_is_timed_and_counted_as_an_error(registry):
     with varsync.connect(memory_url(), metrics=registry) as store:
         store.create_table("t", SIGNATURE)

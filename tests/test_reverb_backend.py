@@ -469,6 +469,33 @@ def test_a_pull_of_a_varsync_push_asks_for_the_count_once(reverb_servers, monkey
         assert next(pybind.sample("variables"))[0].info.priority == 3 + LABEL_FRACTION
 
 
+def test_a_push_that_drops_its_version_asks_for_the_count_once(reverb_servers, monkeypatch):
+    """The TF-Agents drop-in's push returns no version, so it skips the count read after
+    the insert that only numbers a push (one request of two); its item is labelled from
+    the count read before, as every push's is, so a pull of it still asks once."""
+    from varsync.backends.reverb.tables import LABEL_FRACTION
+    from varsync.compat.tf_agents import ReverbVariableContainer
+
+    server = reverb_servers({"variables": SIGNATURE})
+    dropin = ReverbVariableContainer(f"localhost:{server.port}", table_names=["variables"])
+    with dropin.container, varsync.connect(server.url, timeout=20) as store:
+        assert store.push(values(1)) == 1
+        numbered = _counting_server_info(store, monkeypatch)
+        assert store.push(values(2)) == 2
+        assert len(numbered) == 2
+        dropped = _counting_server_info(dropin.container, monkeypatch)
+        for step in (3, 4):
+            assert dropin.push(values(step), "variables") is None
+        assert len(dropped) == 2
+        reads = _counting_server_info(store, monkeypatch)
+        got, pulled = store.pull_if_newer(2)
+        assert (got, int(pulled["train_step"])) == (4, 4)
+        assert len(reads) == 1
+        pybind = reverb.Client(f"localhost:{server.port}")
+        assert next(pybind.sample("variables"))[0].info.priority == 4 + LABEL_FRACTION
+        assert store.push(values(5)) == 5
+
+
 def test_a_pull_of_an_unlabelled_item_checks_the_count_again(reverb_servers, monkeypatch):
     """TF-Agents' container pushes with priority 1.0: no label, so the pull reads the
     count before and after its sample, as before labels, and still gets the version."""

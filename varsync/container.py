@@ -14,7 +14,13 @@ from varsync import adapters, checks, delta
 from varsync import nest as nest_lib
 from varsync import readers as readers_lib
 from varsync import signature as sig
-from varsync.backends.base import Backend, deadline_after, read_snapshot, remaining
+from varsync.backends.base import (
+    Backend,
+    deadline_after,
+    read_snapshot,
+    remaining,
+    write_unversioned,
+)
 from varsync.errors import (
     ConfigurationError,
     CorruptDataError,
@@ -127,18 +133,37 @@ class VariableContainer:
         push to the table are not sent (the new version keeps them); ``skip_unchanged``
         ``False`` sends every leaf (default: the table's setting, see
         :meth:`configure_table`; on by default)."""
+        backend, arrays, specs, whole = self._to_push(values, table, skip_unchanged)
+        last = self._written.pop(table, None)
+        if whole:
+            return backend.write(table, arrays, specs)
+        written = delta.push_changed(backend, table, arrays, specs, last)
+        self._written[table] = written
+        return written.version
+
+    def _push_unversioned(self, values: Any, table: str = DEFAULT_TABLE) -> None:
+        """:meth:`push` for a caller that drops the new version (the TF-Agents drop-in,
+        whose push returns none): a whole write goes through the backend's
+        ``write_unversioned``, which may skip the request that only numbers it (Reverb)."""
+        backend, arrays, specs, whole = self._to_push(values, table, None)
+        last = self._written.pop(table, None)
+        if whole:
+            write_unversioned(backend, table, arrays, specs)
+        else:
+            self._written[table] = delta.push_changed(backend, table, arrays, specs, last)
+
+    def _to_push(
+        self, values: Any, table: str, skip_unchanged: Optional[bool]
+    ) -> Tuple[Backend, List[np.ndarray], List[sig.Spec], bool]:
+        """The backend, the checked arrays and the specs of a push of ``values``, and
+        whether it writes them whole (else only the leaves changed since the last)."""
         _, specs = self._table(table)
         arrays = sig.flatten_values(self.signature(table), values)
         backend = self._backend_call()
         checks.push_size(table, backend, arrays)
         if skip_unchanged is None:
             skip_unchanged = not self._whole_pushes.get(table, False)
-        last = self._written.pop(table, None)
-        if not (skip_unchanged and backend.supports_leaf_versions):
-            return backend.write(table, arrays, specs)
-        written = delta.push_changed(backend, table, arrays, specs, last)
-        self._written[table] = written
-        return written.version
+        return backend, arrays, specs, not (skip_unchanged and backend.supports_leaf_versions)
 
     def push_leaves(self, leaves: Mapping[Any, Any], table: str = DEFAULT_TABLE) -> int:
         """Publish a new version that changes only the leaves given; every other leaf

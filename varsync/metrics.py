@@ -31,7 +31,13 @@ from weakref import WeakKeyDictionary
 
 import numpy as np
 
-from varsync.backends.base import Backend, LeafSnapshot, Snapshot, read_snapshot
+from varsync.backends.base import (
+    Backend,
+    LeafSnapshot,
+    Snapshot,
+    read_snapshot,
+    write_unversioned,
+)
 from varsync.errors import ConfigurationError, MissingDependencyError
 from varsync.options import parse_bool
 from varsync.signature import Spec
@@ -128,11 +134,14 @@ class _TableMeters:
     def error(self, operation: str) -> None:
         self._errors.labels(*self._labels, operation).inc()
 
-    def pushed(self, seconds: float, nbytes: int, version: int) -> None:
+    def pushed(self, seconds: float, nbytes: int, version: Optional[int]) -> None:
+        """``version`` ``None``: a push whose caller dropped its version (the gauge keeps
+        the last one known)."""
         self.pushes.inc()
         self.bytes_pushed.inc(nbytes)
         self.push_seconds.observe(seconds)
-        self.version.set(version)
+        if version is not None:
+            self.version.set(version)
 
     def pulled(self, seconds: float, held: int, version: int, nbytes: Optional[int]) -> None:
         self.pulls.inc()
@@ -219,6 +228,18 @@ class MeteredBackend:
             raise
         table.pushed(time.perf_counter() - start, sum(a.nbytes for a in arrays), version)
         return version
+
+    def write_unversioned(
+        self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]
+    ) -> None:
+        table = self._table(name)
+        start = time.perf_counter()
+        try:
+            write_unversioned(self._backend, name, arrays, specs)
+        except BaseException:
+            table.error("push")
+            raise
+        table.pushed(time.perf_counter() - start, sum(a.nbytes for a in arrays), None)
 
     def write_leaves(
         self,

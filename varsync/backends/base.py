@@ -51,7 +51,7 @@ from varsync.signature import Spec
 
 __all__ = [
     "Backend", "Snapshot", "LeafSnapshot", "remaining", "deadline_after", "wait_for_change",
-    "read_snapshot",
+    "read_snapshot", "write_unversioned",
     "POLL_START", "POLL_MAX", "BLOCK_SLICE",
 ]
 
@@ -162,6 +162,15 @@ class Backend(abc.ABC):
         write must leave the previous value readable. (With ``supports_leaf_versions``:
         every leaf's leaf version becomes the new version.)
         """
+
+    def write_unversioned(
+        self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]
+    ) -> None:
+        """:meth:`write`, for a caller that drops the new version (TF-Agents' push returns
+        none): the same value, version, atomicity and errors. Default: calls
+        :meth:`write`. Override it only where learning the version costs a request of its
+        own after the write (Reverb: a second table info), and skip that request."""
+        self.write(name, arrays, specs)
 
     @abc.abstractmethod
     def read(
@@ -373,3 +382,15 @@ def read_snapshot(
     if _takes(type(backend), "read", "specs", 5):
         return backend.read(name, newer_than, timeout, specs)
     return backend.read(name, newer_than, timeout)  # type: ignore[call-arg]
+
+
+def write_unversioned(
+    backend: Backend, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]
+) -> None:
+    """``backend.write_unversioned(...)``, or its ``write`` with the version dropped for a
+    backend that has no such method (one not subclassing :class:`Backend`)."""
+    unversioned = getattr(backend, "write_unversioned", None)
+    if unversioned is None:
+        backend.write(name, arrays, specs)
+    else:
+        unversioned(name, arrays, specs)

@@ -102,8 +102,8 @@ class ReverbVariableContainer:
         """
         self._check_table(table)
         try:
-            try:
-                self._live().push(values, table)
+            try:  # its version goes unused: the backend need not ask for it (Reverb)
+                self._live()._push_unversioned(values, table)
             except BackendConnectionError as exc:
                 # Maybe restarted: one retry on a new connection if it answers now (a
                 # push that landed twice only repeats the latest value); if it does not,
@@ -112,7 +112,7 @@ class ReverbVariableContainer:
                     self._reconnect(bound=0)
                 except BackendConnectionError:
                     raise exc from None
-                self.container.push(values, table)
+                self.container._push_unversioned(values, table)
         except SignatureMismatchError as exc:
             raise tf.errors.InvalidArgumentError(None, None, str(exc)) from exc
         except ConcurrentPushError:

@@ -25,6 +25,26 @@ class VersionTests(_Base):
         assert seen == [1, 2, 3, 4, 5]
         assert store.version() == 5
 
+    def test_a_push_whose_version_is_dropped_is_numbered_and_stored_as_any(
+        self, store: Any
+    ) -> None:
+        """The backend's ``write_unversioned`` (the TF-Agents drop-in's pushes, which return
+        no version) among pushes that number theirs: the same versions and values."""
+        assert store.push(filled(SMALL, 1)) == 1
+        store._push_unversioned(filled(SMALL, 2))
+        assert store.version() == 2
+        version, values = store.pull_if_newer(1)
+        assert version == 2
+        assert_bit_equal(values, filled(SMALL, 2))
+        store._push_unversioned(filled(SMALL, 3))
+        store._push_unversioned(filled(SMALL, 4))
+        assert_bit_equal(store.pull(), filled(SMALL, 4))
+        assert store.push(filled(SMALL, 5)) == 5
+        assert_bit_equal(store.pull(), filled(SMALL, 5))
+        with pytest.raises(varsync.SignatureMismatchError):  # checked before it writes
+            store._push_unversioned({"nothing": 1})
+        assert store.version() == 5
+
     def test_pull_if_newer_returns_only_newer_values(self, store: Any) -> None:
         assert store.pull_if_newer(0) is None
         store.push(filled(SMALL, 1))

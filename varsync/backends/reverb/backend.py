@@ -231,22 +231,41 @@ class ReverbBackend(Backend):
     def write(self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]) -> int:
         table = self._table_name(name)
         with self._writer_lock:
-            asked_at = time.monotonic()
-            before = self._checked_info(name)
-            if self._incarnations.restarted(("write", table), before, asked_at):
-                # A writer's stream to a server that restarted does not recover.
-                _close_quietly(self._writers.pop(table, None))
-            label = label_of(insert_count(before) + 1)
-            # (ml_dtypes' types are user-defined dtypes, isbuiltin 2: asked first, as a
-            # dtype's name takes ~40x as long to make)
-            if any(s.dtype.isbuiltin != 1 and s.dtype.name in ML_DTYPE_NAMES for s in specs):
-                self._insert_natively(table, before, arrays, label)
-            else:
-                self._append(table, arrays, label)
+            before = self._insert(name, table, arrays, specs)
+            # The count again: the insert is ours if it rose by exactly one (the lock
+            # keeps this container's other pushes out of the window, not other writers').
             asked_at = time.monotonic()
             info = self._checked_info(name)
             restarted = self._incarnations.restarted(("write", table), info, asked_at)
         return own_version(table, before, info, restarted is not None)
+
+    def write_unversioned(
+        self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]
+    ) -> None:
+        # The same insert, labelled from the count read before it as every push is, but
+        # without the request after it that only numbers the push for its caller.
+        with self._writer_lock:
+            self._insert(name, self._table_name(name), arrays, specs)
+
+    def _insert(
+        self, name: str, table: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]
+    ) -> Any:
+        """Insert ``arrays`` as the table's item (under the writer lock), labelled with the
+        version the count read first says it will be (:func:`.tables.label_of`); return
+        that table info. A flushed insert has landed: a pull after it sees it."""
+        asked_at = time.monotonic()
+        before = self._checked_info(name)
+        if self._incarnations.restarted(("write", table), before, asked_at):
+            # A writer's stream to a server that restarted does not recover.
+            _close_quietly(self._writers.pop(table, None))
+        label = label_of(insert_count(before) + 1)
+        # (ml_dtypes' types are user-defined dtypes, isbuiltin 2: asked first, as a
+        # dtype's name takes ~40x as long to make)
+        if any(s.dtype.isbuiltin != 1 and s.dtype.name in ML_DTYPE_NAMES for s in specs):
+            self._insert_natively(table, before, arrays, label)
+        else:
+            self._append(table, arrays, label)
+        return before
 
     def _append(self, table: str, arrays: Sequence[np.ndarray], label: float) -> None:
         """Push through the table's long-lived trajectory writer (under the writer lock),
