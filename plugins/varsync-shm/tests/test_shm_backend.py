@@ -5,6 +5,7 @@ Child processes are started with "spawn" and synchronised with events and queues
 wait is bounded and every child is stopped.
 """
 
+import fcntl
 import gc
 import os
 import signal
@@ -48,6 +49,25 @@ def kill(child):
     os.kill(child.pid, signal.SIGKILL)
     child.join(30)
     assert child.exitcode == -signal.SIGKILL
+
+
+def released(path, seconds=30.0):
+    """Whether a flock on ``path`` held by another process is gone within ``seconds``
+    (an exclusive one taken here, then dropped). A killed process's locks can outlive
+    its reaping by a moment: the kernel may close the file of a mapping it held
+    asynchronously, so a dead holder's lock is waited for, not assumed gone."""
+    fd = os.open(path, os.O_RDONLY)
+    taken = threading.Event()
+
+    def take():
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        taken.set()
+
+    threading.Thread(target=take, daemon=True).start()
+    if not taken.wait(seconds):
+        return False  # the thread stays blocked; the test fails on this anyway
+    os.close(fd)  # drops the lock
+    return True
 
 
 # -- children (module level, so that "spawn" can import them) ---------------------------
@@ -281,6 +301,8 @@ def test_a_killed_reader_leaves_nothing_locked(store, url, children):
     child = children(_pull_and_hold, url, holding)
     assert holding.wait(60), "the reader process did not pull"
     kill(child)
+    segment_file = os.path.join(store.table_info().details["path"], "seg-1")
+    assert released(segment_file), "the killed reader's lock on seg-1 stayed"
 
     assert store.push(filled(BIG, 2)) == 2
     # The dead reader's lock on seg-1 is gone: the push could reclaim it at once.
