@@ -467,6 +467,28 @@ def test_a_server_back_on_an_older_snapshot_starts_a_new_history(server: Any) ->
         assert check_consistent(reader.pull()) == 6
 
 
+def test_an_events_stream_ahead_of_the_head_is_started_again(server: Any) -> None:
+    # A stream whose top entry is past the head's version (the two out of step) refuses
+    # the push's entry: the publish script starts the stream again, and waits still wake.
+    with varsync.connect(server.url, timeout=5) as writer, varsync.connect(
+        server.url, timeout=5
+    ) as reader:
+        writer.create_table("variables", SMALL)
+        assert writer.push(filled(SMALL, 1)) == 1
+        events = "varsync::variables:events"
+        with server.client() as admin:
+            admin.xadd(events, {"v": "1000"}, id="1000-1")
+            assert writer.push(filled(SMALL, 2)) == 2
+            assert [entry_id for entry_id, _ in admin.xrange(events)] == [b"2-1"]
+        done: Dict[str, Any] = {}
+        waiter = threading.Thread(target=lambda: done.update(v=reader.wait_for(2, timeout=20)))
+        waiter.start()
+        assert writer.push(filled(SMALL, 3)) == 3
+        waiter.join(30)
+        assert done == {"v": 3}
+        assert check_consistent(reader.pull()) == 3
+
+
 # -- corrupt or foreign data -------------------------------------------------------------------
 
 
