@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import secrets
 import threading
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
@@ -42,6 +41,7 @@ from varsync.backends.redis.protocol import (
     Keys,
     Published,
     check_format,
+    fresh_token,
     is_epoch,
     key_base_of,
     keys_of,
@@ -155,7 +155,7 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         if self._cluster is None:
             listed.append(self.key_base + "tables")  # in a cluster, a slot of its own
         reply, rest = CREATE.answer(self._client.script(
-            CREATE, listed, [name, signature, secrets.token_hex(8), FORMAT]
+            CREATE, listed, [name, signature, fresh_token().hex(), FORMAT]
         ))
         if reply is Created.NOT_A_HEAD:
             raise CorruptDataError(
@@ -321,13 +321,14 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         self, name: str, arrays: Sequence[np.ndarray], count: int, leaves: str, base: str
     ) -> int:
         keys = self._keys(name)
-        token = secrets.token_bytes(8)
+        token = fresh_token()
+        hexed = token.hex()
         total = sum(a.nbytes for a in arrays)
         payload = self.chunk_size - wire.CHUNK_SLACK
         chunks = -(-total // payload)
         layout = f"{total}:{payload}:{chunks}"
         recycle = total >= self._settings.recycle_from  # see DEFAULT_RECYCLE_FROM
-        chunk_prefix = keys.chunks + token.hex() + ":"
+        chunk_prefix = keys.chunks + hexed + ":"
         extra = [count, leaves, base]
         table = self._known_table(name)
         # Keys under this fresh token are this push's alone, until the publish script
@@ -337,12 +338,12 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         def publish_after_chunks() -> bytes:
             nonlocal ours
             ours = False
-            table.doubt(token.hex())
+            table.doubt(hexed)
             return wire.command("EVALSHA", PUBLISH.sha, *self._publish_arguments(
-                keys, table, token.hex(), layout, chunks, recycle, extra))
+                keys, table, hexed, layout, chunks, recycle, extra))
 
         try:
-            recycled = recycle and self._claim(keys, table, layout, token.hex()) == chunks
+            recycled = recycle and self._claim(keys, table, layout, hexed) == chunks
             # Fresh chunks are followed by their publish script before their replies
             # are read: one round trip for a small push. The script finds a refused
             # SET's chunk missing. Not so a refused SETRANGE, which leaves the spare's
@@ -358,9 +359,9 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
                     if sent.error is not None:
                         raise sent.error
                     ours = False
-                    table.doubt(token.hex())
+                    table.doubt(hexed)
                     answer = self._publish(
-                        keys, table, token.hex(), layout, chunks, recycle, extra)
+                        keys, table, hexed, layout, chunks, recycle, extra)
                 elif isinstance(answer, rx.NoScriptError):  # the script did not run
                     ours, answer = True, None
                     continue
@@ -373,7 +374,7 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
                 reply, rest = PUBLISH.answer(answer)
                 if reply is Published.PUBLISHED:
                     version, epoch = int(rest[0]), text(rest[1])
-                    return self._published(name, table, version, epoch, token.hex())
+                    return self._published(name, table, version, epoch, hexed)
                 ours = True  # refused before it touched anything: nothing published
                 if sent.error is not None:
                     raise sent.error  # why its chunk was missing
@@ -418,7 +419,7 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         return [
             2, keys.head, keys.events,
             table.epoch, token, layout, chunks, self.keep, keys.chunks, table.published,
-            secrets.token_hex(8), STREAM_LENGTH, wire.HEADER.size, "1" if recycle else "0",
+            fresh_token().hex(), STREAM_LENGTH, wire.HEADER.size, "1" if recycle else "0",
             table.vouched(), *extra,
         ]
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import os
+import random
 from dataclasses import dataclass
 from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Type
 from urllib.parse import quote
@@ -51,6 +53,21 @@ def keys_of(key_base: str, name: str, namespace: Optional[str] = None) -> Keys:
     return Keys(table + ":head", table + ":events", table + ":d:")
 
 
+# A generator of this module's own, seeded from the OS, and again in a forked child: not
+# random's global one, which a program may seed with a constant, making two writers draw
+# the same tokens. Unique, not secret (tokens are in key names): unlike secrets', no
+# system call per push.
+_TOKENS = random.Random()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_TOKENS.seed)
+
+
+def fresh_token() -> bytes:
+    """8 random bytes: a push's token (its chunks' keys, their headers) or, as hex, an
+    epoch."""
+    return _TOKENS.getrandbits(64).to_bytes(8, "little")
+
+
 def key_base_of(prefix: str, namespace: str) -> str:
     """``P`` of the package's docstring: every key of a namespace starts with it."""
     return f"{prefix}:{quote(namespace, safe='')}:"
@@ -76,7 +93,7 @@ def text(value: Any) -> Any:
 
 
 def is_epoch(epoch: Optional[str]) -> bool:
-    """Whether ``epoch`` is one varsync writes (``secrets.token_hex(8)``)."""
+    """Whether ``epoch`` is one varsync writes (``fresh_token().hex()``)."""
     return epoch is not None and len(epoch) == 16 and all(c in "0123456789abcdef" for c in epoch)
 
 

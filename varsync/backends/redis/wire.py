@@ -55,8 +55,15 @@ def checksum(parts: Sequence[memoryview]) -> int:
 
 
 def byte_views(arrays: Sequence[np.ndarray]) -> List[memoryview]:
-    """Each (C-contiguous) array's memory as a flat view of unsigned bytes, no copy."""
-    return [np.ascontiguousarray(a).reshape(-1).view(np.uint8).data for a in arrays]
+    """Each array's memory as a flat view of unsigned bytes: no copy of a C-contiguous
+    one (another is copied first)."""
+    views = []
+    for array in arrays:
+        try:  # a C-contiguous array of a dtype the buffer protocol knows: 4x as quick
+            views.append(memoryview(array).cast("B"))
+        except (TypeError, ValueError, BufferError):  # ml_dtypes' types; not contiguous
+            views.append(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)
+    return views
 
 
 def chunk_parts(views: Sequence[memoryview], chunk: int) -> Iterator[List[memoryview]]:
@@ -390,12 +397,19 @@ class Wire:
                 done += take
 
     def exactly(self, size: int) -> bytes:
+        start = self.start
+        if self.end - start >= size:  # received already: the common case of small replies
+            self.start = start + size
+            return bytes(self.view[start : start + size])
         out = bytearray(size)
         self.readinto(memoryview(out))
         return bytes(out)
 
     def end_of_bulk(self) -> None:
-        if self.exactly(2) != b"\r\n":
+        start = self.start
+        if self.end - start >= 2 and self.buffer[start] == 13 and self.buffer[start + 1] == 10:
+            self.start = start + 2
+        elif self.exactly(2) != b"\r\n":
             raise rx.InvalidResponse("a bulk reply did not end with CRLF")
 
     def bulk_length(self) -> Optional[int]:
@@ -410,19 +424,21 @@ class Wire:
         """The next reply, whatever its kind: an error reply as its exception (not
         raised), a status as text, an integer, bytes or ``None``, an array as a list."""
         line = self.line()
-        kind, rest = line[:1], line[1:]
-        if kind == b"+":
-            return rest.decode("utf-8", "replace")
-        if kind == b":":
-            return int(rest)
+        kind = line[:1]
         if kind == b"$":
-            if int(rest) < 0:
+            length = int(line[1:])
+            if length < 0:
                 return None
-            value = self.exactly(int(rest))
+            value = self.exactly(length)
             self.end_of_bulk()
             return value
+        if kind == b":":
+            return int(line[1:])
         if kind == b"*":
-            return None if int(rest) < 0 else [self.reply() for _ in range(int(rest))]
+            count = int(line[1:])
+            return None if count < 0 else [self.reply() for _ in range(count)]
+        if kind == b"+":
+            return line[1:].decode("utf-8", "replace")
         return reply_error(line)
 
     def status(self, kind: bytes = b"+") -> Optional[BaseException]:
