@@ -141,6 +141,9 @@ def flatten_values(signature: Any, values: Any) -> List[np.ndarray]:
 
     def leaf(spec: Spec, value: Any, path: nest_lib.Path) -> Any:
         if isinstance(value, np.ndarray):
+            if (type(value) is np.ndarray and value.dtype == spec.dtype
+                    and value.shape == spec.shape and value.flags.c_contiguous):
+                return value  # already qualifies: what _leaf_array returns, without its checks
             return _leaf_array(spec, value, path)
         adapter = adapters.adapter_for(value)
         bulk = getattr(adapter, "to_numpy_all", None)
