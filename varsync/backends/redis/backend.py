@@ -107,6 +107,7 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         self._cluster = self._topology.cluster
         self._local = threading.local()  # .client: the replica a read in this thread is on
         self._floors: Dict[str, Tuple[str, int]] = {}  # name -> (epoch, highest version seen)
+        self._table_keys: Dict[str, Keys] = {}
         self.pulls_restarted = 0  # pulls that found their version retired mid-read
         self.reads_on_primary = 0  # reads a replica could not vouch for, asked of the primary
         try:
@@ -138,7 +139,11 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
                 raise
 
     def _keys(self, name: str) -> Keys:
-        return keys_of(self.key_base, name, None if self._cluster is None else self.namespace)
+        keys = self._table_keys.get(name)
+        if keys is None:  # every request asks: worked out (percent-encoding) once a table
+            keys = keys_of(self.key_base, name, None if self._cluster is None else self.namespace)
+            self._table_keys[name] = keys
+        return keys
 
     def _where(self, name: str) -> str:
         return f"table {name!r} at {self.address}"
