@@ -171,16 +171,19 @@ def test_a_pull_whose_version_is_retired_mid_read_starts_again_from_the_head(
     redis_namespace: Any,
 ) -> None:
     url = redis_namespace(chunk_size=4096, keep=0)
+    # Three chunks: a version of one small chunk comes with its head (the peek script),
+    # read in the same atomic step, so no push can retire it between the two.
+    three_chunks = {"w": varsync.Spec((3000,), "float32")}
     with varsync.connect(url) as writer, varsync.connect(url) as reader:
-        writer.create_table("variables", SMALL)
-        writer.push(filled(SMALL, 1))
+        writer.create_table("variables", three_chunks)
+        writer.push(filled(three_chunks, 1))
         backend = reader.backend
         fetch = backend._fetch
         retire = [2, 3]  # pushed between the reader's head read and its chunk reads
 
         def fetch_after_newer_pushes(*args: Any) -> Any:
             while retire:
-                writer.push(filled(SMALL, retire.pop(0)))
+                writer.push(filled(three_chunks, retire.pop(0)))
             return fetch(*args)
 
         backend._fetch = fetch_after_newer_pushes
@@ -197,6 +200,7 @@ def test_pull_if_newer_when_nothing_changed_is_one_small_request(server: Any) ->
     with varsync.connect(server.url) as store, server.client() as admin:
         store.create_table("variables", values)
         version = store.push(values)
+        assert store.pull_if_newer(version) is None  # the server has the peek script now
         before = command_calls(admin)
         for _ in range(10):
             assert store.pull_if_newer(version) is None
@@ -204,7 +208,9 @@ def test_pull_if_newer_when_nothing_changed_is_one_small_request(server: Any) ->
         after = command_calls(admin)
     changed = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
     changed.pop("info", None)
-    assert changed == {"hmget": 20}
+    # Each pull_if_newer: the peek script, whose one HMGET finds nothing newer (no GET);
+    # each version: one HMGET.
+    assert changed == {"evalsha": 10, "hmget": 20}
 
 
 def test_wait_for_blocks_on_the_server_and_wakes_on_a_push(server: Any) -> None:
@@ -521,6 +527,42 @@ def test_a_chunk_replaced_by_foreign_bytes_is_corrupt_data(pushed: Any, size: st
     admin.set(chunk, b"x" * length)
     with pytest.raises(varsync.CorruptDataError):
         store.pull()
+
+
+@pytest.mark.parametrize("change", ["in place", "short", "foreign"])
+def test_a_small_version_read_with_its_head_is_checked_as_any_chunk(
+    server: Any, change: str
+) -> None:
+    # One chunk of at most PEEK_BYTES comes back with the head (the peek script): the
+    # same checks of its length, header and checksum as a chunk read on its own.
+    with varsync.connect(server.url + "?namespace=p") as store, server.client() as admin:
+        store.create_table("variables", SMALL)
+        store.push(filled(SMALL, 1))
+        assert check_consistent(store.pull()) == 1
+        (chunk,) = keys_of(server, "varsync:p:variables:d:*")
+        if change == "in place":
+            admin.setrange(chunk, 30, b"\x7f\x7f\x7f\x7f")
+        else:
+            admin.set(chunk, b"x" * (5 if change == "short" else admin.strlen(chunk)))
+        with pytest.raises(varsync.CorruptDataError, match="checksum" if change == "in place" else ""):
+            store.pull()
+
+
+def test_a_small_pull_is_one_round_trip(server: Any) -> None:
+    with varsync.connect(server.url) as writer, varsync.connect(server.url) as reader, \
+            server.client() as admin:
+        writer.create_table("variables", SMALL)
+        writer.push(filled(SMALL, 1))
+        assert reader.pull_if_newer(0)[0] == 1  # the server has the peek script now
+        writer.push(filled(SMALL, 2))
+        before = command_calls(admin)
+        version, values = reader.pull_if_newer(1)
+        after = command_calls(admin)
+    assert (version, check_consistent(values)) == (2, 2)
+    ran = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    # one request: the script, which reads the head and the version's one chunk
+    assert {k: n for k, n in ran.items() if n and k != "info"} == {
+        "evalsha": 1, "hmget": 1, "get": 1}
 
 
 def test_a_chunk_deleted_under_the_current_version_is_corrupt_data_not_a_hang(pushed: Any) -> None:

@@ -4,6 +4,7 @@ scripts (:mod:`.protocol`) and chunks (:mod:`.wire`); see the package's docstrin
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import threading
@@ -32,6 +33,8 @@ from varsync.backends.redis.protocol import (
     CLAIM,
     CREATE,
     FORMAT,
+    PEEK,
+    PEEK_BYTES,
     PENDING_TTL_MS,
     PUBLISH,
     STREAM_LENGTH,
@@ -108,6 +111,7 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         self._local = threading.local()  # .client: the replica a read in this thread is on
         self._floors: Dict[str, Tuple[str, int]] = {}  # name -> (epoch, highest version seen)
         self._table_keys: Dict[str, Keys] = {}
+        self._peeks = True  # pulls ask PEEK first (see _peek)
         self.pulls_restarted = 0  # pulls that found their version retired mid-read
         self.reads_on_primary = 0  # reads a replica could not vouch for, asked of the primary
         try:
@@ -266,6 +270,29 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         if head is None:
             self._vouch(name, head, 0)  # on a replica, the primary says whether it vanished
         return head
+
+    def _peek(self, name: str, newer_than: int, deadline: float) -> Optional[Head]:
+        """:meth:`_head` with ``data`` and ``layout``, as a pull looks first, and with the
+        version's one chunk (``chunk``) if it is newer than ``newer_than`` and small
+        (:data:`PEEK`): one round trip for a small pull. A user the server does not let
+        run scripts (an ACL without ``EVAL``/``EVALSHA``) gets :meth:`_head`, from then on."""
+        if not self._peeks:
+            return self._head(name, "data", "layout", deadline=deadline)
+        keys = self._keys(name)
+        try:
+            raw = self._read_client().script(
+                PEEK, [keys.head], [newer_than, keys.chunks, PEEK_BYTES], deadline=deadline)
+        except rx.NoPermissionError as exc:
+            log.info("pulls from %s take two round trips: %s", self.address, exc)
+            self._peeks = False
+            return self._head(name, "data", "layout", deadline=deadline)
+        _, fields = PEEK.answer(raw)
+        head = parse_head(self._where(name), keys.head, fields[:5], ("data", "layout"))
+        if head is None:
+            self._vouch(name, head, 0)  # on a replica, the primary says whether it vanished
+            return None
+        chunk = fields[5]
+        return head if chunk is None else dataclasses.replace(head, chunk=chunk)
 
     def version(self, name: str) -> int:
         def look() -> Optional[Head]:

@@ -85,6 +85,7 @@ class Head:
     fmt: str = FORMAT
     leaves: Optional[str] = None  # format 2: the leaf map, see :mod:`.leaves`
     segments: Optional[str] = None  # the live segments, see :mod:`.leaves`
+    chunk: Optional[bytes] = None  # the one chunk of a small version, read with it (PEEK)
 
 
 def text(value: Any) -> Any:
@@ -166,6 +167,10 @@ class Published(Reply):
     MALFORMED_HEAD = "malformed-head"  # the head field that is malformed
     BASE_MOVED = "base-moved"  # version: leaves written on another base: nothing published
     NO_BASE = "no-base"  # why: no version of this history to compose leaves on: nothing
+
+
+class Peeked(Reply):
+    HEAD = "head"  # fmt, epoch, version, data, layout, and the chunk (PEEK) or nil
 
 
 class Claimed(Reply):
@@ -451,3 +456,23 @@ for i = 0, count - 1 do
 end
 return {CLAIMED, count}
 """, Claimed)
+
+#: The most bytes a version may hold for PEEK to return it with its head.
+PEEK_BYTES = 256 << 10
+
+PEEK = Script.of("peek", """
+-- KEYS: head. ARGV: the version the reader holds (0: none), chunk key prefix, most bytes.
+-- Reads only. The head's fields a pull reads first and, when the version is newer than
+-- the reader's and its value one whole chunk of at most that many bytes, that chunk: read
+-- in the same atomic step as the head, so a small pull takes one round trip, not two.
+local h = redis.call('HMGET', KEYS[1], 'fmt', 'epoch', 'version', 'data', 'layout')
+local chunk = false
+local version = tonumber(h[3] or '')
+if h[1] == '1' and h[4] and version and version > tonumber(ARGV[1]) then
+  local total, chunks = string.match(h[5] or '', '^(%d+):%d+:(%d+)$')
+  if chunks == '1' and tonumber(total) <= tonumber(ARGV[3]) then
+    chunk = redis.call('GET', ARGV[2] .. h[4] .. ':0')
+  end
+end
+return {HEAD, h[1], h[2], h[3], h[4], h[5], chunk}
+""", Peeked)

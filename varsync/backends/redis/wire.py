@@ -60,7 +60,7 @@ def byte_views(arrays: Sequence[np.ndarray]) -> List[memoryview]:
     views = []
     for array in arrays:
         try:  # a C-contiguous array of a dtype the buffer protocol knows: 4x as quick
-            views.append(memoryview(array).cast("B"))
+            views.append(array.data.cast("B"))
         except (TypeError, ValueError, BufferError):  # ml_dtypes' types; not contiguous
             views.append(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)
     return views
@@ -265,20 +265,49 @@ def _take(
 ) -> int:
     """A chunk's bulk reply of ``length`` bytes, its header checked, into ``parts``;
     the checksum its header gives."""
-    nbytes = sum(len(p) for p in parts)
-    chunk = f"{where} chunk {index}"
-    if length != nbytes + HEADER.size:
-        raise CorruptDataError(f"{chunk} holds {length} bytes; expected {nbytes + HEADER.size}")
-    header = HEADER.unpack(wire.exactly(HEADER.size))
-    if header[:4] != (MAGIC, token, index, nbytes):
-        raise CorruptDataError(
-            f"{chunk} is not the chunk the head names (foreign or stale data)"
-        )
+    nbytes = _length_checked(length, index, parts, where)
+    crc = _header_checked(wire.exactly(HEADER.size), index, nbytes, token, where)
     for part in parts:
         wire.readinto(part)
     wire.end_of_bulk()
-    crc: int = header[4]
     return crc
+
+
+def _length_checked(length: int, index: int, parts: List[memoryview], where: str) -> int:
+    """The payload bytes of chunk ``index``, once its ``length`` stored bytes fit ``parts``."""
+    nbytes = sum(len(p) for p in parts)
+    if length != nbytes + HEADER.size:
+        raise CorruptDataError(
+            f"{where} chunk {index} holds {length} bytes; expected {nbytes + HEADER.size}")
+    return nbytes
+
+
+def _header_checked(header: bytes, index: int, nbytes: int, token: bytes, where: str) -> int:
+    """The checksum a chunk's header gives, once it says chunk ``index`` of ``token``,
+    of ``nbytes`` payload bytes."""
+    fields = HEADER.unpack(header)
+    if fields[:4] != (MAGIC, token, index, nbytes):
+        raise CorruptDataError(
+            f"{where} chunk {index} is not the chunk the head names (foreign or stale data)"
+        )
+    crc: int = fields[4]
+    return crc
+
+
+def unpack_chunk(
+    stored: bytes, token: bytes, arrays: List[np.ndarray], where: str
+) -> List[np.ndarray]:
+    """A version of one chunk, read already (its bytes ``stored``, see the peek script),
+    into ``arrays``, checked as :func:`receive_chunks` checks each chunk it receives."""
+    views = byte_views(arrays)
+    nbytes = _length_checked(len(stored), 0, views, where)
+    crc = _header_checked(stored[: HEADER.size], 0, nbytes, token, where)
+    source, at = memoryview(stored), HEADER.size
+    for view in views:
+        view[:] = source[at : at + len(view)]
+        at += len(view)
+    _check(views, crc, where, 0)
+    return arrays
 
 
 def _check(parts: List[memoryview], crc: int, where: str, index: int) -> None:
