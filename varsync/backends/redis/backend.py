@@ -263,36 +263,39 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
 
     def _head(self, name: str, *fields: str, deadline: float = math.inf) -> Optional[Head]:
         """The table's head (one small request), or ``None`` if its keys vanished."""
-        key = self._keys(name).head
-        raw = self._read_client().call("HMGET", key, "fmt", "epoch", "version", *fields,
-                                       deadline=deadline)
-        head = parse_head(self._where(name), key, raw, fields)
-        if head is None:
-            self._vouch(name, head, 0)  # on a replica, the primary says whether it vanished
-        return head
+        raw = self._read_client().call("HMGET", self._keys(name).head, "fmt", "epoch",
+                                       "version", *fields, deadline=deadline)
+        return self._parsed_head(name, raw, fields)
 
     def _peek(self, name: str, newer_than: int, deadline: float) -> Optional[Head]:
         """:meth:`_head` with ``data`` and ``layout``, as a pull looks first, and with the
         version's one chunk (``chunk``) if it is newer than ``newer_than`` and small
         (:data:`PEEK`): one round trip for a small pull. A user the server does not let
         run scripts (an ACL without ``EVAL``/``EVALSHA``) gets :meth:`_head`, from then on."""
-        if not self._peeks:
-            return self._head(name, "data", "layout", deadline=deadline)
-        keys = self._keys(name)
-        try:
-            raw = self._read_client().script(
-                PEEK, [keys.head], [newer_than, keys.chunks, PEEK_BYTES], deadline=deadline)
-        except rx.NoPermissionError as exc:
-            log.info("pulls from %s take two round trips: %s", self.address, exc)
-            self._peeks = False
-            return self._head(name, "data", "layout", deadline=deadline)
-        _, fields = PEEK.answer(raw)
-        head = parse_head(self._where(name), keys.head, fields[:5], ("data", "layout"))
+        if self._peeks:
+            keys = self._keys(name)
+            try:
+                raw = self._read_client().script(
+                    PEEK, [keys.head], [newer_than, keys.chunks, PEEK_BYTES], deadline=deadline)
+            except rx.NoPermissionError as exc:
+                log.info("pulls from %s take two round trips: %s", self.address, exc)
+                self._peeks = False
+            else:
+                _, fields = PEEK.answer(raw)
+                return self._parsed_head(name, fields[:5], ("data", "layout"), fields[5])
+        return self._head(name, "data", "layout", deadline=deadline)
+
+    def _parsed_head(
+        self, name: str, raw: Sequence[Any], fields: Sequence[str], chunk: Optional[bytes] = None
+    ) -> Optional[Head]:
+        """The head from the values read of ``fmt``, ``epoch``, ``version`` and ``fields``
+        (with the ``chunk`` read beside them, if any), or ``None`` if its keys vanished."""
+        head = parse_head(self._where(name), self._keys(name).head, raw, fields)
         if head is None:
             self._vouch(name, head, 0)  # on a replica, the primary says whether it vanished
-            return None
-        chunk = fields[5]
-        return head if chunk is None else dataclasses.replace(head, chunk=chunk)
+        elif chunk is not None:
+            head = dataclasses.replace(head, chunk=chunk)
+        return head
 
     def version(self, name: str) -> int:
         def look() -> Optional[Head]:
