@@ -201,6 +201,34 @@ def test_pulls_follow_ask_mid_migration_and_pushes_wait_for_it_to_end(
         assert list(_keys_of_table(shared_redis_cluster, head)) == [target.port]
 
 
+def test_a_small_pull_whose_chunk_left_mid_migration_follows_it(
+    shared_redis_cluster: LocalCluster,  # noqa: F811
+) -> None:
+    """A version of one chunk comes with its head (the peek script) unless the chunk has
+    left for the slot's target node: a script may not read it there, so the pull reads
+    the head and then the chunk after ASK, at once, not once the migration has ended."""
+    url = shared_redis_cluster.url(namespace=_namespace())
+    with varsync.connect(url, timeout=20) as writer, varsync.connect(url, timeout=5) as reader:
+        writer.create_table("variables", SIGNATURE)  # 17 KB: one chunk
+        writer.push(filled(SIGNATURE, 1))
+        head = writer.backend._keys("variables").head
+        source = shared_redis_cluster.owner_of(head)
+        target = next(n for n in shared_redis_cluster.nodes if n is not source)
+        migration = shared_redis_cluster.begin_migration(slot_of(head), target)
+        try:
+            with source.client() as admin:
+                keys = [k.decode() for k in admin.execute_command(
+                    "CLUSTER", "GETKEYSINSLOT", slot_of(head), 100)]
+                (chunk,) = [k for k in keys if ":d:" in k]
+                admin.migrate("127.0.0.1", target.port, chunk, 0, 5000)
+            before = reader.backend._client.redirections
+            assert check_consistent(reader.pull()) == 1  # within its 5 s timeout
+            assert reader.backend._client.redirections > before  # ASK followed
+        finally:
+            migration.finish()
+        assert check_consistent(reader.pull()) == 1
+
+
 @pytest.mark.parametrize("signature, chunk_size", [
     ({"w": np.zeros((128, 128), np.float32), "b": np.zeros(1000, np.int32)}, 4096),
     # 5 MB: pushes claim the spare version's chunks and overwrite them in place

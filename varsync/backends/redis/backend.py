@@ -25,7 +25,7 @@ from varsync.backend import (
 )
 from varsync.backends.redis import leaves as leaf_map
 from varsync.backends.redis import wire
-from varsync.backends.redis.cluster import in_motion
+from varsync.backends.redis.cluster import SlotInMotion, in_motion
 from varsync.backends.redis.errors import OutOfTime, translated
 from varsync.backends.redis.options import parse_settings
 from varsync.backends.redis.pool import MOVED_ROLE
@@ -271,7 +271,9 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         """:meth:`_head` with ``data`` and ``layout``, as a pull looks first, and with the
         version's one chunk (``chunk``) if it is newer than ``newer_than`` and small
         (:data:`PEEK`): one round trip for a small pull. A user the server does not let
-        run scripts (an ACL without ``EVAL``/``EVALSHA``) gets :meth:`_head`, from then on."""
+        run scripts (an ACL without ``EVAL``/``EVALSHA``) gets :meth:`_head`, from then on;
+        so does a pull whose chunk has left for another node of a Redis Cluster (a script
+        may not follow it there, a GET may)."""
         if self._peeks:
             keys = self._keys(name)
             try:
@@ -280,6 +282,8 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
             except rx.NoPermissionError as exc:
                 log.info("pulls from %s take two round trips: %s", self.address, exc)
                 self._peeks = False
+            except SlotInMotion:
+                pass  # its chunk gone to another node (resharding): asked apart, after ASK
             else:
                 _, fields = PEEK.answer(raw)
                 return self._parsed_head(name, fields[:5], ("data", "layout"), fields[5])
