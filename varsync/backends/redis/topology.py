@@ -252,7 +252,8 @@ class RoutedReads:
         replica's past (mid-sync, or emptied by a full resync); it is refused unless the
         caller holds that seen version already (``held``): to one holding less, a version
         newer than its own would go back, and one no newer would hide a version this
-        backend knows of."""
+        backend knows of. A version below ``held`` itself is refused too: the core would
+        take it for a history that went back."""
         if self._read_client() is self._client:
             return
         if head is None:
@@ -263,6 +264,8 @@ class RoutedReads:
         floor = self._floors.get(name)
         if (floor is not None and floor[0] == head.epoch
                 and head.version < floor[1] and held < floor[1]):
+            raise _AskPrimary()
+        if head.version < held:
             raise _AskPrimary()
 
     def _saw(self: Any, name: str, epoch: str, version: int) -> None:
