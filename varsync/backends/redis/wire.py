@@ -435,10 +435,7 @@ class Wire:
         return bytes(out)
 
     def end_of_bulk(self) -> None:
-        start = self.start
-        if self.end - start >= 2 and self.buffer[start] == 13 and self.buffer[start + 1] == 10:
-            self.start = start + 2
-        elif self.exactly(2) != b"\r\n":
+        if self.exactly(2) != b"\r\n":
             raise rx.InvalidResponse("a bulk reply did not end with CRLF")
 
     def bulk_length(self) -> Optional[int]:
