@@ -565,6 +565,32 @@ def test_a_small_pull_is_one_round_trip(server: Any) -> None:
         "evalsha": 1, "hmget": 1, "get": 1}
 
 
+def test_a_small_push_is_answered_by_one_string_after_its_chunk(
+    server: Any, monkeypatch: Any
+) -> None:
+    # A small push sends its chunk's SET and the publish script together. Redis 6 writes
+    # a script's table reply with a write(2) of its own after the SET's +OK (a table's
+    # length is deferred); one string goes out with the +OK.
+    from varsync.backends.redis import wire
+
+    answers: List[Any] = []
+    read = wire.Wire.reply
+
+    def reply(self: Any) -> Any:
+        answers.append(read(self))
+        return answers[-1]
+
+    monkeypatch.setattr(wire.Wire, "reply", reply)
+    with varsync.connect(server.url + "?namespace=s") as store:
+        store.create_table("variables", SMALL)
+        assert store.push(filled(SMALL, 1)) == 1  # the server has the publish script now
+        answers.clear()
+        assert store.push(filled(SMALL, 2)) == 2
+        epoch = table_head(server, namespace="s")["epoch"]
+        assert answers == [f"published 2 {epoch}".encode()]
+        assert check_consistent(store.pull()) == 2
+
+
 def test_a_chunk_deleted_under_the_current_version_is_corrupt_data_not_a_hang(pushed: Any) -> None:
     store, admin, chunk = pushed
     admin.delete(chunk)

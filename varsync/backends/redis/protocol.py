@@ -196,8 +196,11 @@ class Script:
         return cls(name, text, hashlib.sha1(text.encode()).hexdigest(), replies)
 
     def answer(self, raw: Any) -> Tuple[Any, List[Any]]:
-        """The reply's name (a member of :attr:`replies`) and the rest of it."""
+        """The reply's name (a member of :attr:`replies`) and the rest of it: from a
+        table, or from one string of space-separated fields."""
         try:
+            if isinstance(raw, bytes):
+                raw = raw.split(b" ")
             return self.replies(text(raw[0])), list(raw[1:])
         except (TypeError, ValueError, IndexError, KeyError):
             raise rx.InvalidResponse(
@@ -414,7 +417,9 @@ redis.call('HSET', KEYS[1], 'epoch', epoch, 'version', now, 'data', ARGV[2], 'la
            'leaves', partial and (now .. '|' .. table.concat(map, ',')) or '',
            'segments', table.concat(alive, ','))
 for _, key in ipairs(doomed) do redis.call('UNLINK', key) end
-return {PUBLISHED, version, epoch}
+-- one string, not a table: Redis 6 writes a table's reply with a write(2) of its own after
+-- the reply to the push's chunk SET (its length is deferred), one string goes with it
+return PUBLISHED .. ' ' .. now .. ' ' .. epoch
 """, Published)
 
 CLAIM = Script.of("claim", """
