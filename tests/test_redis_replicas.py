@@ -18,6 +18,7 @@ import pytest
 
 import varsync
 from varsync.backend import check_consistent, filled
+from varsync.testing.faults import Proxy
 from varsync.testing import (
     ConcurrencyTests,
     ContractTests,
@@ -127,8 +128,13 @@ def test_a_lagging_replica_answers_nothing_newer_and_a_wait_wakes_only_once_it_h
         wait_linked(*group)
         held, values = reader.pull_if_newer(0)
         assert (held, check_consistent(values)) == (1, 1)
-        with replica.client() as admin:  # replication stops: the replica keeps serving v1
-            admin.execute_command("REPLICAOF", "127.0.0.1", str(_free_port()))
+        # Replication stops: the replica keeps serving v1, trying to reach a primary at a
+        # port where nothing listens yet. It resumes, without a REPLICAOF, once a proxy to
+        # the primary listens there: a REPLICAOF would also close the replica's blocked
+        # clients (the waiter's XREAD), whose reads then go to the primary by design.
+        gate = _free_port()
+        with replica.client() as admin:
+            admin.execute_command("REPLICAOF", "127.0.0.1", str(gate))
         assert writer.push(filled(SIGNATURE, 2)) == 2
         assert reader.pull_if_newer(held) is None
         assert reader.version() == 1
@@ -143,8 +149,8 @@ def test_a_lagging_replica_answers_nothing_newer_and_a_wait_wakes_only_once_it_h
         try:
             waiter.join(1.5)  # the primary has had version 2 all along
             assert waiter.is_alive() and head_version(replica, url["namespace"]) == 1
-            with replica.client() as admin:
-                admin.execute_command("REPLICAOF", "127.0.0.1", str(primary.port))
+            with Proxy("127.0.0.1", primary.port, listen_port=gate):
+                waiter.join(30)
         finally:
             waiter.join(30)
         assert woke["version"] >= 2 and woke["replica had"] >= 2

@@ -186,12 +186,14 @@ class Proxy:
     ``lose_replies`` closes both sides of a connection instead of forwarding a reply (the
     server did the work; the client never hears of it), ``delay_replies`` holds each reply
     back for a while (a slow or hung server, seen from the client). ``heal()`` ends both.
+    It listens on ``listen_port`` if given (a port a client was pointed at before anything
+    listened there), else on a free one.
     """
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, listen_port: int = 0) -> None:
         self.target: Tuple[str, int] = (host, port)
         self.lost = 0
-        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener = socket.create_server(("127.0.0.1", listen_port))
         self._listener.settimeout(0.2)  # accept() looks at _closed this often
         self.port: int = self._listener.getsockname()[1]
         self.host = "127.0.0.1"
