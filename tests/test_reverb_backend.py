@@ -438,13 +438,13 @@ def _counting_server_info(store, monkeypatch) -> list:
     """Record each server-info request the store's backend makes (the real requests)."""
     backend = store.backend
     calls: list = []
-    real = backend._server_info
+    real = backend._info_blobs  # where every server-info request is made
 
     def counted(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(backend, "_server_info", counted)
+    monkeypatch.setattr(backend, "_info_blobs", counted)
     return calls
 
 

@@ -20,9 +20,11 @@ except ImportError as exc:  # pragma: no cover - exercised where the extra is mi
     ) from exc
 
 from varsync.backend import BackendConnectionError, ErrorMap, translate_errors
+from varsync.errors import translated_error
 
 __all__ = [
     "reverb", "tf", "schema_pb2", "gen_reverb_ops", "nested_structure_coder", "translated",
+    "DRIVER_ERRORS", "translation",
 ]
 
 #: What Reverb's client (pybind: RuntimeError; ops: tf.errors.OpError) raises when the
@@ -34,7 +36,21 @@ _ERRORS: ErrorMap = {
 }
 
 
+#: What :func:`translated` turns into :class:`~varsync.BackendConnectionError`.
+DRIVER_ERRORS = tuple(_ERRORS)
+
+
 def translated(address: str, doing: str) -> ContextManager[None]:
     """Reverb's exceptions inside as :class:`~varsync.BackendConnectionError`, naming the
     server's ``address`` and what the client was ``doing``."""
-    return translate_errors(_ERRORS, f"Reverb server at {address} ({doing})")
+    return translate_errors(_ERRORS, _where(address, doing))
+
+
+def translation(address: str, doing: str, exc: BaseException) -> BaseException:
+    """What :func:`translated` raises for ``exc``, for a request made often enough that
+    its caller catches :data:`DRIVER_ERRORS` itself (see ``translated_error``)."""
+    return translated_error(_ERRORS, _where(address, doing), exc)
+
+
+def _where(address: str, doing: str) -> str:
+    return f"Reverb server at {address} ({doing})"
