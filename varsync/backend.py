@@ -56,6 +56,7 @@ from varsync.errors import (
     UnsupportedError,
     VarsyncError,
     translate_errors,
+    translated_error,
 )
 from varsync.history import Histories, reset_error
 from varsync.hookspecs import hookimpl
@@ -85,6 +86,7 @@ __all__ = [
     "TableConfigurationError", "TableResetError", "ConcurrentPushError", "ItemTooLargeError",
     "CorruptDataError", "PullTimeoutError", "BackendConnectionError", "AuthenticationError",
     "MissingDependencyError", "UnsupportedError", "ErrorMap", "translate_errors",
+    "translated_error",
     # time and waits
     "deadline_after", "remaining", "wait_for_change", "read_snapshot", "BLOCK_SLICE",
     "POLL_START", "POLL_MAX", "MAX_TIMEOUT",

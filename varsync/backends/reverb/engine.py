@@ -19,8 +19,7 @@ except ImportError as exc:  # pragma: no cover - exercised where the extra is mi
         'install them with: pip install "varsync[reverb]" (Linux x86-64, Python 3.9-3.11)'
     ) from exc
 
-from varsync.backend import BackendConnectionError, ErrorMap, translate_errors
-from varsync.errors import translated_error
+from varsync.backend import BackendConnectionError, ErrorMap, translate_errors, translated_error
 
 __all__ = [
     "reverb", "tf", "schema_pb2", "gen_reverb_ops", "nested_structure_coder", "translated",
