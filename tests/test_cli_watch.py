@@ -2,6 +2,7 @@
 view in a real terminal (tmux, on a private socket) while a writer pushes."""
 
 import contextlib
+import json
 import os
 import queue
 import re
@@ -134,6 +135,92 @@ def test_the_push_rate_is_versions_per_second_over_the_window_and_a_reset_is_nam
     watcher._last["variables"] = (99, watcher._last["variables"][1] - 1.0)  # as if it was 99
     view = watcher.look()[0]
     assert view.reset and view.rate is None
+
+
+# -- strings from the store ------------------------------------------------------------
+
+MARKUP = ["[/]", "[bold]x[/bold]"]
+#: clears the screen, sets the window title (ESC ] ... BEL), returns the carriage, and
+#: starts a CSI in its one-byte C1 form
+HOSTILE = "evil\x1b[2J\x1b]0;pwned\x07\r\x9bend"
+#: any C0 control but the newline, DEL, or C1 control
+RAW_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+def report(store, table, reader, host="node-1", version=3):
+    """Put ``reader``'s entry for ``table`` in the store's reader registry as any client
+    that can write there could (another varsync, or a hostile one): straight through the
+    backend, whatever ``report_as`` would accept."""
+    if not store.backend.supports_reader_registry:
+        pytest.skip(f"{type(store.backend).__name__} keeps no reader registry")
+    now = time.time()
+    record = json.dumps({"host": host, "pid": 1, "version": version, "at": now,
+                         "reported": now, "expires": now + 60})
+    store.backend.report_reader(table, reader, record, 60)
+
+
+def reader_rows(out):
+    """The (table, reader, host) cells of each line of the readers' table."""
+    rows = set()
+    for line in out.splitlines():
+        cells = [c.strip() for c in re.split(r"[│|]", line)]
+        if len(cells) == 6:
+            rows.add(tuple(cells[:3]))
+    return rows
+
+
+def test_markup_in_table_names_reader_ids_and_hosts_is_shown_literally(run, store):
+    for name in MARKUP:
+        store.create_table(name, {"mean": varsync.Spec((3,), "float64")})
+        for reader in MARKUP:
+            report(store, name, reader, host="[red]node[/red]", version=0)
+    tables = [arg for name in MARKUP for arg in ("--table", name)]
+    code, out, err = run("watch", store.backend.url, "--once", "--interval", "0.05", *tables)
+    assert (code, err) == (0, "")
+    for name in MARKUP:
+        assert row(out, name) == [name, "empty", "0.0", "1", "24 B", "2", "0"]
+    assert reader_rows(out) == {(name, reader, "[red]node[/red]")
+                                for name in MARKUP for reader in MARKUP}
+
+
+def test_control_characters_in_reader_ids_and_hosts_are_shown_escaped_never_sent_raw(
+    run, store,
+):
+    report(store, "variables", HOSTILE, host="node\x1b]0;host\x07\u202e")
+    code, out, err = run("watch", store.backend.url, "--once", "--interval", "0.05")
+    assert (code, err) == (0, "")
+    assert RAW_CONTROL.search(out) is None and "\u202e" not in out, ascii(out)
+    assert reader_rows(out) == {
+        ("variables", r"evil\x1b[2J\x1b]0;pwned\x07\r\x9bend", r"node\x1b]0;host\x07\u202e")
+    }
+
+
+def test_a_piped_live_watch_shows_stored_strings_as_escaped_text_too(redis_namespace):
+    url = redis_namespace()
+    with varsync.connect(url) as writer:
+        writer.create_table("[/]", SIGNATURE)
+        writer.push(values(1), "[/]")
+        report(writer, "[/]", HOSTILE)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "varsync.cli", "watch", url, "--interval", "0.1"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, encoding="utf-8",
+            env={**os.environ, "PYTHONIOENCODING": "utf-8"},
+        )
+        try:
+            lines = lines_of(process)
+            line = next_line_with(lines, "pwned")
+            assert RAW_CONTROL.search(line) is None, ascii(line)
+            assert reader_rows(line) == {("[/]", r"evil\x1b[2J\x1b]0;pwned\x07\r\x9bend",
+                                          "node-1")}
+            process.send_signal(signal.SIGINT)
+            process.wait(timeout=30)
+            err = process.stderr.read()
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert process.returncode == 0, err
+    assert "Traceback" not in err
 
 
 # -- errors -----------------------------------------------------------------------------

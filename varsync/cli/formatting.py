@@ -40,6 +40,16 @@ def human_size(nbytes: int) -> str:
     raise AssertionError("unreachable")
 
 
+def printable(text: str) -> str:
+    """``text`` with each character a terminal would act on or hide written as its Python
+    escape (ESC as the four characters ``\\x1b``): C0 and C1 controls, DEL, line
+    separators, bidi overrides, zero-width and other format characters. For strings read
+    from a store, which anyone who can write there chose."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def count(n: int, one: str, many: str) -> str:
     """``count(1, "leaf", "leaves")`` -> ``"1 leaf"``."""
     return f"{n} {one if n == 1 else many}"

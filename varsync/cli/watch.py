@@ -4,6 +4,9 @@ Per table: its version, the push rate over the last refresh window (versions per
 from two ``version`` calls an interval apart), its leaves and size, and the readers that
 report what they hold (``container.readers``) with their lag, the table's version minus
 theirs. ``rich`` (extra ``varsync[watch]``) is imported only when the command runs.
+Strings read from the store (table names, reader ids, hosts) and error messages are shown
+as text, never as rich markup, with control characters escaped (:func:`printable`): a
+writer to the store must not be able to crash the view or drive the operator's terminal.
 Ctrl-C ends it with status 0, the terminal restored.
 """
 
@@ -13,14 +16,17 @@ import argparse
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
 import varsync
 from varsync import nest as nest_lib
-from varsync.cli.formatting import human_size
+from varsync.cli.formatting import human_size, printable
 from varsync.cli.usage import PROG, UsageError
 from varsync.config import redact
 from varsync.errors import MissingDependencyError, UnsupportedError
+
+if TYPE_CHECKING:
+    from rich.text import Text
 
 #: Readers listed per table; the rest are counted.
 MAX_READERS_SHOWN = 10
@@ -123,11 +129,11 @@ def render(url: str, backend: str, views: List[TableView], interval: float,
 
     clock = time.strftime("%H:%M:%S")
     hint = f"every {interval:g} s, Ctrl-C to quit" if live else f"over {interval:g} s"
-    heading = Text(f"{url}  ({backend}, {len(views)} table{'s' if len(views) != 1 else ''})"
-                   f"  {clock}, {hint}", style="bold")
+    how_many = f"{len(views)} table{'s' if len(views) != 1 else ''}"
+    heading = Text(f"{printable(url)}  ({backend}, {how_many})  {clock}, {hint}", style="bold")
     parts: List[Any] = [heading]
     if problem:
-        parts.append(Text(f"last refresh failed: {problem}", style="red"))
+        parts.append(Text(f"last refresh failed: {printable(problem)}", style="red"))
     tables = Table(show_edge=False, pad_edge=False, header_style="bold")
     for column, justify in (("TABLE", "left"), ("VERSION", "right"), ("PUSHES/S", "right"),
                             ("LEAVES", "right"), ("SIZE", "right"), ("READERS", "right"),
@@ -146,21 +152,30 @@ def render(url: str, backend: str, views: List[TableView], interval: float,
             lags = [max(view.version - r.version, 0) for r in view.readers]
             count, worst = str(len(lags)), (str(max(lags)) if lags else "-")
         state = "empty" if view.version == 0 else str(view.version)
-        tables.add_row(view.name, state, _rate(view), str(view.leaves),
+        tables.add_row(_literal(view.name), state, _rate(view), str(view.leaves),
                        human_size(view.nbytes), count, worst)
         for reader in (view.readers or [])[:MAX_READERS_SHOWN]:
             any_readers = True
             since = max(now - float(getattr(reader, "at", now)), 0.0)
-            readers.add_row(view.name, str(reader.reader), str(getattr(reader, "host", "")),
+            readers.add_row(_literal(view.name), _literal(reader.reader),
+                            _literal(getattr(reader, "host", "")),
                             str(reader.version), str(max(view.version - reader.version, 0)),
                             f"{since:.0f} s")
         hidden = len(view.readers or []) - MAX_READERS_SHOWN
         if hidden > 0:
-            readers.add_row(view.name, f"... and {hidden} more", "", "", "", "")
+            readers.add_row(_literal(view.name), f"... and {hidden} more", "", "", "", "")
     parts.append(tables if views else Text("(no tables)"))
     if any_readers:
         parts += [Text(""), readers]
     return Group(*parts)
+
+
+def _literal(value: Any) -> Text:
+    """A string from the store as a table cell: its characters as they are (a ``str`` cell
+    would be parsed as markup, and ``"[/]"`` raise), controls escaped."""
+    from rich.text import Text
+
+    return Text(printable(str(value)))
 
 
 def _rate(view: TableView) -> str:
