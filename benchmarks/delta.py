@@ -16,6 +16,9 @@ and a reader container per backend in this process:
 - ``all_changed`` (16.4): the ``frozen90`` layout with every leaf changed before every
   push, pushed with skip_unchanged on and with ``skip_unchanged=False`` (the pre-delta
   path: a plain whole write) to two tables; and ``varsync.delta.changed_leaves`` alone.
+- ``push_leaves_paths`` (issue 36, memory:// only): ``push_leaves`` of 2,000 paths into a
+  table of 10,000 small leaves beside a whole push of the same table. Alone:
+  ``python -m benchmarks.delta [--leaves N] [--paths K] [--rounds R]``.
 
 Bytes moved per call: on redis://, the group's own server's ``INFO stats`` around it
 (:class:`ServerBytes`); on shm://, the backend's ``details()`` counters of the bytes its
@@ -62,16 +65,19 @@ class DeltaPlan:
     warm: int = 2
     rotating: bool = True  # also the one_of_50 stage with a different leaf each push
     detection_samples: int = 11
+    paths_table: int = 10_000  # push_leaves_paths: the table's leaves, float32 (4,) each
+    paths: int = 2_000  # push_leaves_paths: the paths each push_leaves gives
+    paths_rounds: int = 7
     seconds: float = 240
 
 
 def plan_for(smoke: bool, quick: bool) -> DeltaPlan:
     if smoke:
         return DeltaPlan(nbytes=1 * MB, rounds=2, push_rounds=2, warm=1, detection_samples=2,
-                         seconds=20)
+                         paths_table=1_000, paths=200, paths_rounds=2, seconds=20)
     if quick:
         return DeltaPlan(nbytes=10 * MB, rounds=3, push_rounds=3, warm=1, detection_samples=3,
-                         seconds=40)
+                         paths_rounds=3, seconds=40)
     return DeltaPlan()
 
 
@@ -296,6 +302,7 @@ def run(plan: DeltaPlan, out: Dict[str, Any], log: Callable[[str], None],
                   partial(PushStage, table="all_changed"), plan.push_rounds)
         del fifty
         detection(nest, live, plan, out, log)
+        push_leaves_paths(plan, out, log)
     finally:
         for side in sides:
             side.close()
@@ -562,3 +569,54 @@ def _log_stage(key: str, out: Dict[str, Any], log: Callable[[str], None]) -> Non
         log(f"     {backend:6} {op:26} {summary(r['seconds'])['median'] * 1e3:8.2f} ms, moved "
             f"{size_label(statistics.median(r['moved']))} = {ratio['median']:.2f}x the bytes "
             f"changed{times}")
+
+
+def push_leaves_paths(plan: DeltaPlan, out: Dict[str, Any], log: Callable[[str], None]) -> None:
+    """``push_leaves`` of ``plan.paths`` paths into a memory:// table of
+    ``plan.paths_table`` float32 leaves of shape (4,), beside a whole push of the same
+    table (skip_unchanged=False), the two in the same rounds, their order reversed every
+    other round (issue 36: the paths were looked up in O(paths x leaves))."""
+    import varsync
+
+    nest = {f"v{i:05d}": np.zeros(4, np.float32) for i in range(plan.paths_table)}
+    names = sorted(nest)[:: max(1, len(nest) // plan.paths)][: plan.paths]
+    samples: Dict[str, List[float]] = {"push_leaves": [], WHOLE_PUSH: []}
+    with varsync.connect(f"memory://bench-paths-{uuid.uuid4().hex[:6]}") as store:
+        store.create_table("paths", nest)
+        store.push(nest, "paths")
+        for number in range(plan.warm + plan.paths_rounds):
+            gc.collect()
+            change(nest, list(nest))
+            leaves = {(name,): nest[name] + 1 for name in names}
+            calls: List[Tuple[str, Callable[[], Any]]] = [
+                ("push_leaves", partial(store.push_leaves, leaves, "paths")),
+                (WHOLE_PUSH, partial(store.push, nest, "paths", skip_unchanged=False))]
+            for op, call in calls if number % 2 == 0 else calls[::-1]:
+                took, _ = clocked(call)
+                if number >= plan.warm:
+                    samples[op].append(took)
+    out["push_leaves_paths"] = {"leaves": len(nest), "paths": len(names), "leaf_bytes": 16,
+                                "seconds": samples}
+    log(f"   push_leaves_paths: {len(names)} paths into {len(nest)} leaves of 16 B, "
+        f"{len(samples['push_leaves'])} rounds")
+    for op, times in samples.items():
+        s = summary(times)
+        log(f"     {op:26} median {s['median'] * 1e3:8.2f} ms, IQR {s['q1'] * 1e3:.2f}-"
+            f"{s['q3'] * 1e3:.2f} ms, min-max {s['min'] * 1e3:.2f}-{s['max'] * 1e3:.2f} ms")
+    ratio = paired_ratio(samples["push_leaves"], samples[WHOLE_PUSH])
+    log(f"     push_leaves / whole push: median {ratio['median']:.2f}x "
+        f"(IQR {ratio['q1']:.2f}-{ratio['q3']:.2f}x)")
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.delta", description=(
+        "push_leaves of many paths beside a whole push, on memory:// (the delta group's "
+        "push_leaves_paths stage alone; the whole group runs in benchmarks.suite)"))
+    parser.add_argument("--leaves", type=int, default=DeltaPlan.paths_table)
+    parser.add_argument("--paths", type=int, default=DeltaPlan.paths)
+    parser.add_argument("--rounds", type=int, default=DeltaPlan.paths_rounds)
+    args = parser.parse_args()
+    push_leaves_paths(DeltaPlan(paths_table=args.leaves, paths=args.paths,
+                                paths_rounds=args.rounds), {}, print)

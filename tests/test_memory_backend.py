@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import varsync
+from varsync import nest as nest_lib
 from varsync.testing import ConformanceTests
 
 
@@ -55,3 +56,28 @@ def test_closed_container_refuses_calls_and_close_is_idempotent():
     store.close()
     with pytest.raises(varsync.ConfigurationError, match="closed"):
         store.push({"w": np.zeros(1)})
+
+
+def test_push_leaves_walks_the_signature_once_not_once_per_path(monkeypatch):
+    # issue 36: each path was found by listing the whole signature again, so k paths
+    # into n leaves cost O(n k); every walk of a nest lists its nodes' children
+    policy = {f"w{i:03d}": np.zeros(4, np.float32) for i in range(400)}
+    names = sorted(policy)[::2]
+    with varsync.connect(f"memory://{uuid.uuid4().hex}") as store:
+        store.create_table("variables", {"policy": policy, "step": np.zeros((), np.int64)})
+        store.push({"policy": policy, "step": np.zeros((), np.int64)})
+        listed = []
+        children = nest_lib.children
+
+        def counted(value):
+            found = children(value)
+            listed.append(len(found))
+            return found
+
+        monkeypatch.setattr(nest_lib, "children", counted)
+        assert store.push_leaves({("policy", n): np.ones(4, np.float32) for n in names}) == 2
+        monkeypatch.undo()
+        assert sum(listed) <= 2 * (len(policy) + 2), f"{sum(listed)} children listed"
+        pulled = store.pull()["policy"]
+    for name in policy:
+        np.testing.assert_array_equal(pulled[name], np.full(4, name in names, np.float32))

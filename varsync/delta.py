@@ -19,7 +19,8 @@ Three pieces, each the core's, none a backend's (``docs/delta.md``):
   :func:`push_changed` makes such a push, :func:`written_after` keeps the record after a
   ``push_leaves``.
 - :func:`leaf_indices`, :func:`given_leaves`: ``push_leaves``' paths to flat indices,
-  with the nearest valid paths in the error for one the signature does not have.
+  with the nearest valid paths in the error for one the signature does not have;
+  :class:`LeafPaths` walks the signature once for all of a push's paths.
 - :class:`Handed` and :class:`Assigned`: the versions a container handed out per table
   (a nest passed back as ``held=`` must be one of them), and the variables an
   ``update`` last assigned, by identity (weak references), with their version.
@@ -43,7 +44,7 @@ from varsync.signature import Spec
 
 __all__ = [
     "Written", "changed_leaves", "push_changed", "written_after", "given_leaves",
-    "nothing_to_keep", "leaf_indices", "Handed", "Assigned", "EXACT_BYTES",
+    "nothing_to_keep", "leaf_indices", "LeafPaths", "Handed", "Assigned", "EXACT_BYTES",
     "SAMPLE_POSITIONS", "HASH_CHANGED_SHARE",
 ]
 
@@ -174,15 +175,17 @@ def written_after(
 
 def given_leaves(signature: Any, leaves: Any) -> Dict[int, np.ndarray]:
     """``push_leaves``' ``{path: value}`` as flat index -> array, each value checked
-    against the specs its path names (a nest for an inner node)."""
+    against the specs its path names (a nest for an inner node). The signature is walked
+    once, not once per path (:class:`LeafPaths`)."""
     if not isinstance(leaves, Mapping) or not leaves:
         raise ConfigurationError(
             f"push_leaves takes a non-empty mapping of leaf paths to values, got "
             f"{leaves!r:.80}"
         )
+    paths = LeafPaths(signature)
     given: Dict[int, np.ndarray] = {}
     for path, value in leaves.items():
-        node, indices, walked = leaf_indices(signature, path)
+        node, indices, walked = paths.leaf_indices(path)
         try:
             arrays = sig.flatten_values(node, value)
         except sig.SignatureMismatchError as exc:
@@ -225,24 +228,82 @@ def leaf_indices(signature: Any, path: Any) -> Tuple[Any, List[int], nest_lib.Pa
     nest of them), the flat indices of its leaves (consecutive), and the path in the
     nest library's form. ``path``: a tuple of keys, indices and field names from the
     root (``("obs_norm", "mean")``, ``("policy", 0)``), or one key of the top level.
-    Raises :class:`LeafPathError` naming the nearest valid paths."""
-    wanted = path if isinstance(path, tuple) else (path,)
-    node, walked = signature, ()  # type: Tuple[Any, nest_lib.Path]
-    for step in wanted:
-        if not nest_lib.is_nested(node):
-            raise _no_such_path(signature, wanted)
-        for entry, child in nest_lib.children(node):
+    Raises :class:`LeafPathError` naming the nearest valid paths. For many paths into
+    one signature, build one :class:`LeafPaths`."""
+    return LeafPaths(signature).leaf_indices(path)
+
+
+class _Node:
+    """One node of a signature with the flat indices of its leaves (``start`` up to
+    ``stop``) and, for a nest, its children in flat order."""
+
+    __slots__ = ("value", "start", "stop", "children", "_lookup")
+
+    def __init__(
+        self, value: Any, start: int, stop: int,
+        children: Optional[List[Tuple[nest_lib.PathEntry, "_Node"]]],
+    ) -> None:
+        self.value, self.start, self.stop, self.children = value, start, stop, children
+        self._lookup: Optional[Dict[Tuple[bool, Any], int]] = None
+
+    def child(self, step: Any) -> Optional[Tuple[nest_lib.PathEntry, "_Node"]]:
+        """The first child ``step`` names (:func:`_matches`), or ``None``; by a dict
+        lookup where ``step`` hashes like the child's key, else by trying each child."""
+        children = self.children or []
+        if self._lookup is None:
+            self._lookup = {}
+            for number, (entry, _) in enumerate(children):
+                self._lookup.setdefault(_lookup_key(entry[1]), number)
+        try:
+            position = self._lookup.get(_lookup_key(step))
+        except Exception:  # an unhashable step, or one whose == raises: tried one by one
+            position = None
+        if position is not None and _matches(children[position][0], step):
+            return children[position]
+        for entry, node in children:
             if _matches(entry, step):
-                node, walked = child, walked + (entry,)
-                break
-        else:
-            raise _no_such_path(signature, wanted)
-    paths = [p for p, _ in nest_lib.flatten_with_paths(signature)]
-    depth = len(walked)
-    indices = [i for i, p in enumerate(paths) if p[:depth] == walked]
-    if not indices:  # an empty node: no leaf to push
-        raise _no_such_path(signature, wanted, empty=True)
-    return node, indices, walked
+                return entry, node
+        return None
+
+
+def _lookup_key(item: Any) -> Tuple[bool, Any]:
+    # True equals and hashes like 1, but _matches tells a bool from an int
+    return isinstance(item, bool), item
+
+
+class LeafPaths:
+    """A signature's nodes, walked once, for :meth:`leaf_indices` to look paths up in:
+    a ``push_leaves`` of k paths into n leaves costs O(n + k), not O(n k)."""
+
+    def __init__(self, signature: Any) -> None:
+        self.signature = signature
+        self._root = _walk(signature, 0)
+
+    def leaf_indices(self, path: Any) -> Tuple[Any, List[int], nest_lib.Path]:
+        """:func:`leaf_indices` of this signature."""
+        wanted = path if isinstance(path, tuple) else (path,)
+        node, walked = self._root, ()  # type: Tuple[_Node, nest_lib.Path]
+        for step in wanted:
+            found = None if node.children is None else node.child(step)
+            if found is None:
+                raise _no_such_path(self.signature, wanted)
+            walked, node = walked + (found[0],), found[1]
+        if node.start == node.stop:  # an empty node: no leaf to push
+            raise _no_such_path(self.signature, wanted, empty=True)
+        return node.value, list(range(node.start, node.stop)), walked
+
+
+def _walk(value: Any, start: int) -> _Node:
+    """``value``'s node, its first leaf at flat index ``start`` (``nest.flatten``'s order)."""
+    if not nest_lib.is_nested(value):
+        return _Node(value, start, start + 1, None)
+    children: List[Tuple[nest_lib.PathEntry, _Node]] = []
+    stop = start
+    for entry, child in nest_lib.children(value):
+        node = _walk(child, stop)
+        children.append((entry, node))
+        stop = node.stop
+    return _Node(value, start, stop, children)
 
 
 def _matches(entry: nest_lib.PathEntry, step: Any) -> bool:
