@@ -10,15 +10,17 @@ observation, so each collected batch shows which weights produced it.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import pathlib
 import pickle
 import re
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -30,6 +32,7 @@ pytest.importorskip(
 import torch  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 from tensordict.nn import TensorDictModule  # noqa: E402
+from torchrl._utils import logger as torchrl_logger  # noqa: E402
 from torchrl.collectors import Collector, MultiSyncCollector  # noqa: E402
 from torchrl.envs import PendulumEnv  # noqa: E402
 
@@ -301,3 +304,123 @@ def test_a_multiprocess_collector_follows_the_trainer(shared_url: str) -> None:
     finally:
         collector.shutdown()
         scheme.shutdown()
+
+
+# -- a new history: Redis restarted without persistence ------------------------------------
+
+
+class Records(logging.Handler):
+    """The messages TorchRL's logger (which does not propagate to the root) emits."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def torchrl_warnings() -> Iterator[list[str]]:
+    records = Records()
+    torchrl_logger.addHandler(records)
+    yield records.messages
+    torchrl_logger.removeHandler(records)
+
+
+# Versions the trainer publishes in the new history: below the 3 the actor held, equal to
+# it (same number, another value), and past it.
+NEW_HISTORY = pytest.mark.parametrize("pushes", [1, 3, 5], ids=["below", "same", "past"])
+
+
+@NEW_HISTORY
+def test_a_collector_follows_the_trainer_into_a_new_history_after_a_redis_restart(
+    redis_servers: Callable[..., Any], torchrl_warnings: list[str], pushes: int
+) -> None:
+    server = redis_servers()  # no persistence: a restart empties it
+    trainer = make_policy(0)
+    publisher = publisher_for(server.url, trainer)
+    actor = make_policy(1)
+    collector = collector_for(server.url, actor, poll_interval=0.2)
+    scheme = collector._receiver_schemes["policy"]
+    try:
+        for _ in range(2):
+            train_step(trainer)
+            publisher.send()
+        assert eventually(lambda: scheme.version == 3 and same_weights(actor, trainer), 30)
+        server.restart()
+        for _ in range(pushes):
+            train_step(trainer, delta=-2.0)  # weights the old history never had
+            publisher.send()
+        assert publisher.version == pushes  # the trainer's push made the table again
+        assert eventually(
+            lambda: scheme.version == pushes and same_weights(actor, trainer), 30
+        ), f"the actor holds v{scheme.version}; warnings: {torchrl_warnings}"
+        assert acted_by(trainer, next(iter(collector)))
+        resets = [m for m in torchrl_warnings if "new history" in m]
+        assert len(resets) == 1, torchrl_warnings  # once, not every poll
+    finally:
+        collector.shutdown()
+        scheme.shutdown()  # its thread: Collector.shutdown leaves receiver schemes running
+        publisher.shutdown()
+
+
+@NEW_HISTORY
+def test_receive_loads_a_new_history_after_a_redis_restart(
+    redis_servers: Callable[..., Any], torchrl_warnings: list[str], pushes: int
+) -> None:
+    server = redis_servers()
+    trainer = make_policy(0)
+    publisher = publisher_for(server.url, trainer)
+    actor = make_policy(1)
+    collector = collector_for(server.url, actor, background=False)
+    scheme = collector._receiver_schemes["policy"]
+    try:
+        for _ in range(2):
+            train_step(trainer)
+            publisher.send()
+        assert scheme.receive() is not None and scheme.version == 3
+        server.restart()
+        for _ in range(pushes):
+            train_step(trainer, delta=-2.0)
+            publisher.send()
+        received = scheme.receive()  # the pushes are stored: no wait needed
+        assert received is not None and scheme.version == pushes
+        assert same_weights(actor, trainer)
+        assert acted_by(trainer, next(iter(collector)))
+        assert scheme.receive() is None  # nothing newer in the new history
+        assert len([m for m in torchrl_warnings if "new history" in m]) == 1, torchrl_warnings
+    finally:
+        collector.shutdown()
+        scheme.shutdown()
+        publisher.shutdown()
+
+
+def test_receive_keeps_the_weights_until_the_trainer_pushes_after_a_redis_restart(
+    redis_servers: Callable[..., Any],
+) -> None:
+    server = redis_servers()
+    trainer = make_policy(0)
+    publisher = publisher_for(server.url, trainer)
+    actor = make_policy(1)
+    collector = collector_for(server.url, actor, background=False)
+    scheme = collector._receiver_schemes["policy"]
+    try:
+        train_step(trainer)
+        publisher.send()
+        assert scheme.receive() is not None and scheme.version == 2
+        server.restart()
+        assert scheme.receive() is None  # the table is gone until the trainer pushes
+        assert scheme.receive(timeout=0.3) is None
+        assert same_weights(actor, trainer)  # the weights it had, kept
+        train_step(trainer, delta=-2.0)
+        pusher = threading.Thread(target=publisher.send)
+        pusher.start()  # while receive waits
+        received = scheme.receive(timeout=30)
+        pusher.join(30)
+        assert received is not None and scheme.version == 1
+        assert same_weights(actor, trainer)
+    finally:
+        collector.shutdown()
+        scheme.shutdown()
+        publisher.shutdown()

@@ -25,6 +25,10 @@ TorchRL's own transport for varsync is swapping the scheme::
   ``background=False`` the receiver applies newer weights only when asked
   (``collector.receive_weights()`` / ``scheme.receive()``).
 - One table serves every reader: ``worker_ids`` has no meaning here.
+- When the store starts a new history (``varsync.TableResetError``: e.g. a Redis server
+  restarted without persistence, the trainer's next push making the table again) the
+  receiver forgets its version, logs one warning, and loads the table's current value
+  whole as soon as there is one, whatever its number; until then it keeps its weights.
 
 Like TorchRL's own ``MultiProcessWeightSyncScheme``, the background thread copies while
 the worker may be running its policy; a batch collected across an update may mix
@@ -49,7 +53,13 @@ from torchrl._utils import logger as torchrl_logger  # type: ignore[import-not-f
 from torchrl.weight_update import WeightSyncScheme  # type: ignore[import-not-found, unused-ignore]
 
 import varsync
-from varsync.errors import ConfigurationError, PullTimeoutError, SignatureError
+from varsync.config import redact
+from varsync.errors import (
+    ConfigurationError,
+    PullTimeoutError,
+    SignatureError,
+    TableResetError,
+)
 
 __all__ = ["VarsyncWeightSyncScheme", "VarsyncTransport"]
 
@@ -134,7 +144,7 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
         self._store: Optional[varsync.VariableContainer] = None
         self._held = 0  # the version this side last published or applied
         self._sender_pid: Optional[int] = None
-        self._apply_lock = threading.Lock()
+        self._apply_lock = threading.RLock()
         self._shared_transport = VarsyncTransport(self)
 
     def __repr__(self) -> str:
@@ -260,7 +270,7 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         super().__setstate__(state)
-        self._apply_lock = threading.Lock()
+        self._apply_lock = threading.RLock()
         self._shared_transport = VarsyncTransport(self)
 
     # -- internals -------------------------------------------------------------------------
@@ -343,37 +353,76 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
         return self._apply_newer(cascade=False)
 
     def _wait_newer(self, timeout: float) -> bool:
-        try:
-            self._connected().wait_for(self._held, self.table, timeout=timeout)
-        except PullTimeoutError:
-            return False
-        return True
+        """Wait up to ``timeout`` for a version newer than the one held (in a new
+        history: for any version); whether one came."""
+        deadline = time.monotonic() + timeout
+        store = self._connected()
+        while True:
+            held = self._held
+            try:
+                store.wait_for(
+                    held, self.table, timeout=max(deadline - time.monotonic(), 0.001)
+                )
+            except PullTimeoutError:
+                return False
+            except TableResetError:
+                if not held:  # not a history a pull can follow (another signature)
+                    raise
+                self._forget_history(held)
+                continue
+            return True
+
+    def _forget_history(self, held: int) -> None:
+        """The store started a new history since this side applied ``held``: hold
+        nothing, so that its current value is loaded whole, whatever its number."""
+        with self._apply_lock:
+            if self._held != held:  # another call already did
+                return
+            self._held = 0
+        torchrl_logger.warning(
+            f"{type(self).__name__} ({redact(self.url)}, table {self.table!r}): the store "
+            f"started a new history since version {held} (it lost its data: a restart "
+            "without persistence?); loading its current value, or its next push"
+        )
 
     def _apply_newer(self, cascade: bool = True) -> Optional[int]:
-        """Load the latest version into the model if it is newer than the one held;
-        return it, else ``None``."""
+        """Load the latest version into the model if it is newer than the one held (in
+        a new history: whatever its number); return it, else ``None``."""
         with self._apply_lock:
-            model, store = self.model, self._connected()
-            if any(t.is_meta for t in model.state_dict().values()):
-                # TorchRL sent the policy stateless: its tensors are made from the pull.
-                got = store.pull_if_newer(self._held, self.table, like=model)
-                if got is None:
-                    return None
-                version, state = got
-                model.load_state_dict(state, assign=True)
-            else:
-                # In place, one copy from the store into each tensor (store.update),
-                # rather than pull(like=) and load_state_dict: two copies.
-                current = store.version(self.table)
-                if current <= self._held:
-                    if current < self._held:  # a new history: pull_if_newer says so
-                        store.pull_if_newer(self._held, self.table)
-                    return None
-                version = store.update(model, self.table)
+            held = self._held
+            try:
+                version = self._load_newer(held)
+            except TableResetError:
+                if not held:
+                    raise
+                self._forget_history(held)
+                version = self._load_newer(0)
+            if version is None:
+                return None
             self._held = version
         if cascade:
             self._cascade()
         return version
+
+    def _load_newer(self, held: int) -> Optional[int]:
+        """Load the latest version into the model if it is newer than ``held``; return
+        it, else ``None``. ``held`` 0: every tensor, from the store."""
+        model, store = self.model, self._connected()
+        if any(t.is_meta for t in model.state_dict().values()):
+            # TorchRL sent the policy stateless: its tensors are made from the pull.
+            got = store.pull_if_newer(held, self.table, like=model)
+            if got is None:
+                return None
+            version, state = got
+            model.load_state_dict(state, assign=True)
+            return int(version)
+        try:  # one look, which raises TableResetError in a new history, whatever its number
+            store.wait_for(held, self.table, timeout=0)
+        except PullTimeoutError:
+            return None
+        # In place, one copy from the store into each tensor (store.update), rather
+        # than pull(like=) and load_state_dict: two copies.
+        return store.update(model, self.table, delta_only=held > 0)
 
     def _cascade(self) -> None:
         """Tell the receiving collector, as TorchRL's own schemes do (it re-applies the
