@@ -12,7 +12,7 @@ TOX         := $(TOXENV_DIR)/.tox-$(TOX_VERSION)
 TOXRUN      := $(TOXENV_DIR)/bin/tox run -x testenv.base_python=$(PYTHON)
 TOXPAR      := $(TOXENV_DIR)/bin/tox run-parallel --parallel-no-spinner -x testenv.base_python=$(PYTHON)
 
-.PHONY: demo test lint tf-env bench soak clean
+.PHONY: demo test lint tf-env bench soak stress clean
 
 $(TOX):
 	$(PYTHON) -m venv $(TOXENV_DIR)
@@ -87,6 +87,16 @@ bench: tf-env $(TORCH_VENV)/.installed
 SOAK_SECONDS ?= 60
 soak: tf-env
 	scripts/loopback-only $(PY) -m tools.soak --seconds $(SOAK_SECONDS)
+
+# Tests that must hold on a loaded machine, run STRESS_RUNS times in a row beside two
+# CPU-bound processes (tools/stress.py; CI shares 2 cores): by default every conformance
+# test that checks versions never go back or mix, on a Redis replica, the Redis primary
+# and memory://. Any failing run fails the target. STRESS_TESTS takes pytest arguments.
+STRESS_RUNS  ?= 50
+STRESS_TESTS ?= tests/test_redis_replicas.py tests/test_redis_backend.py tests/test_memory_backend.py -k "eight_threads or never_see_a_mix or never_lowers or primary_answered"
+stress: $(TOX)
+	$(TOXRUN) -e modern --notest
+	scripts/loopback-only .tox/modern/bin/python -m tools.stress --runs $(STRESS_RUNS) --burners 2 -- $(STRESS_TESTS)
 
 clean:
 	rm -rf $(VENV) .venv-lint $(TORCH_VENV) .tox $(TOXENV_DIR) .pytest_cache .hypothesis .mypy_cache .ruff_cache *.egg-info

@@ -191,6 +191,100 @@ def test_a_container_reading_a_lagging_replica_still_sees_its_own_push(
                 admin.execute_command("REPLICAOF", "127.0.0.1", str(group[0].port))
 
 
+class _PausedFloors(dict):  # type: ignore[type-arg]
+    """The backend's floors, whose first read waits until let go: a thread preempted
+    between reading a table's floor and writing it, as a CPU-loaded machine does."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.entered, self.go = threading.Event(), threading.Event()
+        self._first = True
+
+    def get(self, *args: Any) -> Any:
+        found = super().get(*args)
+        if self._first:
+            self._first = False
+            self.entered.set()
+            self.go.wait(10)
+        return found
+
+
+def test_a_slower_thread_never_lowers_the_version_a_container_has_seen(
+    group: List[RedisServer],
+) -> None:
+    """Issue 36: a thread that read version 2 and notes it after another thread of the
+    same container noted version 3 must leave 3 as what a replica's answer may not go
+    below. (CI saw ``version()`` answer 36 after a pull of 40, from eight threads under
+    CPU load: the note was read and written in two steps, and a preempted thread wrote
+    its older version over the newer one.)"""
+    replica = group[1]
+    url = urls(group)
+    with varsync.connect(url["reader"], timeout=10) as writer:
+        writer.create_table("variables", SIGNATURE)
+        writer.push(filled(SIGNATURE, 1))
+        writer.push(filled(SIGNATURE, 2))
+        epoch = writer.backend.history_of("variables")
+    wait_linked(*group)
+    with replica.client() as admin:  # replication stops: the replica keeps serving v2
+        admin.execute_command("REPLICAOF", "127.0.0.1", str(_free_port()))
+    try:
+        with varsync.connect(url["reader"], timeout=10) as container:
+            backend = container.backend
+            floors = backend._floors
+            floors._floors = paused = _PausedFloors(floors._floors)
+            slow = threading.Thread(target=backend._saw, args=("variables", epoch, 2))
+            slow.start()
+            assert paused.entered.wait(10)
+            pushed: List[int] = []
+            fast = threading.Thread(  # notes version 3 meanwhile (or waits for the slow one)
+                target=lambda: pushed.append(container.push(filled(SIGNATURE, 3))))
+            fast.start()
+            fast.join(1.0)
+            paused.go.set()
+            slow.join(10)
+            fast.join(10)
+            assert pushed == [3]
+            assert head_version(replica, url["namespace"]) == 2
+            assert container.version() == 3
+    finally:
+        with replica.client() as admin:
+            admin.execute_command("REPLICAOF", "127.0.0.1", str(group[0].port))
+
+
+def test_a_version_the_primary_answered_is_never_followed_by_an_older_one_from_the_replica(
+    group: List[RedisServer],
+) -> None:
+    """Issue 36, the cause of "a thread saw version 36 after 40": a replica behind what a
+    container had seen is asked of the primary, whose answer (newer than anything the
+    container had seen) must then bound the replica's next answers too. Here the replica,
+    cut off at version 2 while the container pushed 3 and another writer 4, is moved by
+    hand to version 3: between the container's own push and the primary's answer."""
+    replica = group[1]
+    url = urls(group)
+    with varsync.connect(url["writer"], timeout=10) as writer, \
+            varsync.connect(url["reader"], timeout=10) as container:
+        writer.create_table("variables", SIGNATURE)
+        writer.push(filled(SIGNATURE, 1))
+        writer.push(filled(SIGNATURE, 2))
+        wait_linked(*group)
+        assert container.pull_if_newer(0)[0] == 2
+        with replica.client() as admin:  # replication stops: the replica keeps serving v2
+            admin.execute_command("REPLICAOF", "127.0.0.1", str(_free_port()))
+            admin.config_set("replica-read-only", "no")
+        try:
+            assert container.push(filled(SIGNATURE, 3)) == 3
+            assert writer.push(filled(SIGNATURE, 4)) == 4
+            assert container.version() == 4  # the replica's 2 is behind 3: the primary's
+            with replica.client() as admin:
+                admin.hset(f"varsync:{url['namespace']}:variables:head", "version", "3")
+            assert head_version(replica, url["namespace"]) == 3
+            assert container.version() == 4
+        finally:
+            with replica.client() as admin:
+                admin.config_set("replica-read-only", "yes")
+                admin.execute_command("REPLICAOF", "127.0.0.1", str(group[0].port))
+
+
 def test_a_replica_that_cannot_serve_is_read_through_the_primary(
     group: List[RedisServer],
 ) -> None:

@@ -55,7 +55,7 @@ from varsync.backends.redis.protocol import (
 from varsync.backends.redis.pulled import PulledMemory
 from varsync.backends.redis.readers import ReaderRegistry
 from varsync.backends.redis.tables import Known, Table
-from varsync.backends.redis.topology import Requests, RoutedReads, Topology
+from varsync.backends.redis.topology import Floors, Requests, RoutedReads, Topology
 from varsync.backends.redis.waits import Waits
 
 __all__ = ["RedisBackend"]
@@ -109,7 +109,7 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         self._client: Requests = self._topology.primary  # writes, what replicas cannot vouch for
         self._cluster = self._topology.cluster
         self._local = threading.local()  # .client: the replica a read in this thread is on
-        self._floors: Dict[str, Tuple[str, int]] = {}  # name -> (epoch, highest version seen)
+        self._floors = Floors()  # per table, the highest version seen, and its epoch
         self._table_keys: Dict[str, Keys] = {}
         self._peeks = True  # pulls ask PEEK first (see _peek)
         self.pulls_restarted = 0  # pulls that found their version retired mid-read
@@ -309,7 +309,14 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
 
         with self._errors(f"reading the version of table {name!r}"):
             head = self._routed(name, look)
-        return 0 if head is None else head.version
+        if head is None:
+            return 0
+        # What a replica's answer may not go below from now on: this answer too. One the
+        # primary gave (asked because the replica was behind) may be ahead of every
+        # version this backend had seen; the replica's next answer, still behind it but
+        # not below that older floor, went back (issue 36: 60, then 56, under CPU load).
+        self._saw(name, head.epoch, head.version)
+        return head.version
 
     def write(self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]) -> int:
         return self._push(name, arrays, len(specs))
@@ -335,6 +342,11 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
     def leaf_versions(self, name: str) -> Tuple[int, List[int]]:
         with self._errors(f"reading the leaf versions of table {name!r}"):
             return leaf_map.leaf_versions(self, name)
+
+    def current_history(self, name: str) -> Optional[str]:
+        with self._errors(f"reading the history of table {name!r}"):
+            epoch = text(self._client.call("HGET", self._keys(name).head, "epoch"))
+        return epoch if epoch is None or is_epoch(epoch) else None
 
     def history_of(self, name: str) -> Optional[str]:
         table = self._known.get(name)  # the epoch this backend trusts (its Histories')

@@ -320,6 +320,8 @@ def read_leaves(
 def leaf_versions(backend: "RedisBackend", name: str) -> Tuple[int, List[int]]:
     """``Backend.leaf_versions``: one ``HMGET``, inside the caller's error translation."""
     head = backend._head(name, "leaves")
+    if head is not None:  # the primary's answer: a replica's may not go below it now
+        backend._saw(name, head.epoch, head.version)
     if head is not None and composed(head):
         entries = (head.leaves or "").partition("|")[2]
         where = backend._where(name)

@@ -22,7 +22,7 @@ import math
 import random
 import threading
 import time
-from typing import Any, Callable, List, Optional, TypeVar, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar, Union
 
 import redis
 from redis import exceptions as rx
@@ -33,7 +33,7 @@ from varsync.backends.redis.options import Settings
 from varsync.backends.redis.pool import Client
 from varsync.backends.redis.protocol import Head
 
-__all__ = ["Topology", "RoutedReads", "Requests", "REPLICA_PAUSE", "READ_FAILURES"]
+__all__ = ["Topology", "RoutedReads", "Floors", "Requests", "REPLICA_PAUSE", "READ_FAILURES"]
 
 #: Where a backend's requests go: one server, or the primaries of a cluster.
 Requests = Union[Client, ClusterClient]
@@ -52,6 +52,33 @@ class _AskPrimary(Exception):
 
 
 T = TypeVar("T")
+
+
+class Floors:
+    """Per table, the highest version one backend has seen (read or published) and its
+    epoch: what a replica's answer must not go below. Thread-safe.
+
+    Raising a floor reads and writes it in one step, under a lock: two threads of one
+    container raising it at once (one to 36, one to 40) must end at 40. Without the lock a
+    thread preempted between reading the floor and writing it (a CPU-loaded machine
+    preempts for milliseconds) wrote its lower version over the higher one, and a replica
+    behind the higher one was then believed: ``version()`` went back (issue 36)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._floors: Dict[str, Tuple[str, int]] = {}
+
+    def get(self, name: str) -> Optional[Tuple[str, int]]:
+        """``(epoch, version)``: the highest version seen of table ``name``, or ``None``."""
+        return self._floors.get(name)
+
+    def raise_to(self, name: str, epoch: str, version: int) -> None:
+        """``version`` of history ``epoch`` was seen: the floor is at least that (a new
+        epoch starts a new floor)."""
+        with self._lock:
+            floor = self._floors.get(name)
+            if floor is None or floor[0] != epoch or floor[1] < version:
+                self._floors[name] = (epoch, version)
 
 
 class Topology:
@@ -269,9 +296,7 @@ class RoutedReads:
             raise _AskPrimary()
 
     def _saw(self: Any, name: str, epoch: str, version: int) -> None:
-        floor = self._floors.get(name)
-        if floor is None or floor[0] != epoch or floor[1] < version:
-            self._floors[name] = (epoch, version)
+        self._floors.raise_to(name, epoch, version)
 
 
 def _text(value: Any) -> str:
