@@ -91,11 +91,23 @@ def test_a_keyword_timeout_of_none_or_infinity_means_no_bound(value):
         assert store.timeout is None
 
 
-@pytest.mark.parametrize("value, seconds", [("0", 0.0), ("2.5", 2.5), (3, 3.0), (0.25, 0.25)])
+@pytest.mark.parametrize("value, seconds", [("0.5", 0.5), ("2.5", 2.5), (3, 3.0), (0.25, 0.25)])
 def test_a_finite_timeout_becomes_float_seconds(value, seconds):
     with varsync.connect(_store(), timeout=value) as store:
         assert store.timeout == seconds
         assert isinstance(store.timeout, float)
+
+
+@pytest.mark.parametrize("given", [{"timeout": 0}, {"timeout": 0.0}, {"timeout": "0"}, {}])
+def test_a_container_timeout_of_zero_is_refused_at_connect_saying_what_to_pass(given):
+    """Issue 36: a container's timeout bounds every request, and none answers in 0 s:
+    on Redis every pull of a full table timed out, where memory:// answered. Refused on
+    every backend alike, naming what to pass instead (a call's timeout=0 stays)."""
+    url = _store() + ("" if given else "?timeout=0")
+    with pytest.raises(varsync.ConfigurationError, match="timeout=0") as caught:
+        varsync.connect(url, **given)
+    assert "positive number of seconds" in str(caught.value)
+    assert "pull(timeout=0)" in str(caught.value)
 
 
 @pytest.mark.parametrize("query", ["-1", "nan", "soon", "", "1s"])

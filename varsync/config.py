@@ -71,6 +71,15 @@ def resolve(url: Optional[str], options: Dict[str, Any]) -> Settings:
         merged[key] = value
     merged.update(options)
     timeout = parse_timeout(merged.pop("timeout", DEFAULT_TIMEOUT), "timeout")
+    if timeout == 0:
+        # A container's timeout bounds every request it sends, and no request answers in
+        # zero seconds; "do not wait for a push" is a call's timeout=0 (docs/guarantees.md).
+        raise ConfigurationError(
+            f"timeout=0 for the container at {redact(url)!r} would bound every request to "
+            "0 s, so nothing could be read. Pass a positive number of seconds (the default "
+            f"is {DEFAULT_TIMEOUT:g}) or timeout=None for no bound; to not wait for a push, "
+            "give timeout=0 to the call: pull(timeout=0), wait_for(v, timeout=0)"
+        )
     namespace = merged.pop("namespace", "")
     if not isinstance(namespace, str):
         raise ConfigurationError(f"namespace must be a str, got {namespace!r}")
