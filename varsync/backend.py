@@ -10,7 +10,9 @@ for a minor release with a ``DeprecationWarning``, then removed; never changed s
 - errors: every varsync error, and :func:`translate_errors` to turn a driver's exceptions
   into them;
 - time: :func:`deadline_after`, :func:`remaining`, and the core's wait loop
-  (:func:`wait_for_change`, over your :meth:`Backend.block`);
+  (:func:`wait_for_change`, over your :meth:`Backend.block`); :func:`current_deadline`,
+  the deadline of the core's call a method without a timeout argument runs in (set by
+  :func:`deadline_scope`): bound your requests by it too;
 - a table's history: :class:`Histories` and :func:`reset_error`, the one rule and message
   for a store that lost or replaced its data;
 - options: :func:`parse_int`, :func:`parse_bool`, :func:`parse_timeout`,
@@ -33,7 +35,9 @@ from varsync.backends.base import (
     Backend,
     LeafSnapshot,
     Snapshot,
+    current_deadline,
     deadline_after,
+    deadline_scope,
     read_snapshot,
     remaining,
     wait_for_change,
@@ -89,6 +93,7 @@ __all__ = [
     "translated_error",
     # time and waits
     "deadline_after", "remaining", "wait_for_change", "read_snapshot", "BLOCK_SLICE",
+    "current_deadline", "deadline_scope",
     "POLL_START", "POLL_MAX", "MAX_TIMEOUT",
     # histories
     "Histories", "reset_error",

@@ -17,6 +17,7 @@ from varsync import signature as sig
 from varsync.backends.base import (
     Backend,
     deadline_after,
+    deadline_scope,
     read_snapshot,
     remaining,
     write_unversioned,
@@ -205,11 +206,17 @@ class VariableContainer:
         if not skip_unchanged:
             self._written.pop(table, None)
 
-    def leaf_versions(self, table: str = DEFAULT_TABLE) -> Tuple[int, Any]:
+    def leaf_versions(
+        self, table: str = DEFAULT_TABLE, *, timeout: Any = None
+    ) -> Tuple[int, Any]:
         """``(version, nest)``: the table's version and, in its signature's structure,
         the version at which each leaf last changed (0 everywhere while empty). One
-        small request. Raises :class:`UnsupportedError` on a backend without leaf
-        versions."""
+        small request, bounded by ``timeout`` (default: the container's). Raises
+        :class:`UnsupportedError` on a backend without leaf versions."""
+        with deadline_scope(deadline_after(self._timeout(timeout))):
+            return self._leaf_versions(table)
+
+    def _leaf_versions(self, table: str) -> Tuple[int, Any]:
         signature, specs = self._table(table)
         backend = self._backend_call()
         if not backend.supports_leaf_versions:
@@ -295,7 +302,7 @@ class VariableContainer:
                     changed[index] = leaf
             leaves = [held_leaves[i] if a is None else a for i, a in enumerate(changed)]
             self._handed.add(table, current, handed)
-            self._holds(table, current)
+            self._holds(table, current, handed)
             if shaped is None:
                 return current, nest_lib.unflatten(self._table(table)[0], leaves)
             return current, adapters.rebuild(like, shaped[0], leaves)
@@ -364,8 +371,9 @@ class VariableContainer:
             sig.assign_all(
                 [targets[i] for i in fetched], [changed[i] for i in fetched]  # type: ignore[misc]
             )
-        self._assigned.assigned(table, targets, version, backend.history_of(table))
-        self._holds(table, version)
+        history = backend.history_of(table)
+        self._assigned.assigned(table, targets, version, history)
+        self._holds(table, version, history)
         return version
 
     # -- who holds which version -------------------------------------------------------
@@ -387,14 +395,26 @@ class VariableContainer:
         if previous is not None:
             previous.close()
 
-    def readers(self, table: str = DEFAULT_TABLE) -> List[readers_lib.ReaderInfo]:
-        """The readers of ``table`` whose reports have not expired: id, host, pid, the
-        version each holds, since when, and when its entry expires (sorted by id).
+    def readers(
+        self, table: str = DEFAULT_TABLE, *, timeout: Any = None
+    ) -> List[readers_lib.ReaderInfo]:
+        """The readers of ``table`` whose reports have not expired and are of the table's
+        current history: id, host, pid, the version each holds, since when, and when its
+        entry expires (sorted by id). A report of a version of an earlier history (the
+        store lost or replaced the table since) is not listed. ``timeout`` bounds the
+        requests (default: the container's).
         ``info.lag(container.version(table))`` is how many versions one is behind."""
+        with deadline_scope(deadline_after(self._timeout(timeout))):
+            return self._readers(table)
+
+    def _readers(self, table: str) -> List[readers_lib.ReaderInfo]:
         self._table(table)
         backend = self._backend_call()
         readers_lib.require_registry(backend)
-        return readers_lib.parse_records(table, backend.readers(table))
+        listed = readers_lib.parse_records(table, backend.readers(table))
+        if not listed:
+            return listed
+        return readers_lib.of_history(listed, backend.current_history(table))
 
     def wait_for_readers(
         self, version: int, count: int, table: str = DEFAULT_TABLE, *, timeout: Any = None
@@ -406,12 +426,13 @@ class VariableContainer:
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ConfigurationError(f"count must be an int >= 1, got {count!r}")
         return readers_lib.wait_until_held(
-            lambda: self.readers(table), table, version, count, self._timeout(timeout))
+            lambda: self._readers(table), table, version, count, self._timeout(timeout))
 
-    def _holds(self, table: str, version: int) -> None:
+    def _holds(self, table: str, version: int, history: Any) -> None:
+        """This container handed out ``version`` of ``table``, of history ``history``."""
         reporter = self._reporter
         if reporter is not None:
-            reporter.held(table, version)
+            reporter.held(table, version, history)
 
     # -- life cycle ------------------------------------------------------------------
 
@@ -555,9 +576,10 @@ class VariableContainer:
     ) -> Tuple[int, List[np.ndarray]]:
         """The backend's arrays, verified against the table's specs."""
         checks.read_leaves(table, version, arrays, self._table(table)[1], whole=True)
+        history = self._backend.history_of(table)
         if self._backend.supports_leaf_versions:
-            self._handed.add(table, version, self._backend.history_of(table))
-        self._holds(table, version)
+            self._handed.add(table, version, history)
+        self._holds(table, version, history)
         return version, list(arrays)
 
     def _push_leaves_whole(

@@ -1,13 +1,22 @@
 """Who holds which version: readers report what they hold, learners list them and wait.
 
 A container that was asked to (:meth:`VariableContainer.report_as`) reports, per table,
-the version it last handed out: its reader id, host, process, the version and when. The
+the version it last handed out and the history (epoch) it belongs to: its reader id, host,
+process, the version, its history and when. The
 reports go out from one background thread, so a pull never waits for one: a pull only
 notes the version (a dict assignment) and wakes the thread. The thread sends the latest
 note of each table, and sends every table's again every ``ttl / 3`` seconds so the
 entries stay alive while the reader does; an entry of a reader that stopped (closed,
 killed, cut off) expires ``ttl`` seconds after its last report. A report that fails is
 logged and tried again on the next round: reporting never raises into the reader.
+
+Histories: a version means something only in its history (a Redis server restarted
+without its data, an shm store made again, start their tables at 1 again). A report
+names its history; ``readers`` and ``wait_for_readers`` count only the reports of the
+table's history now (asked of the store: ``Backend.current_history``), and a reporter
+whose table has left the history of its note stops reporting it, until its container
+hands out a version of the new one. Every request is bounded: a listing by its call's
+timeout, a report round by the refresh interval (``ttl / 3``).
 
 The backend stores the entries (``supports_reader_registry``: ``report_reader`` and
 ``readers``, each one small request); the record is JSON made here, opaque to it.
@@ -23,9 +32,9 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Hashable, List, Optional, Tuple
 
-from varsync.backends.base import Backend, deadline_after, remaining
+from varsync.backends.base import Backend, deadline_after, deadline_scope, remaining
 from varsync.errors import (
     ConfigurationError,
     CorruptDataError,
@@ -35,7 +44,7 @@ from varsync.errors import (
 
 __all__ = [
     "ReaderInfo", "Reporter", "parse_records", "require_registry", "wait_until_held",
-    "DEFAULT_TTL",
+    "history_key", "of_history", "DEFAULT_TTL",
 ]
 
 log = logging.getLogger("varsync.readers")
@@ -59,6 +68,9 @@ class ReaderInfo:
     #: ``time.time()`` of the report, and when the entry expires without another.
     reported: float
     expires: float
+    #: The history (epoch) the version belongs to, as text (``None``: a store whose tables
+    #: never restart, or a report from varsync before 0.3).
+    history: Optional[str] = None
 
     def lag(self, version: int) -> int:
         """Versions this reader is behind a table at ``version``."""
@@ -76,6 +88,7 @@ def parse_records(table: str, records: Dict[str, str]) -> List[ReaderInfo]:
                 reader=str(reader), host=str(fields["host"]), pid=int(fields["pid"]),
                 version=int(fields["version"]), at=float(fields["at"]),
                 reported=float(fields["reported"]), expires=float(fields["expires"]),
+                history=_history_field(fields.get("epoch")),
             ))
         except (ValueError, KeyError, TypeError):
             raise CorruptDataError(
@@ -83,6 +96,28 @@ def parse_records(table: str, records: Dict[str, str]) -> List[ReaderInfo]:
                 f"{str(text)[:80]!r}"
             ) from None
     return sorted(out, key=lambda info: info.reader)
+
+
+def _history_field(value: object) -> Optional[str]:
+    if value is None or isinstance(value, str):
+        return value
+    raise ValueError(f"epoch {value!r} is not text")
+
+
+def history_key(epoch: Hashable) -> Optional[str]:
+    """A history (epoch) as the text a report stores: ``None`` stays ``None``; a tuple
+    (shm's file identity) joins its fields, anything else is ``str``."""
+    if epoch is None:
+        return None
+    if isinstance(epoch, tuple):
+        return ":".join(str(part) for part in epoch)
+    return str(epoch)
+
+
+def of_history(readers: List[ReaderInfo], epoch: Hashable) -> List[ReaderInfo]:
+    """The entries whose version belongs to the history ``epoch`` (the table's now)."""
+    key = history_key(epoch)
+    return [r for r in readers if r.history == key]
 
 
 class Reporter:
@@ -103,19 +138,22 @@ class Reporter:
         self.host = socket.gethostname()
         self.pid = os.getpid()
         self._lock = threading.Lock()
-        self._held: Dict[str, Tuple[int, float]] = {}
-        self._sent: Dict[str, Tuple[int, float]] = {}
+        self._held: Dict[str, Tuple[int, float, Optional[str]]] = {}
+        self._sent: Dict[str, Tuple[int, float, Optional[str]]] = {}
+        self._left: Dict[str, Optional[str]] = {}  # table -> history it left, told once
         self._wake = threading.Event()
         self._stop = False
         self._thread: Optional[threading.Thread] = None
 
-    def held(self, table: str, version: int) -> None:
-        """This container handed out ``version`` of ``table``: note it, wake the thread."""
+    def held(self, table: str, version: int, history: Hashable = None) -> None:
+        """This container handed out ``version`` of ``table``, of the history (epoch)
+        ``history``: note it, wake the thread."""
+        key = history_key(history)
         with self._lock:
             known = self._held.get(table)
-            if known is not None and known[0] == version:
+            if known is not None and known[0] == version and known[2] == key:
                 return
-            self._held[table] = (version, time.time())
+            self._held[table] = (version, time.time(), key)
             if self._thread is None and not self._stop:
                 self._thread = threading.Thread(
                     target=self._run, name=f"varsync-reports-{self.reader}", daemon=True
@@ -134,18 +172,47 @@ class Reporter:
                     return
                 held = dict(self._held)
             due = time.monotonic() >= next_round
-            for table, (version, at) in held.items():
-                if not due and self._sent.get(table) == (version, at):
-                    continue
-                self._report(table, version, at)
+            with deadline_scope(time.monotonic() + refresh):  # a stopped server: one round
+                for table, note in held.items():
+                    if not due and self._sent.get(table) == note:
+                        continue
+                    if due and not self._still_current(table, note):
+                        continue
+                    self._report(table, *note)
             if due:
                 next_round = time.monotonic() + refresh
 
-    def _report(self, table: str, version: int, at: float) -> None:
+    def _still_current(self, table: str, note: Tuple[int, float, Optional[str]]) -> bool:
+        """Whether the table is still in the history of ``note`` (asked of the store on
+        each refresh round). If it left it, the note is dropped: reporting its version
+        would tell a learner that this reader holds a version of the new history. An
+        unanswered question keeps the note (the report itself will fail and be retried)."""
+        try:
+            now = history_key(self.backend.current_history(table))
+        except Exception as exc:  # as a failed report: logged, tried again next round
+            log.warning("reader %r could not check the history of table %r: %s",
+                        self.reader, table, exc)
+            return True
+        if now == note[2]:
+            return True
+        with self._lock:
+            if self._held.get(table) == note:
+                del self._held[table]
+        self._sent.pop(table, None)
+        if self._left.get(table) != note[2]:
+            self._left[table] = note[2]
+            log.warning(
+                "reader %r stops reporting version %d of table %r: the table started a new "
+                "history since (the store lost or replaced its data); it reports again "
+                "once this container pulls a version of the new one",
+                self.reader, note[0], table)
+        return False
+
+    def _report(self, table: str, version: int, at: float, history: Optional[str]) -> None:
         now = time.time()
         record = json.dumps({
             "host": self.host, "pid": self.pid, "version": version, "at": at,
-            "reported": now, "expires": now + self.ttl,
+            "reported": now, "expires": now + self.ttl, "epoch": history,
         })
         try:
             self.backend.report_reader(table, self.reader, record, self.ttl)
@@ -154,7 +221,7 @@ class Reporter:
                         self.reader, version, table, exc)
             self._sent.pop(table, None)
         else:
-            self._sent[table] = (version, at)
+            self._sent[table] = (version, at, history)
 
     def close(self) -> None:
         """Stop the thread (its entries then expire after ``ttl``)."""
@@ -190,15 +257,27 @@ def wait_until_held(
     :class:`PullTimeoutError` naming who holds what after ``limit`` seconds."""
     deadline = deadline_after(limit)
     interval = 0.002
+    seen: Optional[List[ReaderInfo]] = None
     while True:
-        seen = listed()
-        holding = [r for r in seen if r.version >= version]
-        if len(holding) >= count:
-            return holding
-        left = remaining(deadline)
+        try:
+            with deadline_scope(deadline):  # each listing's requests end with the call
+                seen = listed()
+        except PullTimeoutError:
+            if seen is None:
+                raise PullTimeoutError(
+                    f"table {table!r}: the readers could not be listed within {limit:g} s "
+                    "(the server did not answer in time)"
+                ) from None
+            left = 0.0  # the call's time ran out during a listing: the last one tells
+        else:
+            holding = [r for r in seen if r.version >= version]
+            if len(holding) >= count:
+                return holding
+            left = remaining(deadline)
         if left <= 0:
+            held = sum(1 for r in seen if r.version >= version)
             raise PullTimeoutError(
-                f"table {table!r}: {len(holding)} of the {count} readers asked for hold "
+                f"table {table!r}: {held} of the {count} readers asked for hold "
                 f"version {version} or newer after {limit:g} s; reporting: "
                 f"{describe(seen, version)}"
             )

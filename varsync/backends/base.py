@@ -27,6 +27,8 @@ backend does not declare.
 from __future__ import annotations
 
 import abc
+import contextlib
+import contextvars
 import inspect
 import math
 import time
@@ -35,6 +37,7 @@ from typing import (
     ClassVar,
     Dict,
     Hashable,
+    Iterator,
     List,
     Mapping,
     Optional,
@@ -51,6 +54,7 @@ from varsync.signature import Spec
 
 __all__ = [
     "Backend", "Snapshot", "LeafSnapshot", "remaining", "deadline_after", "wait_for_change",
+    "deadline_scope", "current_deadline",
     "read_snapshot", "write_unversioned",
     "POLL_START", "POLL_MAX", "BLOCK_SLICE",
 ]
@@ -241,6 +245,16 @@ class Backend(abc.ABC):
         (memory); a backend whose tables can restart must override it."""
         return None
 
+    def current_history(self, name: str) -> Hashable:
+        """The table's history (epoch) as the store holds it now, asked of the store (one
+        small request) and remembered nowhere: the reader registry counts only the
+        reports of this history (``readers``, ``wait_for_readers``), and a reporter stops
+        reporting a version of a history the table has left. ``None`` for a table that
+        is gone. Default: :meth:`history_of` (right for a store whose tables never start
+        a new history, such as memory; a backend whose tables can restart overrides it).
+        Added in 0.3."""
+        return self.history_of(name)
+
     def leaf_versions(self, name: str) -> Tuple[int, List[int]]:
         """The table's current version and each leaf's leaf version, in one small
         request; no data is moved. An empty table answers version 0 (its list, ``[]`` or
@@ -299,6 +313,30 @@ class Backend(abc.ABC):
     def describe_options(self) -> Mapping[str, Any]:
         """The options in force, without secrets, for ``table_info``."""
         return {"timeout": self.timeout, "namespace": self.namespace}
+
+
+_DEADLINE: contextvars.ContextVar[float] = contextvars.ContextVar(
+    "varsync_deadline", default=math.inf
+)
+
+
+@contextlib.contextmanager
+def deadline_scope(deadline: float) -> Iterator[None]:
+    """Within the block, :func:`current_deadline` is ``deadline`` (or an enclosing scope's,
+    if earlier): how the core hands a call's own deadline to the requests of backend
+    methods that take none (``readers``, ``report_reader``, ``current_history``,
+    ``leaf_versions``), as trio's cancel scopes do. Per thread (a context variable)."""
+    token = _DEADLINE.set(min(deadline, _DEADLINE.get()))
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def current_deadline() -> float:
+    """The ``time.monotonic()`` by which the caller's call must end (``inf``: none set):
+    a backend bounds each request it sends by this as well as by its own timeout."""
+    return _DEADLINE.get()
 
 
 def deadline_after(timeout: Optional[float]) -> float:

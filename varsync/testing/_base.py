@@ -5,7 +5,7 @@ a waiter is waiting."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Type
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Type
 
 import pytest
 
@@ -83,6 +83,13 @@ class _Base:
         yield _connect
         for container in made:
             container.close()
+
+    @pytest.fixture
+    def new_history(self) -> Optional[Callable[[str, str], None]]:
+        """``new_history(url, table)``: make the store lose the table (its data deleted, as
+        a server restarted without persistence, or a store removed), so that creating it
+        again starts a new history; ``None`` (the default) skips the tests that need it."""
+        return None
 
     @pytest.fixture
     def make_tables(

@@ -413,9 +413,23 @@ class FaultTests(_Base):
         container = connect(url)
         version = container.push(filled(CONSISTENCY, 1))
         container.pull()
+        reporting = None
+        if container.backend.supports_reader_registry:  # its reports are bounded too
+            reporting = connect(url)
+            reporting.report_as("paused-server-reader", ttl=1.5)
+            reporting.pull()
+            container.wait_for_readers(version, 1, timeout=CHECK_SECONDS)
         os.kill(server_pid, signal.SIGSTOP)
         try:
             self._each_call_ends_within_its_timeout(container, version)
+            if reporting is not None:
+                # a report round on a hung server ends within its refresh interval (ttl /
+                # 3): closing the reader's container does not wait for the server
+                time.sleep(1.0)  # let at least one round start while the server is hung
+                started = time.monotonic()
+                reporting.close()
+                took = time.monotonic() - started
+                assert took < 1 + SLACK, f"closing a reporting container took {took:.1f} s"
         finally:
             os.kill(server_pid, signal.SIGCONT)
         assert check_consistent(container.pull(timeout=20)) == 1
@@ -427,6 +441,13 @@ class FaultTests(_Base):
             "pull_if_newer(0, timeout=1)": lambda: container.pull_if_newer(0, timeout=1),
             "wait_for(version, timeout=1)": lambda: container.wait_for(version, timeout=1),
         }
+        backend = container.backend
+        if backend.supports_leaf_versions:
+            calls["leaf_versions(timeout=1)"] = lambda: container.leaf_versions(timeout=1)
+        if backend.supports_reader_registry:
+            calls["readers(timeout=1)"] = lambda: container.readers(timeout=1)
+            calls["wait_for_readers(version, 1, timeout=1)"] = (
+                lambda: container.wait_for_readers(version, 1, timeout=1))
         for name, call in calls.items():
             started = time.monotonic()
             with pytest.raises(TRANSIENT):

@@ -117,10 +117,6 @@ class LeafVersionTests(_Base):
         """A container on :meth:`delta_url`."""
         return connect(delta_url)
 
-    @pytest.fixture
-    def new_history(self) -> Optional[Callable[[str, str], None]]:
-        return None
-
     @staticmethod
     def _needs_leaf_versions(backend_cls: Type[Backend]) -> None:
         if not backend_cls.supports_leaf_versions:

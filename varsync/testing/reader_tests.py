@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import time
-from typing import Any, Callable, Dict, Type
+from typing import Any, Callable, Dict, Optional, Type
 
 import pytest
 
@@ -125,6 +125,41 @@ class ReaderRegistryTests(_Base):
         assert time.monotonic() - started >= 0.3
         with pytest.raises(varsync.ConfigurationError):
             store.wait_for_readers(2, 0)
+
+    def test_a_report_of_an_earlier_history_is_never_counted(
+        self, learner: Any, connect: Callable[..., Any], registry_url: str,
+        new_history: Optional[Callable[[str, str], None]], backend_cls: Type[Backend],
+    ) -> None:
+        """A reader holding version 3 of a table whose store then lost it: the table made
+        again and pushed past 3 is another history, and the reader holds none of it.
+        Neither ``readers`` nor ``wait_for_readers`` may count its report (the old
+        weights), and its reporter stops sending it; once it pulls the new history, it
+        is counted again."""
+        self._needs_reader_registry(backend_cls)
+        if new_history is None:
+            pytest.skip("no new_history fixture: the suite cannot restart this backend's history")
+        store, url = learner, registry_url
+        for number in (1, 2, 3):
+            store.push(filled(SMALL, number))
+        actor = connect(url)
+        actor.report_as("old-weights", ttl=self.TTL)  # a report round every TTL / 3
+        assert actor.pull_if_newer(0)[0] == 3
+        assert [r.version for r in store.wait_for_readers(3, 1, timeout=10)] == [3]
+        new_history(url, "variables")
+        writer = connect(url)
+        writer.create_table("variables", SMALL)
+        for number in range(1, 6):  # the new history passes the number the actor holds
+            writer.push(filled(SMALL, 10 + number))
+        # several of the actor's report rounds pass while the learners look
+        with pytest.raises(varsync.PullTimeoutError):
+            writer.wait_for_readers(1, 1, timeout=self.TTL * 2)
+        for learning in (writer, store):
+            assert learning.readers() == []
+        assert writer.backend.readers("variables") == {}  # the reporter stopped sending it
+        assert int(actor.pull()["train_step"]) == 15  # the actor takes the new history's value
+        held = writer.wait_for_readers(5, 1, timeout=10)
+        assert [(r.reader, r.version) for r in held] == [("old-weights", 5)]
+        assert [r.version for r in store.readers()] == [5]
 
     def test_a_learner_waits_for_readers_in_other_processes(
         self, learner: Any, registry_url: str, connect_options: Dict[str, Any],

@@ -75,7 +75,14 @@ from varsync_shm import _dirs, layout, reading, writing
 from varsync_shm import leaves as leafsync
 from varsync_shm._fds import Descriptors
 from varsync_shm._inotify import Watch
-from varsync_shm.epochs import Handed, Identity, identity_of, record, table_exists
+from varsync_shm.epochs import (
+    Handed,
+    Identity,
+    epoch_now,
+    identity_of,
+    record,
+    table_exists,
+)
 from varsync_shm.mappings import Mappings
 from varsync_shm.reading import MAP_ABOVE, READ_ATTEMPTS
 from varsync_shm.registry import ReaderRegistry
@@ -309,6 +316,13 @@ class ShmBackend(ReaderRegistry, Backend):
     def leaf_versions(self, name: str) -> Tuple[int, List[int]]:
         with self._errors(self._table_path(name)):
             return leafsync.leaf_versions(self, name)
+
+    def current_history(self, name: str) -> Any:
+        """The identity of the table's ``signature.json`` now, in the store's directory
+        now (a store deleted and made again is looked up anew); ``None``: no table."""
+        with self._errors(name):
+            store = self._store(create=False)
+            return None if store < 0 else epoch_now(store, self._rel(name))
 
     def history_of(self, name: str) -> Any:
         return self._histories.trusted(name)  # the signature file's identity
