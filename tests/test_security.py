@@ -5,6 +5,7 @@ documented. Servers are real, started on 127.0.0.1 and stopped by the tests."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -83,18 +84,37 @@ def test_a_password_protected_server_works_end_to_end(redis_servers: Any, form: 
 # -- ACL users, as docs/redis.md gives them -----------------------------------------------------------
 
 
-def documented_acl_lines() -> Dict[str, str]:
-    """The ``ACL SETUSER`` lines of docs/redis.md, by user."""
+def documented_acl_lines(version: str) -> Dict[str, str]:
+    """The ``ACL SETUSER`` lines docs/redis.md gives for Redis ``version`` (the fenced block
+    after its "**Redis <version>**" paragraph), by user."""
     text = (ROOT / "docs" / "redis.md").read_text()
-    lines = re.findall(r"^ACL SETUSER .+$", text, flags=re.MULTILINE)
+    security = text[text.index("## Security"):]
+    paragraph = security.index(f"**Redis {version}**")
+    block = re.search(r"^```\n(.*?)^```", security[paragraph:], flags=re.MULTILINE | re.DOTALL)
+    assert block, f"no fenced block after **Redis {version}** in docs/redis.md"
+    lines = re.findall(r"^ACL SETUSER .+$", block.group(1), flags=re.MULTILINE)
     users = {line.split()[2]: line for line in lines}
-    assert set(users) == {"learner", "actor"}, lines
+    expected = {"7": {"learner", "actor"}, "6.2": {"learner", "actor", "reporter"}}[version]
+    assert set(users) == expected, lines
     return users
+
+
+def redis_version(server: Any) -> str:
+    """``"7"`` or ``"6.2"``: which of the documented blocks applies to ``server``."""
+    with server.client() as admin:
+        major = admin.info("server")["redis_version"].split(".")[0]
+    return "7" if int(major) >= 7 else "6.2"
 
 
 def apply_acl(server: Any, line: str) -> None:
     with server.client() as admin:
         admin.execute_command(*shlex.split(line))
+
+
+def with_documented_users(server: Any) -> Any:
+    for line in documented_acl_lines(redis_version(server)).values():
+        apply_acl(server, line)
+    return server
 
 
 def _redis7(tmp_path: Path) -> Iterator[RedisServer]:
@@ -113,26 +133,48 @@ def _redis7(tmp_path: Path) -> Iterator[RedisServer]:
         server.stop()
 
 
+def _redis62(redis_servers: Any) -> Any:
+    server = redis_servers()
+    with server.client() as admin:
+        if not admin.info("server")["redis_version"].startswith("6."):
+            pytest.skip("the default test server is not Redis 6")
+    return server
+
+
 @pytest.fixture(params=["redis-6.2", "redis-7"])
 def acl_server(request: Any, redis_servers: Any, tmp_path: Path) -> Iterator[Any]:
-    """A server of each major version the tests have, with the documented users."""
+    """A server of each major version the tests have, with the users documented for it."""
     if request.param == "redis-6.2":
-        server = redis_servers()
-        with server.client() as admin:
-            if not admin.info("server")["redis_version"].startswith("6."):
-                pytest.skip("the default test server is not Redis 6")
-        servers: Iterator[Any] = iter([server])
+        servers: Iterator[Any] = iter([_redis62(redis_servers)])
     else:
         servers = _redis7(tmp_path)
-    server = next(servers)
-    for line in documented_acl_lines().values():
-        apply_acl(server, line)
-    yield server
+    yield with_documented_users(next(servers))
     next(servers, None)
+
+
+@pytest.fixture
+def acl_server_7(tmp_path: Path) -> Iterator[Any]:
+    """A Redis 7 server with the users documented for Redis 7."""
+    for server in _redis7(tmp_path):
+        yield with_documented_users(server)
+
+
+@pytest.fixture
+def acl_server_62(redis_servers: Any) -> Any:
+    """A Redis 6.2 server with the users documented for Redis 6.2."""
+    return with_documented_users(_redis62(redis_servers))
 
 
 def user_url(server: Any, user: str, db: int = 0) -> str:
     return server.url.replace("redis://", f"redis://{user}:{user}-password@")[: -1] + str(db)
+
+
+def user_client(server: Any, user: str) -> Any:
+    """A plain redis-py client as a documented user: what that user can do by hand."""
+    import redis
+
+    return redis.Redis(host="127.0.0.1", port=server.port, username=user,
+                       password=f"{user}-password")
 
 
 def test_the_documented_acl_users_work_end_to_end_and_no_further(acl_server: Any) -> None:
@@ -171,21 +213,113 @@ def test_another_database_needs_select_as_the_documentation_says(acl_server: Any
         round_trip(writer, reader, pushes=1)
 
 
-def test_on_redis_7_a_read_only_key_pattern_keeps_actors_from_writing(tmp_path: Path) -> None:
+def test_on_redis_7_a_read_only_key_pattern_keeps_actors_from_writing(acl_server_7: Any) -> None:
     """docs/redis.md: with Redis 7, ``%R~varsync:team:*`` makes the actor's key access
-    read-only; the actor still reads and waits."""
-    for server in _redis7(tmp_path):
-        lines = documented_acl_lines()
-        apply_acl(server, lines["learner"])
-        apply_acl(server, lines["actor"].replace("~varsync:team:*", "%R~varsync:team:*")
-                  + " +set +hset +del")  # even given write commands, it cannot write
-        with varsync.connect(user_url(server, "learner"), namespace="team",
-                             chunk_size=MB) as writer, \
-                varsync.connect(user_url(server, "actor"), namespace="team") as reader:
-            round_trip(writer, reader, pushes=1)
-            with pytest.raises(varsync.AuthenticationError):
-                reader.push(VALUES)
-            assert writer.version() == 2
+    read-only, even with write commands added to its line; the actor still reads and
+    waits."""
+    apply_acl(acl_server_7, "ACL SETUSER actor +set +hset +del")
+    with varsync.connect(user_url(acl_server_7, "learner"), namespace="team",
+                         chunk_size=MB) as writer, \
+            varsync.connect(user_url(acl_server_7, "actor"), namespace="team") as reader:
+        round_trip(writer, reader, pushes=1)
+        with pytest.raises(varsync.AuthenticationError):
+            reader.push(VALUES)
+        assert writer.version() == 2
+
+
+# -- the reader registry under the documented ACL users ---------------------------------------
+
+TABLE_KEY = "varsync:team:variables"  # the keys of table "variables" of namespace "team"
+
+
+def learner_and_actor(server: Any, actor: str = "actor") -> Any:
+    """A learner that created table ``variables`` and pushed version 1, and an actor, both
+    as documented users."""
+    learner = varsync.connect(user_url(server, "learner"), namespace="team", chunk_size=MB)
+    learner.create_table("variables", VALUES)
+    assert learner.push(VALUES) == 1
+    return learner, varsync.connect(user_url(server, actor), namespace="team")
+
+
+def test_on_redis_7_the_documented_actor_reports_and_writes_no_other_readers_entry(
+    acl_server_7: Any,
+) -> None:
+    from redis.exceptions import NoPermissionError
+
+    from varsync.backends.redis.readers import REPORT
+
+    learner, actor = learner_and_actor(acl_server_7)
+    with learner, actor:
+        actor.report_as("actor")
+        assert actor.pull()["step"] == 7
+        held = learner.wait_for_readers(1, 1, timeout=20)
+        assert [(r.reader, r.version) for r in held] == [("actor", 1)]
+        with pytest.raises(varsync.AuthenticationError):
+            actor.push(VALUES)  # it reports, and still cannot publish
+        assert learner.version() == 1
+        with user_client(acl_server_7, "actor") as raw:
+            bob = f"{TABLE_KEY}:reader:bob"
+            with pytest.raises(NoPermissionError):
+                raw.set(bob, "{}")  # another reader's entry
+            with pytest.raises(NoPermissionError):  # the same, by the report script
+                raw.eval(REPORT.text, 2, bob, f"{TABLE_KEY}:readers:exp",
+                         f"{TABLE_KEY}:head", "bob", "{}", 60_000)
+            with pytest.raises(NoPermissionError):
+                raw.set(f"{TABLE_KEY}:readers:exp", "x")  # the index, as another type
+            with pytest.raises(NoPermissionError):
+                raw.zadd(f"{TABLE_KEY}:reader:actor", {"x": 1})  # its entry, likewise
+            with pytest.raises(NoPermissionError):
+                raw.hset(f"{TABLE_KEY}:head", "version", "9")  # the table
+        assert [r.reader for r in learner.readers()] == ["actor"]
+
+
+def test_an_index_entry_without_its_own_entry_key_is_never_counted(acl_server: Any) -> None:
+    """Whoever may report can add any id to a table's index (Redis 7: the actor; 6.2: the
+    reporter): a listing counts only the ids whose entry key is there. On Redis 7 the
+    actor's own key pattern (``…:*:reader:actor``) also matches keys whose id is not
+    ``actor``, which are not ids as varsync encodes them: never counted either."""
+    reporter = "actor" if redis_version(acl_server) == "7" else "reporter"
+    learner, actor = learner_and_actor(acl_server, reporter)
+    with learner, actor:
+        actor.report_as(reporter)
+        actor.pull()
+        assert [r.reader for r in learner.wait_for_readers(1, 1, timeout=20)] == [reporter]
+        with user_client(acl_server, reporter) as raw:
+            record = raw.get(f"{TABLE_KEY}:reader:{reporter}")
+            assert json.loads(record)["version"] == 1
+            index = f"{TABLE_KEY}:readers:exp"
+            raw.zadd(index, {"mallory": 2**50, "eve:reader:" + reporter: 2**50})
+            raw.set(f"{TABLE_KEY}:reader:eve:reader:{reporter}", record)
+        assert [r.reader for r in learner.readers()] == [reporter]
+        with pytest.raises(varsync.PullTimeoutError):
+            learner.wait_for_readers(1, 2, timeout=0.5)
+        with acl_server.client() as admin:
+            assert admin.zscore(index, "mallory") is None  # the listing dropped it
+
+
+def test_on_redis_6_2_the_documented_users_do_what_the_documentation_says(
+    acl_server_62: Any, caplog: Any,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="varsync")
+    """The learner lists readers; the read-only actor pulls, and its reports are refused
+    (logged, never raised); the reporter reports, and, as the documentation warns, can
+    also write any key of the namespace."""
+    learner, actor = learner_and_actor(acl_server_62)
+    with learner, actor, varsync.connect(user_url(acl_server_62, "reporter"),
+                                         namespace="team") as reporter:
+        actor.report_as("actor")
+        reporter.report_as("reporter")
+        assert actor.pull()["step"] == 7 and reporter.pull()["step"] == 7
+        held = learner.wait_for_readers(1, 1, timeout=20)
+        assert [(r.reader, r.version) for r in held] == [("reporter", 1)]
+        assert "reader 'actor' could not report" in caplog.text
+        with pytest.raises(varsync.AuthenticationError):
+            actor.push(VALUES)
+        with user_client(acl_server_62, "reporter") as raw:
+            assert raw.set(f"{TABLE_KEY}:reader:bob", "{}")  # another reader's entry
+            assert raw.set(f"{TABLE_KEY}:head", "gone")  # the table itself
+        with pytest.raises(varsync.VarsyncError):
+            learner.version()
 
 
 # -- TLS ------------------------------------------------------------------------------------------------
@@ -195,10 +329,7 @@ def test_on_redis_7_a_read_only_key_pattern_keeps_actors_from_writing(tmp_path: 
 def tls_server(redis_servers: Any) -> Any:
     """A TLS-only server with a certificate for 127.0.0.1 from a CA the test made, a
     password, and the documented ACL users."""
-    server = redis_servers(tls=True, password=PASSWORD)
-    for line in documented_acl_lines().values():
-        apply_acl(server, line)
-    return server
+    return with_documented_users(redis_servers(tls=True, password=PASSWORD))
 
 
 def test_tls_with_a_password_and_acl_users_works_end_to_end(tls_server: Any) -> None:

@@ -49,7 +49,7 @@ MAX_REDIRECTIONS = 16  # redirections one request follows before giving up
 SETTLE_SECONDS = 30.0  # how long a push or pull waits out a slot in migration
 _PAUSE = (0.005, 0.05)  # first and longest pause between looks at a migrating slot
 #: Scripts that touch keys they do not declare (chunks): never sent after an ASK.
-UNDECLARED_KEYS = ("publish", "claim")
+UNDECLARED_KEYS = ("publish", "claim", "report-reader", "list-readers")
 
 T = TypeVar("T")
 

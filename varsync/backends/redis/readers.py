@@ -1,19 +1,26 @@
 """The reader registry of a redis table (``supports_reader_registry``).
 
-Two keys beside the table's head: ``<table>:readers``, a hash of reader id -> the core's
-record text, and ``<table>:readers:exp``, a sorted set of reader id -> the server time
-(ms) at which its entry expires. Both change in one script, and expiry is decided by the
-server's own clock (``TIME``), so readers on hosts whose clocks differ expire alike. A
-listing removes expired entries in the same script that reads the rest. Both keys expire
-themselves once their last entry would have, so a table whose readers all went leaves
-nothing behind. The head is not touched: reports never change a table's version.
+Each reader's entry is a key of its own beside the table's head,
+``<table>:reader:<reader id, percent-encoded>``: a string holding the core's record, with
+the report's ttl as its own expiry (``PX``: the server's clock, so readers on hosts whose
+clocks differ expire alike). The table's index, ``<table>:readers:exp``, a sorted set of
+encoded reader id -> the server time (ms) its entry expires, is how a listing finds the
+entries: a listing returns the members whose entry key is there and removes the others,
+so an index member without an entry (expired, or written by hand) counts for nothing.
+With an entry key per reader, an ACL can let an actor write its own entry and no other
+one (docs/redis.md, Security). The index expires itself a second after its longest-lived
+entry, so a table whose readers all went keeps nothing of them. The head is read, never
+written: reports never change a table's version. Entries of the earlier layout (one hash,
+``<table>:readers``) are ignored and expire on their own.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
+from urllib.parse import quote, unquote
 
-from varsync.backend import TableNotFoundError
+from varsync.backend import TableNotFoundError, current_deadline, remaining
+from varsync.backends.redis.cluster import SETTLE_SECONDS
 from varsync.backends.redis.protocol import Reply, Script, text
 
 __all__ = ["ReaderRegistry", "REPORT", "LIST", "Reported", "reader_keys"]
@@ -25,42 +32,36 @@ class Reported(Reply):
 
 
 REPORT = Script.of("report-reader", """
--- KEYS: head, readers hash, expiry zset. ARGV: reader id, record, ttl (ms).
-if redis.call('EXISTS', KEYS[1]) == 0 then return {NO_TABLE} end
+-- KEYS: the reader's entry, the table's index. ARGV: the head, the reader's index member
+-- (its encoded id), record, ttl (ms). The head is read from ARGV, not declared: a
+-- script's declared keys need write permission, and an actor may only read the head.
+if redis.call('EXISTS', ARGV[1]) == 0 then return {NO_TABLE} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl = tonumber(ARGV[3])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-redis.call('ZADD', KEYS[3], now + ttl, ARGV[1])
--- the keys live as long as their longest-lived entry
-local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
-local keep = tonumber(last[2]) - now + 1000
-redis.call('PEXPIRE', KEYS[2], keep)
-redis.call('PEXPIRE', KEYS[3], keep)
+local ttl = tonumber(ARGV[4])
+redis.call('SET', KEYS[1], ARGV[3], 'PX', ttl)
+redis.call('ZADD', KEYS[2], now + ttl, ARGV[2])
+-- the index lives as long as its longest-lived entry, and a second more
+if redis.call('PTTL', KEYS[2]) < ttl + 1000 then redis.call('PEXPIRE', KEYS[2], ttl + 1000) end
 return {REPORTED}
 """, Reported)
 
 
 class Listed(Reply):
-    LISTED = "listed"  # reader, record, reader, record, ...
+    LISTED = "listed"  # encoded reader id, record, encoded reader id, record, ...
 
 
 LIST = Script.of("list-readers", """
--- KEYS: readers hash, expiry zset. Removes the expired entries, returns the others.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
-for _, reader in ipairs(gone) do
-  redis.call('HDEL', KEYS[1], reader)
-  redis.call('ZREM', KEYS[2], reader)
-end
+-- KEYS: the table's index. ARGV: the prefix of its entries' keys. Returns each member
+-- whose entry is there, with the entry; removes the members whose entry is gone.
 local out = {LISTED}
-local alive = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. now, '+inf')
-for _, reader in ipairs(alive) do
-  local record = redis.call('HGET', KEYS[1], reader)
-  if record then
+for _, reader in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local record = redis.pcall('GET', ARGV[1] .. reader)
+  if type(record) == 'string' then
     table.insert(out, reader)
     table.insert(out, record)
+  elseif not record then
+    redis.call('ZREM', KEYS[1], reader)
   end
 end
 return out
@@ -68,16 +69,24 @@ return out
 
 
 def reader_keys(head: str) -> Tuple[str, str]:
-    """The registry's two keys, from the table's head key (``<table>:head``)."""
+    """The registry's index and the prefix of its entries' keys, from the table's head
+    key (``<table>:head``): in a Redis Cluster they keep the head's hash tag."""
     table = head[: -len(":head")] if head.endswith(":head") else head
-    return table + ":readers", table + ":readers:exp"
+    return table + ":readers:exp", table + ":reader:"
 
 
 def parse_listing(raw: Any) -> Dict[str, str]:
-    """The ``LIST`` script's reply as reader id -> record."""
+    """The ``LIST`` script's reply as reader id -> record. A member that is not an id as
+    :func:`quote` encodes it (written by something else) is skipped."""
     _, rest = LIST.answer(raw)
     pairs: List[Any] = list(rest)
-    return {text(pairs[i]): text(pairs[i + 1]) for i in range(0, len(pairs) - 1, 2)}
+    out = {}
+    for i in range(0, len(pairs) - 1, 2):
+        member = text(pairs[i])
+        reader = unquote(member)
+        if quote(reader, safe="") == member:
+            out[reader] = text(pairs[i + 1])
+    return out
 
 
 class ReaderRegistry:
@@ -89,15 +98,30 @@ class ReaderRegistry:
     def report_reader(self, name: str, reader: str, record: str, ttl: float) -> None:
         backend: Any = self
         head = backend._keys(name).head
+        index, prefix = reader_keys(head)
+        member = quote(reader, safe="")
         with backend._errors(f"reporting a reader of table {name!r}"):
-            reply, _ = REPORT.answer(backend._client.script(
-                REPORT, [head, *reader_keys(head)], [reader, record, max(int(ttl * 1000), 1)]
-            ))
+            reply, _ = REPORT.answer(_settled(backend, head, lambda: backend._client.script(
+                REPORT, [prefix + member, index],
+                [head, member, record, max(int(ttl * 1000), 1)],
+            )))
         if reply is Reported.NO_TABLE:
             raise TableNotFoundError(f"no table {name!r} at {backend.address}")
 
     def readers(self, name: str) -> Dict[str, str]:
         backend: Any = self
-        head = backend._keys(name).head
+        index, prefix = reader_keys(backend._keys(name).head)
         with backend._errors(f"listing the readers of table {name!r}"):
-            return parse_listing(backend._client.script(LIST, list(reader_keys(head)), []))
+            return parse_listing(_settled(
+                backend, index, lambda: backend._client.script(LIST, [index], [prefix])))
+
+
+def _settled(backend: Any, key: str, run: Callable[[], Any]) -> Any:
+    """``run()``; in a Redis Cluster, again once the table's slot is no longer migrating:
+    both scripts touch keys they do not declare (the head, the entries), which may have
+    left for the slot's target node, so they are never sent after an ASK
+    (``cluster.UNDECLARED_KEYS``); a listing there could drop entries not yet moved."""
+    cluster = backend._topology.cluster
+    if cluster is None:
+        return run()
+    return cluster.settled(run, key, min(remaining(current_deadline()), SETTLE_SECONDS))
