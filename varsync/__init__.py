@@ -38,7 +38,7 @@ from varsync.nest import flatten, unflatten
 from varsync.registry import BackendEntry, PluginWarning, available_backends
 from varsync.signature import Spec, signature_of
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "connect",
