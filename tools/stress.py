@@ -79,7 +79,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 code, output = done.returncode, done.stdout + done.stderr
             except subprocess.TimeoutExpired as exc:
                 code = -1
-                output = f"timed out after {args.timeout:g} s\n{exc.stdout or ''}"
+                partial = exc.stdout or ""
+                if isinstance(partial, bytes):
+                    partial = partial.decode(errors="replace")
+                output = f"timed out after {args.timeout:g} s\n{partial}"
             took = time.monotonic() - began
             verdict = "ok" if code == 0 else "FAILED"
             print(f"run {run:3d}/{args.runs}: {verdict} in {took:.1f} s: {last_line(output)}",

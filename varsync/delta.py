@@ -32,14 +32,19 @@ import collections
 import difflib
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, Hashable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from varsync import nest as nest_lib
 from varsync import signature as sig
 from varsync.backends.base import Backend
-from varsync.errors import ConfigurationError, LeafPathError, TableNotFoundError
+from varsync.errors import (
+    ConfigurationError,
+    LeafPathError,
+    SignatureMismatchError,
+    TableNotFoundError,
+)
 from varsync.signature import Spec
 
 __all__ = [
@@ -72,7 +77,8 @@ def _sample(raw: np.ndarray) -> bytes:
         positions = np.linspace(0, size - 1, SAMPLE_POSITIONS).astype(np.intp)
         if len(_POSITIONS) < 4096:
             _POSITIONS[size] = positions
-    return raw[positions].tobytes()
+    sample: bytes = raw[positions].tobytes()
+    return sample
 
 
 def _hash(raw: np.ndarray) -> bytes:
@@ -188,8 +194,8 @@ def given_leaves(signature: Any, leaves: Any) -> Dict[int, np.ndarray]:
         node, indices, walked = paths.leaf_indices(path)
         try:
             arrays = sig.flatten_values(node, value)
-        except sig.SignatureMismatchError as exc:
-            raise sig.SignatureMismatchError(
+        except SignatureMismatchError as exc:
+            raise SignatureMismatchError(
                 f"push_leaves, path {nest_lib.format_path(walked)}: {exc}"
             ) from None
         for index, array in zip(indices, arrays):
@@ -368,7 +374,7 @@ class Handed:
 class _Assignment:
     version: int
     targets: List["weakref.ref[Any]"]
-    ids: frozenset
+    ids: FrozenSet[int]
     history: Hashable
 
 

@@ -182,6 +182,10 @@ class MeteredBackend:
     # __dict__ holds what __getattr__ found on the backend's class and will find again
     # (its methods, bound; its flags): the next lookup is a dict hit, not a __getattr__.
     __slots__ = ("_backend", "_meters", "_scheme", "_tables", "__dict__")
+    _backend: Backend
+    _meters: Meters
+    _scheme: str
+    _tables: Dict[str, "_TableMeters"]
 
     def __init__(self, backend: Backend, meters: Meters, scheme: str) -> None:
         object.__setattr__(self, "_backend", backend)

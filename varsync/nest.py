@@ -15,7 +15,7 @@ both frameworks keep that order), and :data:`EMPTY`, a node with no leaves (JAX'
 from __future__ import annotations
 
 import collections.abc
-from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
@@ -36,7 +36,7 @@ PathEntry = Tuple[str, Any]  # ("key", k) for mappings, ("index", i) or ("field"
 Path = Tuple[PathEntry, ...]
 
 
-class Ordered(dict):
+class Ordered(Dict[Any, Any]):
     """A mapping whose leaves come in its own key order, not sorted (see the module doc).
 
     Framework adapters make these; a signature holds one where the table was created from
@@ -100,7 +100,7 @@ def is_nested(value: Any) -> bool:
 _NESTED_BY_TYPE: Dict[type, bool] = {dict: True, list: True, tuple: True, np.ndarray: False}
 
 
-def sorted_keys(mapping: collections.abc.Mapping) -> List[Any]:
+def sorted_keys(mapping: Mapping[Any, Any]) -> List[Any]:
     """The mapping's keys in ``tf.nest`` order; a clear ``TypeError`` if they cannot sort."""
     try:
         return sorted(mapping)
@@ -186,7 +186,7 @@ def _rebuild(structure: Any, leaves: Iterator[Any]) -> Any:
     return _like_sequence(structure, values)
 
 
-def _like_mapping(instance: collections.abc.Mapping, rebuilt: dict) -> Any:
+def _like_mapping(instance: Mapping[Any, Any], rebuilt: Dict[Any, Any]) -> Any:
     kind: Any = type(instance)  # a Mapping subclass, whose constructor may take anything
     ordered = [(k, rebuilt[k]) for k in instance]  # keep the instance's own key order
     if isinstance(instance, collections.defaultdict):

@@ -145,12 +145,13 @@ def _import_target(entry: BackendEntry) -> type:
             f"import {missing!r}{hint}"
         ) from exc
     try:
-        return getattr(module, class_name)
+        cls: type = getattr(module, class_name)
     except AttributeError:
         raise ConfigurationError(
             f"the {entry.scheme}:// backend names {entry.target}, but {module_name} has no "
             f"{class_name}; the plugin from {entry.source} is broken"
         ) from None
+    return cls
 
 
 def _entry_points() -> List[importlib.metadata.EntryPoint]:

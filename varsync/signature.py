@@ -397,7 +397,7 @@ def _describe_value(value: Any) -> str:
 
 def same_structure(a: Any, b: Any) -> bool:
     """Signature equality: same structure (list and tuple alike), same specs."""
-    return _structure_key(a) == _structure_key(b)
+    return bool(_structure_key(a) == _structure_key(b))
 
 
 def _structure_key(node: Any) -> Any:

@@ -100,7 +100,8 @@ def _ml_dtype(name: str) -> np.dtype:
             f"dtype {name} is not in the installed ml_dtypes "
             f"{getattr(module, '__version__', '?')}; upgrade it (pip install -U ml_dtypes)"
         )
-    return np.dtype(kind)
+    dtype: np.dtype[Any] = np.dtype(kind)
+    return dtype
 
 
 @dataclass(frozen=True)

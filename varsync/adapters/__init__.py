@@ -103,12 +103,12 @@ class AdapterRegistry:
     def __init__(self) -> None:
         self._entries: Dict[str, AdapterEntry] = {}
         self._by_module: Dict[str, AdapterEntry] = {}
-        self._loaded: Dict[str, Any] = {}
+        self._loaded: Dict[str, Adapter] = {}
         self._failed: Dict[str, str] = {}
         # type -> the adapter that last handled a value of it: asked first next time (a
         # lookup by module and a load check cost ~3 us a leaf, most of a 500-variable
         # update's checks). Its ``handles`` still decides, for every value.
-        self._by_type: Dict[type, Any] = {}
+        self._by_type: Dict[type, Adapter] = {}
         self._source = "built-in"
         self._lock = threading.Lock()
 
@@ -184,7 +184,7 @@ class AdapterRegistry:
                 return True
         return False
 
-    def _load(self, entry: AdapterEntry) -> Optional[Any]:
+    def _load(self, entry: AdapterEntry) -> Optional[Adapter]:
         adapter = self._loaded.get(entry.name)
         if adapter is not None:
             return adapter
