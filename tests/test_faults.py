@@ -491,9 +491,9 @@ def _push_and_stall(backend: str, url: str, signature: Any, number: int, reached
     killed): Redis after half its chunks were sent, shm after half its leaves were
     written, Reverb once its data streams to the server (its writer's flush)."""
     if backend == "redis":
-        from varsync.backends import redis as redis_backend
+        from varsync.backends.redis import wire
 
-        real_parts = redis_backend._chunk_parts
+        real_parts = wire.chunk_parts
 
         def stalling_parts(views: Any, chunk: int) -> Any:
             parts = list(real_parts(views, chunk))
@@ -503,7 +503,7 @@ def _push_and_stall(backend: str, url: str, signature: Any, number: int, reached
                     release.wait(120)
                 yield part
 
-        redis_backend._chunk_parts = stalling_parts
+        wire.chunk_parts = stalling_parts  # the module the push looks it up in
     elif backend == "shm":
         from varsync_shm import segment
 
@@ -631,16 +631,16 @@ def _pull_and_stall(backend: str, url: str, reached: Any, release: Any) -> None:
     """Child: pull, and be killed in the middle of it: Redis after the first chunk
     arrived (the next is on its way), Reverb during one of a stream of large pulls."""
     if backend == "redis":
-        from varsync.backends import redis as redis_backend
+        from varsync.backends.redis import wire
 
-        real_crc = redis_backend._crc32
+        real_crc = wire.checksum
 
         def stalling_crc(parts: Any) -> int:
             reached.set()
             release.wait(120)
             return real_crc(parts)
 
-        redis_backend._crc32 = stalling_crc
+        wire.checksum = stalling_crc  # the module the pull looks it up in
     with varsync.connect(url, timeout=60) as store:
         for _ in range(100):  # bounded: the test kills this process during a pull
             if backend == "reverb":

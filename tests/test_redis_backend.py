@@ -371,7 +371,7 @@ def test_an_acl_user_limited_to_its_prefix_and_the_documented_commands_works(
 def test_checksums_are_zlibs_crc32_whichever_implementation_computes_them() -> None:
     import zlib
 
-    from varsync.backends.redis import _crc32
+    from varsync.backends.redis.wire import checksum as _crc32
 
     data = np.random.default_rng(3).integers(0, 256, 1 << 20, dtype=np.uint8)
     views = [memoryview(data)[:1000], memoryview(data)[1000:]]

@@ -22,7 +22,7 @@ from redis_fixtures import ReplyCutter, command_calls, table_head
 import varsync
 
 redis = pytest.importorskip("redis")
-from varsync.backends.redis import _PUBLISH_SCRIPT  # noqa: E402  (needs redis-py)
+from varsync.backends.redis.protocol import PUBLISH as _PUBLISH_SCRIPT  # noqa: E402
 
 KB = 1 << 10
 MB = 1 << 20

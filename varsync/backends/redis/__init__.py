@@ -52,31 +52,6 @@ Modules: :mod:`.protocol` (keys, head, Lua scripts and their named replies), :mo
 
 from __future__ import annotations
 
-import sys
-import types
-from typing import Any
-
-from varsync.backends.redis import wire
 from varsync.backends.redis.backend import RedisBackend
 
-# The private names of the single module this package was, for the tests that use them.
-from varsync.backends.redis.protocol import PUBLISH as _PUBLISH_SCRIPT  # noqa: F401
-from varsync.backends.redis.wire import checksum as _crc32  # noqa: F401
-from varsync.backends.redis.wire import chunk_parts as _chunk_parts  # noqa: F401
-
 __all__ = ["RedisBackend"]
-
-# Names of this package that stand for functions of .wire, as when the backend was one
-# module: tests (tests/test_faults.py) stall a push or a pull by replacing them here, and
-# such a replacement must reach the code that calls them.
-_WIRE_NAMES = {"_chunk_parts": "chunk_parts", "_crc32": "checksum"}
-
-
-class _Package(types.ModuleType):
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _WIRE_NAMES:
-            setattr(wire, _WIRE_NAMES[name], value)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
