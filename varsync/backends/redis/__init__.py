@@ -40,7 +40,8 @@ version of another epoch gets :class:`~varsync.TableResetError` (from the core's
 0), so holders of a version get the same error and ``pull`` waits for a writer to publish
 again. A writer publishing to a vanished table creates it again with its signature.
 
-Modules: :mod:`.protocol` (keys, head, Lua scripts and their named replies), :mod:`.leaves`
+Modules: :mod:`.protocol` (keys, head, the loader of the Lua scripts in ``scripts/*.lua``
+and their named replies), :mod:`.readers` (the reader registry), :mod:`.leaves`
 (leaf versions: segments, the leaf map, delta pushes and pulls),
 :mod:`.wire` (the chunk format, its writer and reader), :mod:`.options`, :mod:`.errors`
 (redis-py's exceptions mapped), :mod:`.pool` (connections and requests),

@@ -31,41 +31,14 @@ class Reported(Reply):
     NO_TABLE = "no-table"  # the table's head is gone
 
 
-REPORT = Script.of("report-reader", """
--- KEYS: the reader's entry, the table's index. ARGV: the head, the reader's index member
--- (its encoded id), record, ttl (ms). The head is read from ARGV, not declared: a
--- script's declared keys need write permission, and an actor may only read the head.
-if redis.call('EXISTS', ARGV[1]) == 0 then return {NO_TABLE} end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl = tonumber(ARGV[4])
-redis.call('SET', KEYS[1], ARGV[3], 'PX', ttl)
-redis.call('ZADD', KEYS[2], now + ttl, ARGV[2])
--- the index lives as long as its longest-lived entry, and a second more
-if redis.call('PTTL', KEYS[2]) < ttl + 1000 then redis.call('PEXPIRE', KEYS[2], ttl + 1000) end
-return {REPORTED}
-""", Reported)
+REPORT = Script.load("report-reader", Reported)
 
 
 class Listed(Reply):
     LISTED = "listed"  # encoded reader id, record, encoded reader id, record, ...
 
 
-LIST = Script.of("list-readers", """
--- KEYS: the table's index. ARGV: the prefix of its entries' keys. Returns each member
--- whose entry is there, with the entry; removes the members whose entry is gone.
-local out = {LISTED}
-for _, reader in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-  local record = redis.pcall('GET', ARGV[1] .. reader)
-  if type(record) == 'string' then
-    table.insert(out, reader)
-    table.insert(out, record)
-  elseif not record then
-    redis.call('ZREM', KEYS[1], reader)
-  end
-end
-return out
-""", Listed)
+LIST = Script.load("list-readers", Listed)
 
 
 def reader_keys(head: str) -> Tuple[str, str]:
