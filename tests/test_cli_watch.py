@@ -22,6 +22,7 @@ import pytest
 import varsync
 from varsync import cli
 from varsync.cli.watch import Watcher
+from varsync.readers import history_key
 
 # tox.ini's tf and modern environments install the extra: there a missing one fails.
 if os.environ.get("TOX_ENV_NAME") in ("tf", "modern"):
@@ -154,8 +155,9 @@ def report(store, table, reader, host="node-1", version=3):
     if not store.backend.supports_reader_registry:
         pytest.skip(f"{type(store.backend).__name__} keeps no reader registry")
     now = time.time()
+    epoch = history_key(store.backend.current_history(table))  # listed: of the table's history
     record = json.dumps({"host": host, "pid": 1, "version": version, "at": now,
-                         "reported": now, "expires": now + 60})
+                         "reported": now, "expires": now + 60, "epoch": epoch})
     store.backend.report_reader(table, reader, record, 60)
 
 
