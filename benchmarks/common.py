@@ -14,7 +14,8 @@ import platform
 import statistics
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
@@ -25,7 +26,7 @@ GiB = 2**30
 # -- the machine ------------------------------------------------------------------------
 
 
-def machine() -> Dict[str, Any]:
+def machine() -> dict[str, Any]:
     """What a reader needs to weigh a figure: cores, memory, platform, when."""
     import numpy
 
@@ -54,7 +55,7 @@ def machine() -> Dict[str, Any]:
 REPORTED_KIB = "/sys/module/page_reporting/parameters/reported_kib"
 
 
-def fresh_memory(nbytes: int, idle: float) -> Dict[str, Any]:
+def fresh_memory(nbytes: int, idle: float) -> dict[str, Any]:
     """How fast this machine gives a process memory it has not written yet, which every
     pull into new arrays and every first write of a server's key pays at large sizes:
     ``nbytes`` written (``np.ones``) twice in a row, the second time into the pages the
@@ -63,7 +64,7 @@ def fresh_memory(nbytes: int, idle: float) -> Dict[str, Any]:
     and the host faults it in again, far slower: ``reported_mib`` says how much went back
     meanwhile (``None`` where the kernel does not report)."""
 
-    def reported() -> Optional[int]:
+    def reported() -> int | None:
         try:
             with open(REPORTED_KIB) as f:
                 return int(f.read())
@@ -88,7 +89,7 @@ def fresh_memory(nbytes: int, idle: float) -> Dict[str, Any]:
             else (after - before) / 1024}
 
 
-def machine_line(m: Dict[str, Any]) -> str:
+def machine_line(m: dict[str, Any]) -> str:
     """One line for every figure and table: cores, memory, date."""
     return (f"{m['cores']} cores, {m['memory_gib']:.0f} GiB, measured {m['date']} "
             "(shared, noisy machine)")
@@ -117,18 +118,18 @@ def parse_size(text: str) -> int:
 # -- nests --------------------------------------------------------------------------------
 
 
-def leaf_sizes(nbytes: int, leaves: int) -> List[int]:
+def leaf_sizes(nbytes: int, leaves: int) -> list[int]:
     """float32 elements per leaf, ``leaves`` leaves of ``nbytes`` bytes in all."""
     floats = max(nbytes // 4, leaves)
     return [floats // leaves + (1 if i < floats % leaves else 0) for i in range(leaves)]
 
 
-def leaf_names(leaves: int) -> List[str]:
+def leaf_names(leaves: int) -> list[str]:
     width = len(str(leaves - 1))
     return [f"v{i:0{width}d}" for i in range(leaves)]
 
 
-def signature_of(nbytes: int, leaves: int) -> Dict[str, Any]:
+def signature_of(nbytes: int, leaves: int) -> dict[str, Any]:
     """``{leaf name: varsync.Spec}``: what a Reverb server needs to make the table."""
     import varsync
 
@@ -136,7 +137,7 @@ def signature_of(nbytes: int, leaves: int) -> Dict[str, Any]:
             for name, n in zip(leaf_names(leaves), leaf_sizes(nbytes, leaves))}
 
 
-def nest_of(nbytes: int, leaves: int, seed: int = 0) -> Dict[str, np.ndarray]:
+def nest_of(nbytes: int, leaves: int, seed: int = 0) -> dict[str, np.ndarray]:
     """A dict of ``leaves`` float32 vectors, ``nbytes`` bytes in all, random values (so
     that compression in an engine gains nothing, as with real weights)."""
     rng = np.random.default_rng(seed)
@@ -144,7 +145,7 @@ def nest_of(nbytes: int, leaves: int, seed: int = 0) -> Dict[str, np.ndarray]:
             for name, n in zip(leaf_names(leaves), leaf_sizes(nbytes, leaves))}
 
 
-def payload_of(nest: Dict[str, np.ndarray]) -> int:
+def payload_of(nest: dict[str, np.ndarray]) -> int:
     return sum(a.nbytes for a in nest.values())
 
 
@@ -167,7 +168,7 @@ def timed(fn: Callable[[], Any], repeat: int = 1) -> float:
             gc.enable()
 
 
-def summary(samples: Sequence[float]) -> Dict[str, float]:
+def summary(samples: Sequence[float]) -> dict[str, float]:
     """Median, quartiles, p90, min, max and count of ``samples``."""
     values = sorted(samples)
     if not values:
@@ -181,7 +182,7 @@ def summary(samples: Sequence[float]) -> Dict[str, float]:
             "min": values[0], "max": values[-1], "n": len(values)}
 
 
-def paired_ratio(mine: Sequence[float], other: Sequence[float]) -> Dict[str, float]:
+def paired_ratio(mine: Sequence[float], other: Sequence[float]) -> dict[str, float]:
     """Median and IQR over rounds of ``mine[i] / other[i]``: both were timed in round i, so
     a noisy neighbour slowed them alike."""
     return summary([a / b for a, b in zip(mine, other) if b > 0])
@@ -195,7 +196,7 @@ def seconds_text(seconds: float) -> str:
     return f"{seconds * 1e6:.3g} µs"
 
 
-def spread_text(s: Dict[str, float]) -> str:
+def spread_text(s: dict[str, float]) -> str:
     """``median (IQR q1–q3)`` in readable units."""
     return f"{seconds_text(s['median'])} ({seconds_text(s['q1'])}–{seconds_text(s['q3'])})"
 
@@ -254,7 +255,7 @@ class Sampler:
         self.measure, self.interval = measure, interval
         self.baseline = measure()
         self.highest = self.baseline
-        self.error: Optional[str] = None
+        self.error: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
 
@@ -262,12 +263,12 @@ class Sampler:
         while not self._stop.is_set():
             try:
                 self.highest = max(self.highest, self.measure())
-            except Exception as exc:  # noqa: BLE001 - reported, not raised
+            except Exception as exc:
                 self.error = repr(exc)
                 return
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> "Sampler":
+    def __enter__(self) -> Sampler:
         self._thread.start()
         return self
 
@@ -284,7 +285,7 @@ class Sampler:
 
 @contextlib.contextmanager
 def stage(name: str, log: Callable[[str], None],
-          record: Optional[Dict[str, float]] = None) -> Iterator[None]:
+          record: dict[str, float] | None = None) -> Iterator[None]:
     """Log the start and the duration of a stage; keep the duration in ``record``."""
     started = time.monotonic()
     log(f"-- {name} ...")

@@ -28,7 +28,7 @@ import time
 import traceback
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable
 
 import numpy as np
 
@@ -57,14 +57,14 @@ TORCH_START_SECONDS = 300.0  # for its TensorFlow and torch imports and the warm
 TORCH_ROUND_SECONDS = 60.0
 
 
-def run(plan: Plan, out: Dict[str, Any], log: Callable[[str], None],
+def run(plan: Plan, out: dict[str, Any], log: Callable[[str], None],
         time_left: Callable[[], float]) -> None:
     """Start every server and child process at once (their start-up, TensorFlow's import
     in most, overlaps), wait until all are up, then run every stage the time left allows;
     stop them all on the way out."""
     for key in RECORDS:
         out.setdefault(key, [])
-    children: List[Any] = []  # ReverbProcess or Children: stopped together at the end
+    children: list[Any] = []  # ReverbProcess or Children: stopped together at the end
 
     def started(child: Any) -> Any:
         children.append(child)
@@ -96,7 +96,7 @@ def run(plan: Plan, out: Dict[str, Any], log: Callable[[str], None],
                  redis_server.url, redis_server.pid)
 
 
-def stop_all(children: List[Any]) -> None:
+def stop_all(children: list[Any]) -> None:
     """Ask every child to stop, then wait for each: they stop at the same time."""
     for child in children:
         child.request_stop()
@@ -106,16 +106,13 @@ def stop_all(children: List[Any]) -> None:
 
 def import_clients() -> None:
     """What the sweep's groups import, imported while the children start."""
-    import tensorflow  # noqa: F401
-    import tf_agents.experimental.distributed.reverb_variable_container  # noqa: F401
-
-    import varsync.compat.tf_agents  # noqa: F401
 
 
-def _measure(plan: Plan, out: Dict[str, Any], log: Callable[[str], None],
-             time_left: Callable[[], float], reverb_pid: int, reverb: Dict[str, str],
+
+def _measure(plan: Plan, out: dict[str, Any], log: Callable[[str], None],
+             time_left: Callable[[], float], reverb_pid: int, reverb: dict[str, str],
              fanout: ReverbProcess, readers: Children, probes: Children,
-             redis_url: str, redis_pid: Optional[int] = None) -> None:
+             redis_url: str, redis_pid: int | None = None) -> None:
     """The stages, once everything is up. ``reverb``: the sweep's Reverb servers by name
     ("sweep" with the probe's and the cold start's tables, and one per case)."""
     import redis
@@ -137,7 +134,7 @@ def _measure(plan: Plan, out: Dict[str, Any], log: Callable[[str], None],
     # beside the many tables: a server of one table, the smallest case's (pushed by now)
     smallest = (reverb[few[0].name], few[0].name) if few else None
     # Issue 15's two stages first: short, and its table of targets needs them.
-    stages: List[Tuple[str, float, Callable[[], None]]] = [
+    stages: list[tuple[str, float, Callable[[], None]]] = [
         (f"Reverb, {plan.tables} tables", 20,
          lambda: many_tables(plan, reverb["tables"], out, reverb_pid, smallest)),
         ("cold start", 8 * plan.cold_samples,
@@ -165,7 +162,7 @@ def _measure(plan: Plan, out: Dict[str, Any], log: Callable[[str], None],
         try:
             with stage(name, log, out["stage_seconds"]):
                 call()
-        except Exception:  # noqa: BLE001 - one stage failing must not lose the others
+        except Exception:
             out["skipped"].append(f"{name}: failed: "
                                   f"{traceback.format_exc().splitlines()[-1]}")
             log(f"   {name} FAILED:\n{traceback.format_exc()}")
@@ -188,8 +185,8 @@ def available_memory() -> int:
     return 0
 
 
-def many_tables(plan: Plan, address: str, out: Dict[str, Any], server_pid: int,
-                one: Optional[Tuple[str, str]] = None) -> None:
+def many_tables(plan: Plan, address: str, out: dict[str, Any], server_pid: int,
+                one: tuple[str, str] | None = None) -> None:
     """Issue 15.1: ``pull_if_newer`` unchanged on one of the tables of a Reverb server that
     holds ``plan.tables`` of ``plan.table_leaves`` leaves each (every table pushed once);
     with the CPU each call cost the servers' process and this one, and the same beside it
@@ -213,7 +210,7 @@ def many_tables(plan: Plan, address: str, out: Dict[str, Any], server_pid: int,
 
 
 def _polls_with_cpu(poll: Callable[[], Any], count: int,
-                    server_pid: int) -> Tuple[List[float], Dict[str, float]]:
+                    server_pid: int) -> tuple[list[float], dict[str, float]]:
     """``time_polls``, and the CPU seconds per call of the Reverb servers' process (every
     thread) and of this one (every thread: gRPC's own included), taken around them all."""
     poll()  # the held version is read here, outside the count
@@ -243,7 +240,7 @@ def _server_info_bytes(address: str) -> int:
     return sum(len(blob) for blob in reverb.Client(address)._client.ServerInfo(0))
 
 
-def cold_start(plan: Plan, reverb: str, redis_url: str, out: Dict[str, Any],
+def cold_start(plan: Plan, reverb: str, redis_url: str, out: dict[str, Any],
                log: Callable[[str], None]) -> None:
     """Issue 15.5: fill a table of ``plan.cold_bytes`` on each backend that keeps it across
     processes, then time fresh processes' first connect + pull of it (readers.py)."""
@@ -266,7 +263,7 @@ def cold_start(plan: Plan, reverb: str, redis_url: str, out: Dict[str, Any],
         varsync_shm.remove_store(f"bench-cold-{tag}")
 
 
-def torch_many(case: Case, address: str, out: Dict[str, Any],
+def torch_many(case: Case, address: str, out: dict[str, Any],
                log: Callable[[str], None]) -> None:
     """Issue 15.2 for PyTorch modules: round by round, TF-Agents' ``update`` of ``case``'s
     table into tf.Variables here, then varsync's ``update`` of it into a PyTorch module in
@@ -302,7 +299,7 @@ def torch_many(case: Case, address: str, out: Dict[str, Any],
             tfa.update(variables, case.name)
         if any(not np.array_equal(variables[name].numpy(), nest[name]) for name in nest):
             raise AssertionError("TF-Agents' update did not assign the table's values")
-        samples: Dict[str, List[float]] = {"tf-agents": [], "reverb": [], "memory": []}
+        samples: dict[str, list[float]] = {"tf-agents": [], "reverb": [], "memory": []}
         for _ in range(3 * case.rounds):  # short rounds: three times the sweep's
             started = time.perf_counter()
             tfa.update(variables, case.name)
@@ -336,7 +333,7 @@ def _tell(child: Any, word: bytes) -> None:
     child.stdin.flush()
 
 
-def _answer(child: Any, seconds: float) -> Dict[str, Any]:
+def _answer(child: Any, seconds: float) -> dict[str, Any]:
     """torch_rounds.py's next message, within ``seconds``; its error raised here."""
     deadline = time.monotonic() + seconds
     line = b""
@@ -348,13 +345,13 @@ def _answer(child: Any, seconds: float) -> Dict[str, Any]:
         if not more:
             raise RuntimeError(f"torch_rounds.py ended (exit {child.wait()}) mid-run")
         line += more
-    message: Dict[str, Any] = json.loads(line)
+    message: dict[str, Any] = json.loads(line)
     if "error" in message:
         raise RuntimeError(f"torch_rounds.py failed:\n{message['error']}")
     return message
 
 
-def big_case(sweep: Sweep, case: Case, out: Dict[str, Any], log: Callable[[str], None]) -> None:
+def big_case(sweep: Sweep, case: Case, out: dict[str, Any], log: Callable[[str], None]) -> None:
     # Client: the nest, the copy target and one pulled value; redis-server: up to three
     # versions (the current one, `keep=1` previous, the one being pushed).
     needed = 6.5 * case.nbytes

@@ -37,17 +37,18 @@ import statistics
 import time
 import traceback
 import uuid
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from functools import partial
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable
 
 import numpy as np
 
 from .common import MB, machine, paired_ratio, size_label, summary
 from .frameworks import _import_problem, _version, working_tree
 
-Nest = Dict[str, np.ndarray]
+Nest = dict[str, np.ndarray]
 BACKENDS = ("memory", "redis", "shm")
 WHOLE_PUSH = "push, skip_unchanged=False"
 WHOLE_UPDATE = "update, delta_only=False"
@@ -120,7 +121,7 @@ class Meter:
         return call
 
 
-def _arrays_bytes(name: str, args: Sequence[Any], kwargs: Dict[str, Any], result: Any) -> int:
+def _arrays_bytes(name: str, args: Sequence[Any], kwargs: dict[str, Any], result: Any) -> int:
     if name == "write":
         arrays = args[1] if len(args) > 1 else kwargs.get("arrays", ())
     elif name == "write_leaves":
@@ -167,14 +168,14 @@ class Side:
     writer: Any
     reader: Any
     whole: Any
-    meters: List[Meter]
-    server: Optional[ServerBytes] = None
+    meters: list[Meter]
+    server: ServerBytes | None = None
 
     @property
     def leaf_versions(self) -> bool:
         return bool(type(self.writer.backend).supports_leaf_versions)
 
-    def _counters(self, tables: Sequence[str]) -> Optional[int]:
+    def _counters(self, tables: Sequence[str]) -> int | None:
         total, found = 0, False
         for container in (self.writer, self.reader, self.whole):
             for table in tables:
@@ -191,7 +192,7 @@ class Side:
             return "shm counters"
         return "protocol"
 
-    def reading(self, tables: Sequence[str]) -> Tuple[int, int]:
+    def reading(self, tables: Sequence[str]) -> tuple[int, int]:
         """(the basis of bytes moved, protocol bytes) now."""
         protocol = sum(m.total for m in self.meters)
         if self.server is not None:
@@ -201,7 +202,7 @@ class Side:
             return counters + sum(m.whole for m in self.meters), protocol
         return protocol, protocol
 
-    def moved_since(self, before: Tuple[int, int], tables: Sequence[str]) -> Tuple[int, int]:
+    def moved_since(self, before: tuple[int, int], tables: Sequence[str]) -> tuple[int, int]:
         if self.server is not None:
             return self.server.since(before[0]), sum(m.total for m in self.meters) - before[1]
         after = self.reading(tables)
@@ -214,7 +215,7 @@ class Side:
             self.server.close()
 
 
-def clocked(call: Callable[[], Any]) -> Tuple[float, Any]:
+def clocked(call: Callable[[], Any]) -> tuple[float, Any]:
     """Seconds ``call`` took, with the garbage collector off, and what it returned."""
     enabled = gc.isenabled()
     gc.disable()
@@ -235,10 +236,10 @@ class Workload:
     key: str
     title: str
     nest: Nest
-    changing: Callable[[int], List[str]]  # round number -> the leaves changed before its push
+    changing: Callable[[int], list[str]]  # round number -> the leaves changed before its push
 
 
-def frozen90(nbytes: int, seed: int = 0) -> Tuple[Nest, List[str]]:
+def frozen90(nbytes: int, seed: int = 0) -> tuple[Nest, list[str]]:
     """10 leaves holding 90 % of ``nbytes`` (``frozen0``-``frozen9``) and 5 holding 10 %
     (``live0``-``live4``), float32, random."""
     rng = np.random.default_rng(seed)
@@ -266,7 +267,7 @@ def change(nest: Nest, names: Sequence[str]) -> int:
 # -- the group ----------------------------------------------------------------------------
 
 
-def run(plan: DeltaPlan, out: Dict[str, Any], log: Callable[[str], None],
+def run(plan: DeltaPlan, out: dict[str, Any], log: Callable[[str], None],
         servers: ExitStack) -> None:
     """Every stage on every backend that can run here, into ``out`` (results.json's
     "delta"). A redis-server of the group's own is started in ``servers`` (the caller
@@ -278,7 +279,7 @@ def run(plan: DeltaPlan, out: Dict[str, Any], log: Callable[[str], None],
                     "varsync", "varsync-shm", "redis", "numpy", "xxhash")}})
     log(f"   load average {out['machine']['load_average'][0]:.1f}")
     shm_store = f"bench-delta-{uuid.uuid4().hex[:6]}"
-    sides: List[Side] = []
+    sides: list[Side] = []
     try:
         sides = connect_sides(out, log, servers, shm_store)
         nest, live = frozen90(plan.nbytes)
@@ -315,18 +316,18 @@ def run(plan: DeltaPlan, out: Dict[str, Any], log: Callable[[str], None],
     log(f"   load average {out['load_average_after'][0]:.1f} at the end")
 
 
-def connect_sides(out: Dict[str, Any], log: Callable[[str], None], servers: ExitStack,
-                  shm_store: str) -> List[Side]:
+def connect_sides(out: dict[str, Any], log: Callable[[str], None], servers: ExitStack,
+                  shm_store: str) -> list[Side]:
     import varsync
 
     sides = []
     tag = uuid.uuid4().hex[:6]
     for name in BACKENDS:
         reason = None
-        server: Optional[ServerBytes] = None
+        server: ServerBytes | None = None
         try:
             if name == "memory":
-                urls: Tuple[str, Dict[str, Any]] = (f"memory://bench-delta-{tag}", {})
+                urls: tuple[str, dict[str, Any]] = (f"memory://bench-delta-{tag}", {})
             elif name == "redis":
                 reason = _import_problem("redis")
                 if reason is None:
@@ -348,7 +349,7 @@ def connect_sides(out: Dict[str, Any], log: Callable[[str], None], servers: Exit
                 continue
             writer, reader, whole = (varsync.connect(urls[0], timeout=300, **urls[1])
                                      for _ in range(3))
-        except Exception:  # noqa: BLE001 - one backend failing must not lose the others
+        except Exception:
             out["skipped"][name] = f"failed: {traceback.format_exc().splitlines()[-1]}"
             log(f"   {name} FAILED to connect:\n{traceback.format_exc()}")
             continue
@@ -364,10 +365,10 @@ def connect_sides(out: Dict[str, Any], log: Callable[[str], None], servers: Exit
     return sides
 
 
-Timing = Tuple[str, float, int, int]  # operation, seconds, bytes moved, protocol bytes
+Timing = tuple[str, float, int, int]  # operation, seconds, bytes moved, protocol bytes
 
 
-def _fail(side: Side, stage: str, sides: List[Side], out: Dict[str, Any],
+def _fail(side: Side, stage: str, sides: list[Side], out: dict[str, Any],
           log: Callable[[str], None]) -> None:
     out["skipped"][side.name] = f"failed in {stage}: {traceback.format_exc().splitlines()[-1]}"
     log(f"   {side.name} FAILED in {stage}; left out of the rest:\n{traceback.format_exc()}")
@@ -375,32 +376,32 @@ def _fail(side: Side, stage: str, sides: List[Side], out: Dict[str, Any],
     side.close()
 
 
-def _timed_op(side: Side, op: str, call: Callable[[], Any], table: str) -> Tuple[Timing, Any]:
+def _timed_op(side: Side, op: str, call: Callable[[], Any], table: str) -> tuple[Timing, Any]:
     before = side.reading([table])
     seconds, result = clocked(call)
     moved, protocol = side.moved_since(before, [table])
     return (op, seconds, moved, protocol), result
 
 
-def run_stage(workload: Workload, sides: List[Side], plan: DeltaPlan, out: Dict[str, Any],
-              log: Callable[[str], None], kind: "Callable[[Side], Stage]", rounds: int) -> None:
+def run_stage(workload: Workload, sides: list[Side], plan: DeltaPlan, out: dict[str, Any],
+              log: Callable[[str], None], kind: Callable[[Side], Stage], rounds: int) -> None:
     """``plan.warm`` untimed rounds then ``rounds`` timed ones of ``kind``'s calls on
     every backend; before each round, the workload's changing leaves get new values. A
     backend that fails is recorded as such and left out of the rest."""
     key, nest, started = workload.key, workload.nest, time.monotonic()
-    stages: Dict[str, Stage] = {}
+    stages: dict[str, Stage] = {}
     for side in list(sides):
         try:
             stages[side.name] = kind(side)
             stages[side.name].setup(nest)
-        except Exception:  # noqa: BLE001 - one backend failing must not lose the others
+        except Exception:
             _fail(side, key, sides, out, log)
     out["stages"][key] = {
         "title": workload.title, "bytes": sum(a.nbytes for a in nest.values()),
         "leaves": len(nest), "changed_bytes": sum(nest[n].nbytes for n in workload.changing(0)),
         "load_average_before": os.getloadavg(),
         "bytes_source": {s.name: s.bytes_source(stages[s.name].table) for s in sides}}
-    records: Dict[Tuple[str, str], Dict[str, Any]] = {}
+    records: dict[tuple[str, str], dict[str, Any]] = {}
     for number in range(plan.warm + rounds):
         gc.collect()
         changed = change(nest, workload.changing(number))
@@ -408,7 +409,7 @@ def run_stage(workload: Workload, sides: List[Side], plan: DeltaPlan, out: Dict[
         for side in sides[shift:] + sides[:shift]:
             try:
                 timings = stages[side.name].round(nest, number)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 _fail(side, key, sides, out, log)
                 continue
             for op, seconds, moved, protocol in timings if number >= plan.warm else ():
@@ -421,7 +422,7 @@ def run_stage(workload: Workload, sides: List[Side], plan: DeltaPlan, out: Dict[
     for side in list(sides):
         try:
             stages[side.name].check(nest)
-        except Exception:  # noqa: BLE001
+        except Exception:
             _fail(side, key, sides, out, log)
     out["records"] += list(records.values())
     out["stages"][key].update(seconds=time.monotonic() - started,
@@ -440,7 +441,7 @@ class Stage:
     def setup(self, nest: Nest) -> None:
         raise NotImplementedError
 
-    def round(self, nest: Nest, number: int) -> List[Timing]:
+    def round(self, nest: Nest, number: int) -> list[Timing]:
         raise NotImplementedError
 
     def check(self, nest: Nest) -> None:
@@ -461,10 +462,10 @@ class ReaderStage(Stage):
         reader.update(self.targets, self.table)
         self.whole_targets = {k: np.empty_like(v) for k, v in nest.items()}
 
-    def round(self, nest: Nest, number: int) -> List[Timing]:
+    def round(self, nest: Nest, number: int) -> list[Timing]:
         side, table = self.side, self.table
         pushed, version = _timed_op(side, "push", lambda: side.writer.push(nest, table), table)
-        calls: List[Tuple[str, Callable[[], Any]]] = [
+        calls: list[tuple[str, Callable[[], Any]]] = [
             ("pull_if_newer(held)",
              lambda: side.reader.pull_if_newer(self.held[0], table, held=self.held[1])),
             ("update", lambda: side.reader.update(self.targets, table)),
@@ -499,9 +500,9 @@ class PushStage(Stage):
             self.side.writer.create_table(table, nest)
             self.side.writer.push(nest, table)
 
-    def round(self, nest: Nest, number: int) -> List[Timing]:
+    def round(self, nest: Nest, number: int) -> list[Timing]:
         writer, table = self.side.writer, self.table
-        calls: List[Tuple[str, Callable[[], Any], str]] = [
+        calls: list[tuple[str, Callable[[], Any], str]] = [
             ("push", lambda: writer.push(nest, table), table),
             (WHOLE_PUSH, lambda: writer.push(nest, table + "_whole", skip_unchanged=False),
              table + "_whole")]
@@ -509,7 +510,7 @@ class PushStage(Stage):
                 for op, call, name in (calls if number % 2 == 0 else calls[::-1])]
 
 
-def detection(nest: Nest, live: List[str], plan: DeltaPlan, out: Dict[str, Any],
+def detection(nest: Nest, live: list[str], plan: DeltaPlan, out: dict[str, Any],
               log: Callable[[str], None]) -> None:
     """``varsync.delta.changed_leaves`` alone on the ``frozen90`` nest, against the
     record of a push of it: after every leaf changed (a 64-byte sample per leaf shows
@@ -528,12 +529,12 @@ def detection(nest: Nest, live: List[str], plan: DeltaPlan, out: Dict[str, Any],
     change(nest, sorted(nest))
     frozen_only = record_of()
     change(nest, live)
-    cases: Dict[str, Tuple[Any, int]] = {
+    cases: dict[str, tuple[Any, int]] = {
         "every leaf changed": (everything, len(arrays)),
         "10 % changed (the frozen 90 % hashed)": (frozen_only, len(live)),
         "nothing changed (every leaf hashed)": (record_of(), 0)}
-    samples: Dict[str, List[float]] = {name: [] for name in cases}
-    found: Dict[str, int] = {}
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    found: dict[str, int] = {}
     for number in range(plan.detection_samples):
         for name, (last, _) in (list(cases.items()) if number % 2 == 0
                                 else list(cases.items())[::-1]):
@@ -550,7 +551,7 @@ def detection(nest: Nest, live: List[str], plan: DeltaPlan, out: Dict[str, Any],
             f"({c['found']} of {len(arrays)} leaves found changed, {c['expected']} expected)")
 
 
-def _log_stage(key: str, out: Dict[str, Any], log: Callable[[str], None]) -> None:
+def _log_stage(key: str, out: dict[str, Any], log: Callable[[str], None]) -> None:
     info = out["stages"][key]
     log(f"   {key}: {size_label(info['bytes'])}, {info['leaves']} leaves, "
         f"{size_label(info['changed_bytes'])} changed per push, "
@@ -571,7 +572,7 @@ def _log_stage(key: str, out: Dict[str, Any], log: Callable[[str], None]) -> Non
             f"changed{times}")
 
 
-def push_leaves_paths(plan: DeltaPlan, out: Dict[str, Any], log: Callable[[str], None]) -> None:
+def push_leaves_paths(plan: DeltaPlan, out: dict[str, Any], log: Callable[[str], None]) -> None:
     """``push_leaves`` of ``plan.paths`` paths into a memory:// table of
     ``plan.paths_table`` float32 leaves of shape (4,), beside a whole push of the same
     table (skip_unchanged=False), the two in the same rounds, their order reversed every
@@ -580,7 +581,7 @@ def push_leaves_paths(plan: DeltaPlan, out: Dict[str, Any], log: Callable[[str],
 
     nest = {f"v{i:05d}": np.zeros(4, np.float32) for i in range(plan.paths_table)}
     names = sorted(nest)[:: max(1, len(nest) // plan.paths)][: plan.paths]
-    samples: Dict[str, List[float]] = {"push_leaves": [], WHOLE_PUSH: []}
+    samples: dict[str, list[float]] = {"push_leaves": [], WHOLE_PUSH: []}
     with varsync.connect(f"memory://bench-paths-{uuid.uuid4().hex[:6]}") as store:
         store.create_table("paths", nest)
         store.push(nest, "paths")
@@ -588,7 +589,7 @@ def push_leaves_paths(plan: DeltaPlan, out: Dict[str, Any], log: Callable[[str],
             gc.collect()
             change(nest, list(nest))
             leaves = {(name,): nest[name] + 1 for name in names}
-            calls: List[Tuple[str, Callable[[], Any]]] = [
+            calls: list[tuple[str, Callable[[], Any]]] = [
                 ("push_leaves", partial(store.push_leaves, leaves, "paths")),
                 (WHOLE_PUSH, partial(store.push, nest, "paths", skip_unchanged=False))]
             for op, call in calls if number % 2 == 0 else calls[::-1]:

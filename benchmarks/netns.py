@@ -32,9 +32,9 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
 
 #: Candidate /24s for the links, the first one not routed in the caller's namespace used.
 SUBNETS = ("10.77.0", "10.78.0", "10.79.0", "172.31.77")
@@ -52,7 +52,7 @@ def _command(argv: Sequence[str], timeout: float = COMMAND_TIMEOUT) -> str:
     return done.stdout
 
 
-def unavailable() -> Optional[str]:
+def unavailable() -> str | None:
     """Why simulated hosts cannot be made here (for a skip), or None if they can."""
     if os.geteuid() != 0:
         return "needs root: network namespaces are made with `ip netns add`"
@@ -102,7 +102,7 @@ class Host:
     namespace: str
     ip: str
 
-    def argv(self, command: Sequence[str]) -> List[str]:
+    def argv(self, command: Sequence[str]) -> list[str]:
         """``command`` run in this host's namespace."""
         return ["ip", "netns", "exec", self.namespace, *command]
 
@@ -112,29 +112,29 @@ class Network:
     rate words; None: uncapped) with ``delay_ms`` of one-way delay added (netem; 0:
     none). Made on ``__enter__`` (or :meth:`open`), taken down by :meth:`close`."""
 
-    def __init__(self, hosts: Sequence[str], rate: Optional[str] = DEFAULT_RATE,
-                 delay_ms: float = 0.0, subnet: Optional[str] = None) -> None:
+    def __init__(self, hosts: Sequence[str], rate: str | None = DEFAULT_RATE,
+                 delay_ms: float = 0.0, subnet: str | None = None) -> None:
         if len(set(hosts)) != len(hosts) or not hosts or len(hosts) > 200:
             raise ValueError(f"hosts {list(hosts)}: 1 to 200 distinct names expected")
         self.names = list(hosts)
         self.rate, self.delay_ms = rate, delay_ms
         self.subnet = subnet
         self.prefix = f"vs-{os.getpid()}-"
-        self.hosts: Dict[str, Host] = {}
+        self.hosts: dict[str, Host] = {}
         self.switch = self.prefix + "switch"
-        self._made: List[str] = []  # namespaces, in the order made
-        self._processes: List[subprocess.Popen] = []
+        self._made: list[str] = []  # namespaces, in the order made
+        self._processes: list[subprocess.Popen] = []
         self.scratch = Path(tempfile.mkdtemp(prefix=self.prefix))
 
     # -- making and taking down ---------------------------------------------------------
 
-    def __enter__(self) -> "Network":
+    def __enter__(self) -> Network:
         return self.open()
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def open(self) -> "Network":
+    def open(self) -> Network:
         atexit.register(self.close)
         try:
             self.subnet = self.subnet or free_subnet()
@@ -238,10 +238,10 @@ class Network:
         with contextlib.suppress(ValueError):
             self._processes.remove(process)
 
-    def namespaces(self) -> List[str]:
+    def namespaces(self) -> list[str]:
         return list(self._made)
 
-    def processes(self) -> List[subprocess.Popen]:
+    def processes(self) -> list[subprocess.Popen]:
         """The processes started here and not yet stopped."""
         return list(self._processes)
 
@@ -266,7 +266,7 @@ def run_here(command: Sequence[str]) -> str:
     return _command(command)
 
 
-def remove_stale() -> List[str]:
+def remove_stale() -> list[str]:
     """Delete the namespaces ``vs-<pid>-*`` whose process ``pid`` is gone (one killed with
     SIGKILL, which no ``finally`` survives), after killing what still runs in them; the
     names deleted. Namespaces of running processes are left alone."""
@@ -290,7 +290,7 @@ def remove_stale() -> List[str]:
     return removed
 
 
-def ours() -> List[str]:
+def ours() -> list[str]:
     """The namespaces this process made that still exist (none, after close)."""
     prefix = f"vs-{os.getpid()}-"
     listed = _command(["ip", "netns", "list"]).split("\n")
@@ -308,7 +308,7 @@ class RedisNode:
     ip: str
     port: int
     process: subprocess.Popen
-    replica_of: Optional[str] = None  # the host of its primary
+    replica_of: str | None = None  # the host of its primary
 
     @property
     def url(self) -> str:
@@ -332,7 +332,7 @@ SERVER_CONFIG = ("--appendonly", "no", "--save", "", "--repl-diskless-sync", "ye
                  "replica", "0", "0", "0", "--repl-backlog-size", "256mb")
 
 
-def start_redis(net: Network, host: str, binary: str, replica_of: Optional[RedisNode] = None,
+def start_redis(net: Network, host: str, binary: str, replica_of: RedisNode | None = None,
                 config: Sequence[str] = (), port: int = REDIS_PORT,
                 timeout: float = 20.0) -> RedisNode:
     """A redis-server on ``host`` (bound to its address only), a replica of
@@ -367,7 +367,7 @@ def cli(net: Network, node: RedisNode, binary: str, *command: str,
                                *command], timeout)
 
 
-def info(net: Network, node: RedisNode, binary: str, section: str) -> Dict[str, str]:
+def info(net: Network, node: RedisNode, binary: str, section: str) -> dict[str, str]:
     """``INFO section`` of ``node`` as a dict of strings."""
     fields = {}
     for line in cli(net, node, binary, "INFO", section).splitlines():

@@ -7,7 +7,7 @@ every backend, tiny sizes, one or two rounds).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from .common import GB, KB, MB
 
@@ -42,7 +42,7 @@ class Readers:
     """Reader processes pulling one table at once: ``counts`` runs, ``pulls`` each."""
 
     nbytes: int
-    counts: List[int]
+    counts: list[int]
     pulls: int
 
 
@@ -59,8 +59,8 @@ class Frameworks:
 
 @dataclass
 class Plan:
-    cases: List[Case]
-    big: Optional[Case]  # the run above 2 GiB
+    cases: list[Case]
+    big: Case | None  # the run above 2 GiB
     fanout: Readers  # reverb, redis and shm readers
     reader_memory: Readers  # redis-server's memory under varsync vs hand-written readers
     probe_bytes: int  # the client-memory probes' nest
@@ -77,9 +77,9 @@ class Plan:
     frameworks: Frameworks = field(default_factory=lambda: Frameworks(100 * MB, 50, 15))
     # the machine: bytes of fresh memory written, and the idle seconds before the last time
     # (common.fresh_memory)
-    fresh_memory: Tuple[int, float] = (512 * MB, 5.0)
+    fresh_memory: tuple[int, float] = (512 * MB, 5.0)
 
-    def summary(self) -> Dict[str, Any]:
+    def summary(self) -> dict[str, Any]:
         """What results.json and RESULTS.md record of the plan."""
         return {"fanout_bytes": self.fanout.nbytes, "fanout_readers": self.fanout.counts,
                 "fanout_pulls": self.fanout.pulls, "reader_memory": asdict(self.reader_memory),

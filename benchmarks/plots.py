@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import sys
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FixedLocator, NullLocator  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.ticker import FixedLocator, NullLocator
 
-from .common import GB, LABELS, MB, machine_line, size_label, summary  # noqa: E402
+from .common import GB, LABELS, MB, machine_line, size_label, summary
 
 STYLE = {  # colour, line style, marker
     "memory": ("#7f3c8d", "-", "o"),
@@ -41,14 +42,14 @@ STYLE = {  # colour, line style, marker
 DPI = 110
 
 
-def _footer(fig: Any, results: Dict[str, Any], extra: str = "",
+def _footer(fig: Any, results: dict[str, Any], extra: str = "",
             spread: str = "Medians; bars show the interquartile range.") -> None:
     text = machine_line(results["machine"]) + ". " + spread
     fig.text(0.01, 0.01, text + (" " + extra if extra else ""), fontsize=8.5, color="#444444",
              ha="left", va="bottom", wrap=True)
 
 
-def _size_axis(ax: Any, sizes: List[int]) -> None:
+def _size_axis(ax: Any, sizes: list[int]) -> None:
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(FixedLocator(sizes))
     ax.xaxis.set_minor_locator(NullLocator())
@@ -60,13 +61,13 @@ def _size_axis(ax: Any, sizes: List[int]) -> None:
     ax.set_xlabel("nest size (4 float32 arrays)")
 
 
-Series = Dict[str, List[Tuple[int, Dict[str, float]]]]  # contender -> [(bytes, summary)]
+Series = dict[str, list[tuple[int, dict[str, float]]]]  # contender -> [(bytes, summary)]
 
 
-def _sweep_series(results: Dict[str, Any], op: str) -> Series:
+def _sweep_series(results: dict[str, Any], op: str) -> Series:
     """contender -> [(bytes, summary of seconds)] for the 4-array layout."""
     series: Series = defaultdict(list)
-    pooled: Dict[Tuple[str, int], List[float]] = defaultdict(list)
+    pooled: dict[tuple[str, int], list[float]] = defaultdict(list)
     for record in results.get("sweep", []):
         if record["layout"] == "few" and record["op"] == op:
             pooled[(record["contender"], record["bytes"])].extend(record["samples"])
@@ -75,7 +76,7 @@ def _sweep_series(results: Dict[str, Any], op: str) -> Series:
     return series
 
 
-def throughput(results: Dict[str, Any], path: Path) -> Path:
+def throughput(results: dict[str, Any], path: Path) -> Path:
     contenders = ["memory", "reverb", "redis", "shm", "tf-agents", "redis-py"]
     panels = [
         ("push", "push", contenders, ["np.copyto", "tcp loopback"]),
@@ -85,7 +86,7 @@ def throughput(results: Dict[str, Any], path: Path) -> Path:
     copies = {**_sweep_series(results, "copy"), **_sweep_series(results, "transfer")}
     sizes = sorted({r["bytes"] for r in results.get("sweep", []) if r["layout"] == "few"})
     fig, axes = plt.subplots(1, 3, figsize=(17, 7.2), sharey=True)
-    handles: Dict[str, Any] = {}
+    handles: dict[str, Any] = {}
     for ax, (op, title, contenders, references) in zip(axes, panels):
         series = _sweep_series(results, op)
         for name in references:
@@ -126,7 +127,7 @@ def throughput(results: Dict[str, Any], path: Path) -> Path:
     return path
 
 
-def _line(ax: Any, name: str, points: List[Tuple[int, Dict[str, float]]]) -> Any:
+def _line(ax: Any, name: str, points: list[tuple[int, dict[str, float]]]) -> Any:
     colour, style, marker = STYLE[name]
     if not points:
         return ax.plot([], [], color=colour, linestyle=style, marker=marker)[0]
@@ -139,8 +140,8 @@ def _line(ax: Any, name: str, points: List[Tuple[int, Dict[str, float]]]) -> Any
     return container.lines[0]
 
 
-def poll_latency(results: Dict[str, Any], path: Path) -> Path:
-    pooled: Dict[Tuple[str, int], List[float]] = defaultdict(list)
+def poll_latency(results: dict[str, Any], path: Path) -> Path:
+    pooled: dict[tuple[str, int], list[float]] = defaultdict(list)
     for record in results.get("polls", []):
         if record["layout"] == "few" and record.get("op", "pull_if_newer") == "pull_if_newer":
             pooled[(record["contender"], record["bytes"])].extend(record["samples"])
@@ -176,7 +177,7 @@ def poll_latency(results: Dict[str, Any], path: Path) -> Path:
     return path
 
 
-def fanout(results: Dict[str, Any], path: Path) -> Path:
+def fanout(results: dict[str, Any], path: Path) -> Path:
     records = results.get("fanout", [])
     fig, (left, right) = plt.subplots(1, 2, figsize=(14, 6))
     payload = records[0]["bytes"] if records else 0
@@ -221,15 +222,15 @@ def fanout(results: Dict[str, Any], path: Path) -> Path:
     return path
 
 
-def _growth_series(records: List[Dict[str, Any]]) -> Dict[str, List[float]]:
-    metrics: Dict[str, List[float]] = defaultdict(list)
+def _growth_series(records: list[dict[str, Any]]) -> dict[str, list[float]]:
+    metrics: dict[str, list[float]] = defaultdict(list)
     for record in records:
         for metric, growth in record["server_growth"].items():
             metrics[metric].append(max(growth, 0))
     return metrics
 
 
-def client_memory(results: Dict[str, Any], path: Path) -> Path:
+def client_memory(results: dict[str, Any], path: Path) -> Path:
     records = results.get("client_memory", [])
     order = [c for c in ["memory", "reverb", "tf-agents", "redis", "redis-py", "shm"]
              if any(r["contender"] == c for r in records)]
@@ -262,8 +263,8 @@ def client_memory(results: Dict[str, Any], path: Path) -> Path:
     return path
 
 
-def draw_all(results: Dict[str, Any], folder: Path,
-             groups: Sequence[str] = ("cross-backend", "frameworks")) -> Dict[str, Path]:
+def draw_all(results: dict[str, Any], folder: Path,
+             groups: Sequence[str] = ("cross-backend", "frameworks")) -> dict[str, Path]:
     """The PNGs of ``groups`` that ``results`` has data for."""
     folder.mkdir(parents=True, exist_ok=True)
     drawn = {}

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from .common import machine_line, size_label  # noqa: E402
-from .report_frameworks import TARGETS, Frameworks  # noqa: E402
+from .common import machine_line, size_label
+from .report_frameworks import TARGETS, Frameworks
 
 DPI = 110
 MINE, THEIRS = "#2ca02c", "#8c6d31"
@@ -42,7 +42,7 @@ def _label(contender: str, op: str) -> str:
     return f"{who.get(contender, contender)}\n{SHORT.get(op, op)}"
 
 
-def draw(results: Dict[str, Any], path: Path) -> Path:
+def draw(results: dict[str, Any], path: Path) -> Path:
     section = results["frameworks"]
     f = Frameworks(section)
     fig, axes = plt.subplots(1, len(TARGETS), figsize=(16, 5),

@@ -12,27 +12,27 @@ from __future__ import annotations
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 __all__ = ["draw"]
 
 
-def _median_all(case: Dict[str, Any]) -> float:
+def _median_all(case: dict[str, Any]) -> float:
     return statistics.median(v["all_seconds"] for v in case["versions"])
 
 
-def _ratios(results: Dict[str, Any]) -> Dict[Tuple[int, int, str], Dict[int, float]]:
+def _ratios(results: dict[str, Any]) -> dict[tuple[int, int, str], dict[int, float]]:
     """(bytes, actors, topology) -> {replicas: t(R)/t(0)}."""
-    base: Dict[Tuple[int, int], float] = {}
+    base: dict[tuple[int, int], float] = {}
     for case in results["cases"]:
         if case["replicas"] == 0 and case["versions"]:
             base[(case["bytes"], case["actors"])] = _median_all(case)
-    out: Dict[Tuple[int, int, str], Dict[int, float]] = {}
+    out: dict[tuple[int, int, str], dict[int, float]] = {}
     for case in results["cases"]:
         key = (case["bytes"], case["actors"])
         if case["replicas"] == 0 or key not in base or not case["versions"]:
@@ -43,12 +43,12 @@ def _ratios(results: Dict[str, Any]) -> Dict[Tuple[int, int, str], Dict[int, flo
     return out
 
 
-def draw(results: Dict[str, Any], img_dir: Path) -> Path:
+def draw(results: dict[str, Any], img_dir: Path) -> Path:
     ratios = _ratios(results)
     sizes = sorted({b for b, _, _ in ratios})
     fig, axes = plt.subplots(1, len(sizes), figsize=(5.2 * len(sizes), 4.2), squeeze=False)
     for ax, size in zip(axes[0], sizes):
-        replicas: List[int] = sorted({r for (b, _, _), rs in ratios.items() if b == size
+        replicas: list[int] = sorted({r for (b, _, _), rs in ratios.items() if b == size
                                       for r in rs})
         ax.plot(replicas, [min(1.3 / r, 1.3) for r in replicas], "k--", label="goal 1.3/R")
         for (b, actors, topology), by_r in sorted(ratios.items()):
@@ -82,7 +82,7 @@ def draw(results: Dict[str, Any], img_dir: Path) -> Path:
     return path
 
 
-def main(argv: List[str]) -> int:
+def main(argv: list[str]) -> int:
     import json
 
     source = Path(argv[0] if argv else "benchmarks/results_scaleout.json")

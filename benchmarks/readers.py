@@ -26,7 +26,7 @@ import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable
 
 from . import workers
 from .common import GB, MB, Sampler, allocated_bytes_under, nest_of, rss_of
@@ -44,11 +44,11 @@ class Pulled:
     kind: str  # "varsync" or "redis-py" (see workers.fanout_reader)
     url: str
     table: Any  # a table name, or {key: float32 count} for redis-py
-    measures: Dict[str, Callable[[], int]]
+    measures: dict[str, Callable[[], int]]
 
 
-def run_readers(plan: Plan, readers: "Children", reverb: ReverbProcess,
-                out: Dict[str, Any], log: Callable[[str], None]) -> None:
+def run_readers(plan: Plan, readers: Children, reverb: ReverbProcess,
+                out: dict[str, Any], log: Callable[[str], None]) -> None:
     """The fan-out, then the reader-memory comparison, on servers of their own: ``reverb``
     (started with the suite, serving table "fanout") and a new redis-server."""
     import redis
@@ -89,7 +89,7 @@ def run_readers(plan: Plan, readers: "Children", reverb: ReverbProcess,
 
 
 def _reader_memory_contenders(url: str, nbytes: int,
-                              measures: Dict[str, Callable[[], int]]) -> List[Pulled]:
+                              measures: dict[str, Callable[[], int]]) -> list[Pulled]:
     """The same bytes through varsync and as four hand-written keys, on one server."""
     import redis
 
@@ -111,13 +111,13 @@ class Children:
     """Child processes started together with the suite (so that they start while the
     servers do, before anything is timed), each reporting "up" once ready for commands."""
 
-    def __init__(self, what: str, target: Callable[..., None], names: List[str], go: bool,
-                 environment: Optional[Dict[str, str]] = None) -> None:
+    def __init__(self, what: str, target: Callable[..., None], names: list[str], go: bool,
+                 environment: dict[str, str] | None = None) -> None:
         context = multiprocessing.get_context("spawn")
         self.what = what
         self.commands = [context.Queue() for _ in names]
         self.results, self.go = context.Queue(), context.Event()
-        self.children: List[Any] = []
+        self.children: list[Any] = []
         saved = {key: os.environ.get(key) for key in environment or {}}
         os.environ.update(environment or {})  # for the children, which copy it at start
         try:
@@ -156,7 +156,7 @@ class Children:
         self.request_stop()
         stop_children(self.children, 60)
 
-    def pull(self, pulled: Pulled, readers: Readers, record: List[Dict[str, Any]],
+    def pull(self, pulled: Pulled, readers: Readers, record: list[dict[str, Any]],
              log: Callable[[str], None]) -> None:
         """First every reader connects and fills its arrays once, all at once (untimed);
         then for each count: that many readers fill their arrays ``pulls`` times at once
@@ -179,7 +179,7 @@ class Children:
                 + ", ".join(f"{m} +{s.growth / MB:.1f} MB" for m, s in samplers.items()))
 
     def _round(self, pulled: Pulled, count: int, pulls: int,
-               measures: Dict[str, Callable[[], int]]) -> Tuple[List[Tuple], Dict[str, Sampler]]:
+               measures: dict[str, Callable[[], int]]) -> tuple[list[tuple], dict[str, Sampler]]:
         """``count`` readers get ready, then pull at once while ``measures`` are sampled
         (from the moment every reader is ready); their "done" messages, the samplers."""
         self.go.clear()
@@ -202,7 +202,7 @@ def reader_processes(count: int) -> Children:
     return Children("readers", workers.fanout_reader, [str(i) for i in range(count)], go=True)
 
 
-def _check(message: Tuple, expected: str) -> Tuple:
+def _check(message: tuple, expected: str) -> tuple:
     if message[0] != expected:
         raise RuntimeError(f"reader {message[1]} failed:\n{message[2]}")
     return message
@@ -224,7 +224,7 @@ def probe_processes() -> Children:
 
 
 def run_client_memory(plan: Plan, probes: Children, reverb_address: str, redis_url: str,
-                      out: Dict[str, Any], log: Callable[[str], None]) -> None:
+                      out: dict[str, Any], log: Callable[[str], None]) -> None:
     import varsync_shm
 
     shm_name = f"bench-probe-{uuid.uuid4().hex[:6]}"
@@ -290,13 +290,13 @@ os._exit(0)  # measured and reported: skip TensorFlow's seconds of teardown at e
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_cold_start(urls: Dict[str, str], nbytes: int, samples: int, out: Dict[str, Any],
+def run_cold_start(urls: dict[str, str], nbytes: int, samples: int, out: dict[str, Any],
                    log: Callable[[str], None]) -> None:
     """``urls``: {backend: URL of a store whose table ``COLD_TABLE`` holds ``nbytes`` in 4
     leaves} (memory://'s is a name only: its child fills a store of its own). ``samples``
     fresh processes each, taking turns between backends; the records go to
     ``out["cold_start"]``."""
-    records: Dict[str, List[Dict[str, Any]]] = {name: [] for name in urls}
+    records: dict[str, list[dict[str, Any]]] = {name: [] for name in urls}
     for _ in range(samples):
         for name, url in urls.items():
             records[name].append(_cold_sample(url, nbytes))
@@ -308,7 +308,7 @@ def run_cold_start(urls: Dict[str, str], nbytes: int, samples: int, out: Dict[st
             f"{', '.join(got[0]['heavy']) or 'none of ' + '/'.join(HEAVY)}")
 
 
-def _cold_sample(url: str, nbytes: int) -> Dict[str, Any]:
+def _cold_sample(url: str, nbytes: int) -> dict[str, Any]:
     if url.startswith("memory://"):  # a store of its own each time
         url = f"memory://cold-{uuid.uuid4().hex[:6]}"
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")

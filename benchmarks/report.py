@@ -15,8 +15,9 @@ results_scaleout.json beside results.json, by report_scaleout.py.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any
 
 from .common import GB, LABELS, MB, seconds_text, size_label, summary
 from .report_base import Results, rate, rel, table
@@ -43,7 +44,7 @@ from .report_wire import wire_time_section
 ISSUE_15_DETAIL = "## 9. Issue 15: Redis against the wire, many Reverb tables, cold start"
 
 
-def header(r: Results, images: Dict[str, Path], out: Path, json_path: Path) -> List[str]:
+def header(r: Results, images: dict[str, Path], out: Path, json_path: Path) -> list[str]:
     m, raw = r.m, r.raw
     versions = ", ".join(f"{k} {v}" for k, v in raw.get("versions", {}).items())
     lines = [
@@ -79,7 +80,7 @@ def header(r: Results, images: Dict[str, Path], out: Path, json_path: Path) -> L
     return lines
 
 
-def _fresh_memory(raw: Dict[str, Any]) -> List[str]:
+def _fresh_memory(raw: dict[str, Any]) -> list[str]:
     """What memory not written before costs here (common.fresh_memory), measured at the
     start of the run: every pull into new arrays pays it, and a server's first write of a
     key, so large figures move with it."""
@@ -100,14 +101,14 @@ def _fresh_memory(raw: Dict[str, Any]) -> List[str]:
             ""]
 
 
-def _load(raw: Dict[str, Any]) -> str:
+def _load(raw: dict[str, Any]) -> str:
     """The 1-minute load average when the run started and when it ended."""
     text = f"{raw['machine']['load_average'][0]:.1f} when the run started"
     end = raw.get("load_average_end")
     return text + (f", {end[0]:.1f} when it ended" if end else "")
 
 
-def headline(r: Results) -> List[str]:
+def headline(r: Results) -> list[str]:
     few = r.sizes("few")
     bullets = [b for b in (_update_bullet(r, few), _reverb_bullet(r, few),
                            _redis_bullet(r, few), _floor_bullet(r, few), _poll_bullet(r, few),
@@ -115,7 +116,7 @@ def headline(r: Results) -> List[str]:
     return ["## Headline", ""] + [f"- {b}" for b in bullets] + [""] if bullets else []
 
 
-def _update_bullet(r: Results, few: List[int]) -> str:
+def _update_bullet(r: Results, few: list[int]) -> str:
     sizes = [s for s in few if s <= GB]
     if not sizes:
         return ""
@@ -129,7 +130,7 @@ def _update_bullet(r: Results, few: List[int]) -> str:
             if parts else "")
 
 
-def _reverb_bullet(r: Results, few: List[int]) -> str:
+def _reverb_bullet(r: Results, few: list[int]) -> str:
     bits = [f"{s['median']:.2f}× at {size_label(n)}" for n in few
             if n >= 10 * MB and (s := r.push_pull_ratio("few", n))]
     return ("**Reverb**: varsync's push+pull takes " + ", ".join(bits) + " the time of "
@@ -137,7 +138,7 @@ def _reverb_bullet(r: Results, few: List[int]) -> str:
             if bits else "")
 
 
-def _redis_bullet(r: Results, few: List[int]) -> str:
+def _redis_bullet(r: Results, few: list[int]) -> str:
     bits = []
     for n in few:
         push = r.ratio("few", n, "redis", ("redis", "push"), ("redis-py", "push"))
@@ -148,7 +149,7 @@ def _redis_bullet(r: Results, few: List[int]) -> str:
             + "; ".join(bits) + "." if bits else "")
 
 
-def _floor_bullet(r: Results, few: List[int]) -> str:
+def _floor_bullet(r: Results, few: list[int]) -> str:
     parts = []
     for name in ["memory", "shm", "redis", "reverb"]:
         bits = [f"{s['median']:.2f}× at {size_label(n)}" for n in few if n >= 100 * MB
@@ -159,7 +160,7 @@ def _floor_bullet(r: Results, few: List[int]) -> str:
             "same rounds): " + "; ".join(parts) + "." if parts else "")
 
 
-def _poll_bullet(r: Results, few: List[int]) -> str:
+def _poll_bullet(r: Results, few: list[int]) -> str:
     parts = []
     for name in ["memory", "shm", "redis", "reverb"]:
         medians = [summary(v)["median"] for (lay, _, c), v in r.polls.items()
@@ -194,14 +195,14 @@ def _fanout_bullet(r: Results) -> str:
             f"{size_label(fan[0]['bytes'])}: " + "; ".join(bits) + "." if bits else "")
 
 
-def issue_15_section(r: Results) -> List[str]:
+def issue_15_section(r: Results) -> list[str]:
     """Section 9: the figures behind issue 15's targets that the sweep's sections lack."""
     lines = (wire_section(r) + wire_time_section(r) + many_tables_section(r)
              + cold_start_section(r))
     return [ISSUE_15_DETAIL, ""] + lines if lines else []
 
 
-def plan_section(r: Results) -> List[str]:
+def plan_section(r: Results) -> list[str]:
     raw, plan = r.raw, r.plan
     cases = raw.get("cases", [])
     lines = ["## What was run", ""]
@@ -257,9 +258,9 @@ def plan_section(r: Results) -> List[str]:
     return lines + [""]
 
 
-def write(results: Dict[str, Any], out: Path, images: Dict[str, Path], json_path: Path) -> None:
+def write(results: dict[str, Any], out: Path, images: dict[str, Path], json_path: Path) -> None:
     r = Results(results)
-    lines: List[str] = []
+    lines: list[str] = []
     lines += header(r, images, out, json_path)
     lines += headline(r)
     lines += issue_15_targets(r)
@@ -282,7 +283,7 @@ def write(results: Dict[str, Any], out: Path, images: Dict[str, Path], json_path
     out.write_text("\n".join(lines).rstrip() + "\n")
 
 
-def splice(results: Dict[str, Any], out: Path, images: Dict[str, Path],
+def splice(results: dict[str, Any], out: Path, images: dict[str, Path],
            groups: Sequence[str] = ("frameworks",)) -> None:
     """Write the sections of ``groups`` (8: frameworks, 10: delta) into the RESULTS.md
     already at ``out``, each in place of its previous text (up to the next ``## ``
@@ -312,7 +313,7 @@ def splice(results: Dict[str, Any], out: Path, images: Dict[str, Path],
     out.write_text("\n".join(lines).rstrip() + "\n")
 
 
-def main(argv: List[str]) -> int:
+def main(argv: list[str]) -> int:
     import json
 
     source = Path(argv[0] if argv else "benchmarks/results.json")

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from .common import paired_ratio, size_label, summary
 from .report_base import Stat, ratio_cell, rel, table, time_cell
 
-Op = Tuple[str, str]  # (contender, operation)
+Op = tuple[str, str]  # (contender, operation)
 SECTION = "## 8. PyTorch and JAX (issue 14.8)"
 
 
@@ -24,8 +24,8 @@ class Target:
 
     part: str
     what: str
-    mine: List[Op]
-    theirs: List[Op]
+    mine: list[Op]
+    theirs: list[Op]
     limit: float
     theirs_label: str
 
@@ -53,28 +53,28 @@ TARGETS = [
 class Frameworks:
     """Lookups over results.json's "frameworks" section."""
 
-    def __init__(self, section: Dict[str, Any]) -> None:
+    def __init__(self, section: dict[str, Any]) -> None:
         self.raw = section
-        self.samples: Dict[Tuple[str, str, str], List[float]] = {
+        self.samples: dict[tuple[str, str, str], list[float]] = {
             (r["part"], r["contender"], r["op"]): r["samples"] for r in section.get("records", [])}
-        self.skipped: Dict[str, str] = section.get("skipped", {})
+        self.skipped: dict[str, str] = section.get("skipped", {})
 
-    def series(self, part: str, ops: List[Op]) -> Optional[List[float]]:
+    def series(self, part: str, ops: list[Op]) -> list[float] | None:
         """The round-by-round sum of ``ops`` in ``part``."""
         found = [self.samples.get((part, *op)) for op in ops]
         if not ops or not all(found):
             return None
         return [sum(values) for values in zip(*[f for f in found if f])]
 
-    def stat(self, part: str, ops: List[Op]) -> Optional[Stat]:
+    def stat(self, part: str, ops: list[Op]) -> Stat | None:
         values = self.series(part, ops)
         return summary(values) if values else None
 
-    def ratio(self, part: str, mine: List[Op], theirs: List[Op]) -> Optional[Stat]:
+    def ratio(self, part: str, mine: list[Op], theirs: list[Op]) -> Stat | None:
         a, b = self.series(part, mine), self.series(part, theirs)
         return paired_ratio(a, b) if a and b else None
 
-    def verdict(self, target: Target) -> Tuple[Optional[Stat], str]:
+    def verdict(self, target: Target) -> tuple[Stat | None, str]:
         s = self.ratio(target.part, target.mine, target.theirs)
         if s is None:
             reason = self.skipped.get(target.part, "not measured")
@@ -82,7 +82,7 @@ class Frameworks:
         return s, "**met**" if s["median"] <= target.limit else "**missed**"
 
 
-def frameworks_section(raw: Dict[str, Any], images: Dict[str, Path], out: Path) -> List[str]:
+def frameworks_section(raw: dict[str, Any], images: dict[str, Path], out: Path) -> list[str]:
     section = raw.get("frameworks")
     skipped_group = raw.get("groups_skipped", {}).get("frameworks")
     if not section:
@@ -138,10 +138,10 @@ def frameworks_section(raw: Dict[str, Any], images: Dict[str, Path], out: Path) 
     if "frameworks" in images:
         lines += [f"![PyTorch and JAX through varsync]({rel(images['frameworks'], out.parent)})",
                   ""]
-    rows: List[List[str]] = []
-    met: List[str] = []
-    missed: List[str] = []
-    unrun: List[str] = []
+    rows: list[list[str]] = []
+    met: list[str] = []
+    missed: list[str] = []
+    unrun: list[str] = []
     for t in TARGETS:
         s, word = f.verdict(t)
         if s is None:
@@ -165,7 +165,7 @@ def frameworks_section(raw: Dict[str, Any], images: Dict[str, Path], out: Path) 
     return lines
 
 
-def _tree(section: Dict[str, Any]) -> str:
+def _tree(section: dict[str, Any]) -> str:
     tree = section.get("tree") or {}
     if not tree.get("commit"):
         return ""
@@ -175,7 +175,7 @@ def _tree(section: Dict[str, Any]) -> str:
                else ", unmodified."))
 
 
-def _detail(f: Frameworks) -> List[str]:
+def _detail(f: Frameworks) -> list[str]:
     """Every operation timed, and the push and pull ratios over redis:// apart."""
     rows = []
     for (part, contender, op), values in f.samples.items():

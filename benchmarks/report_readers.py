@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any
 
 from .common import GB, LABELS, MB, machine_line, seconds_text, size_label, summary
 from .report_base import COLD_BACKENDS, Results, cold_records, rel, table, time_cell
@@ -13,7 +13,7 @@ from .report_base import COLD_BACKENDS, Results, cold_records, rel, table, time_
 BACKENDS = ["reverb", "redis", "redis-py", "shm"]
 
 
-def fanout_section(r: Results, images: Dict[str, Path], out: Path) -> List[str]:
+def fanout_section(r: Results, images: dict[str, Path], out: Path) -> list[str]:
     fan = r.raw.get("fanout", [])
     skipped = r.skipped("fan-out")
     if not fan:
@@ -37,7 +37,7 @@ def fanout_section(r: Results, images: Dict[str, Path], out: Path) -> List[str]:
     return lines + [f"- {s}" for s in skipped] + ([""] if skipped else [])
 
 
-def readers_table(records: List[Dict[str, Any]]) -> List[str]:
+def readers_table(records: list[dict[str, Any]]) -> list[str]:
     """One row per contender and reader count: aggregate, one fill, server memory growth."""
     rows = []
     for f in sorted(records, key=lambda f: (BACKENDS.index(f["contender"]), f["readers"])):
@@ -51,7 +51,7 @@ def readers_table(records: List[Dict[str, Any]]) -> List[str]:
                   "server memory growth (× payload)"], rows)
 
 
-def reader_memory_section(r: Results) -> List[str]:
+def reader_memory_section(r: Results) -> list[str]:
     """Part of section 5: redis-server under varsync readers beside hand-written ones."""
     records = r.raw.get("reader_memory", [])
     if not records:
@@ -62,7 +62,7 @@ def reader_memory_section(r: Results) -> List[str]:
              "fan-out.", ""] + readers_table(records))
 
 
-def memory_section(r: Results, images: Dict[str, Path], out: Path) -> List[str]:
+def memory_section(r: Results, images: dict[str, Path], out: Path) -> list[str]:
     records = r.raw.get("client_memory", [])
     if not records:
         skipped = r.skipped("client memory")
@@ -93,7 +93,7 @@ def memory_section(r: Results, images: Dict[str, Path], out: Path) -> List[str]:
     return lines + table(["", "push", "pull (result kept)"], rows)
 
 
-def cold_start_section(r: Results) -> List[str]:
+def cold_start_section(r: Results) -> list[str]:
     from .readers import NEEDS
 
     records = cold_records(r)
@@ -106,7 +106,7 @@ def cold_start_section(r: Results) -> List[str]:
             continue
         got = c["samples"]
 
-        def part(key: str, got: List[Dict[str, Any]] = got) -> str:
+        def part(key: str, got: list[dict[str, Any]] = got) -> str:
             return seconds_text(statistics.median(s[key] for s in got))
 
         heavy = sorted({m for s in got for m in s["heavy"]})

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from .common import machine_line, size_label, summary
 from .report_base import table
@@ -19,23 +19,23 @@ HEADING = "## 11. Scaling out over hosts (issue 17)"
 GOAL = 1.3  # t(R)/t(0) <= GOAL / R
 
 
-def _median(case: Dict[str, Any], key: str) -> float:
+def _median(case: dict[str, Any], key: str) -> float:
     return float(summary([v[key] for v in case["versions"]])["median"])
 
 
-def _base(cases: List[Dict[str, Any]], case: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+def _base(cases: list[dict[str, Any]], case: dict[str, Any]) -> dict[str, Any] | None:
     return next((c for c in cases if c["replicas"] == 0 and c["bytes"] == case["bytes"]
                  and c["actors"] == case["actors"]), None)
 
 
-def link_rate(cases: List[Dict[str, Any]], case: Dict[str, Any]) -> Optional[float]:
+def link_rate(cases: list[dict[str, Any]], case: dict[str, Any]) -> float | None:
     """Bytes per second one link delivered: the primary alone's (R = 0) rate to all
     actors, same size and actor count (its uplink carried every copy)."""
     base = _base(cases, case)
     return None if base is None else base["actors"] * base["bytes"] / _median(base, "all_seconds")
 
 
-def link_model(cases: List[Dict[str, Any]], case: Dict[str, Any]) -> Optional[float]:
+def link_model(cases: list[dict[str, Any]], case: dict[str, Any]) -> float | None:
     """Seconds after the push's return the links alone allow, at ``link_rate``: the
     busiest server's actors' copies (A_max: the most actors one server serves), after,
     for a star of R replicas, the R - 1 copies the primary's link still sends once the
@@ -44,7 +44,7 @@ def link_model(cases: List[Dict[str, Any]], case: Dict[str, Any]) -> Optional[fl
     rate = link_rate(cases, case)
     if rate is None:
         return None
-    served: Dict[str, int] = {}
+    served: dict[str, int] = {}
     for _, url in case["placement"]:
         served[url] = served.get(url, 0) + 1
     copies = max(served.values())
@@ -53,7 +53,7 @@ def link_model(cases: List[Dict[str, Any]], case: Dict[str, Any]) -> Optional[fl
     return copies * case["bytes"] / rate
 
 
-def ratio(cases: List[Dict[str, Any]], case: Dict[str, Any]) -> Optional[float]:
+def ratio(cases: list[dict[str, Any]], case: dict[str, Any]) -> float | None:
     """t(R)/t(0): median time until every actor holds a version, over the primary
     alone's, same size and actor count."""
     base = _base(cases, case)
@@ -62,7 +62,7 @@ def ratio(cases: List[Dict[str, Any]], case: Dict[str, Any]) -> Optional[float]:
     return _median(case, "all_seconds") / _median(base, "all_seconds")
 
 
-def section(results: Dict[str, Any]) -> List[str]:
+def section(results: dict[str, Any]) -> list[str]:
     cases = results.get("cases", [])
     if not cases:
         return []
@@ -114,7 +114,7 @@ def section(results: Dict[str, Any]) -> List[str]:
     return lines
 
 
-def _cases_table(cases: List[Dict[str, Any]]) -> List[str]:
+def _cases_table(cases: list[dict[str, Any]]) -> list[str]:
     """One row per case: R, replication, size, actors."""
     counted = any("primary_gets" in c for c in cases)
     rows = []
@@ -150,7 +150,7 @@ def _cases_table(cases: List[Dict[str, Any]]) -> List[str]:
                    + (["GETs the primary answered"] if counted else []), rows)
 
 
-def _findings(cases: List[Dict[str, Any]]) -> List[str]:
+def _findings(cases: list[dict[str, Any]]) -> list[str]:
     """t(R)/t(0) per size and actor count, then what the run shows."""
     bullets = []
     for nbytes in sorted({c["bytes"] for c in cases}):
@@ -180,7 +180,7 @@ def _findings(cases: List[Dict[str, Any]]) -> List[str]:
         "machine shows most)."), ""] + _back_to_back_finding(cases)
 
 
-def _back_to_back_finding(cases: List[Dict[str, Any]]) -> List[str]:
+def _back_to_back_finding(cases: list[dict[str, Any]]) -> list[str]:
     fast = [(c, c["back_to_back"]) for c in cases if c.get("back_to_back")]
     if not fast:
         return []
@@ -200,7 +200,7 @@ def _back_to_back_finding(cases: List[Dict[str, Any]]) -> List[str]:
         "than the fan-out."), ""]
 
 
-def _back_to_back_cell(case: Dict[str, Any]) -> str:
+def _back_to_back_cell(case: dict[str, Any]) -> str:
     fast = case.get("back_to_back")
     if not fast:
         return "–"
@@ -213,7 +213,7 @@ def _back_to_back_cell(case: Dict[str, Any]) -> str:
             + restarted)
 
 
-def splice(results: Dict[str, Any], out: Path) -> None:
+def splice(results: dict[str, Any], out: Path) -> None:
     """Write section 11 into ``out`` in place of its previous text (up to the next ``## ``
     heading), or before "## What was run", or at the end."""
     mine = section(results)
@@ -230,7 +230,7 @@ def splice(results: Dict[str, Any], out: Path) -> None:
     out.write_text("\n".join(lines).rstrip() + "\n")
 
 
-def main(argv: List[str]) -> int:
+def main(argv: list[str]) -> int:
     here = Path(__file__).resolve().parent
     source = Path(argv[0]) if argv else here / "results_scaleout.json"
     target = Path(argv[1]) if len(argv) > 1 else here / "RESULTS.md"
@@ -242,7 +242,7 @@ if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
 
 
-def saved_section(folder: Path) -> List[str]:
+def saved_section(folder: Path) -> list[str]:
     """Section 11 from ``folder``'s results_scaleout.json (none if absent or unreadable):
     report.py's hook, so that ``make bench``'s RESULTS.md keeps the last scale-out run."""
     try:

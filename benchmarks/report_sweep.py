@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from .common import GB, LABELS, MB, machine_line, paired_ratio, seconds_text, size_label, summary
 from .report_base import (
@@ -37,7 +37,7 @@ SPLIT_NOTE = (
     "has a Reverb server of its own.")
 
 
-def throughput_section(r: Results, images: Dict[str, Path], out: Path) -> List[str]:
+def throughput_section(r: Results, images: dict[str, Path], out: Path) -> list[str]:
     sizes = r.sizes("few")
     if not sizes:
         return []
@@ -74,8 +74,8 @@ def throughput_section(r: Results, images: Dict[str, Path], out: Path) -> List[s
     return lines + table(head, _ratio_rows(r, sizes))
 
 
-def _ratio_rows(r: Results, sizes: List[int]) -> List[List[str]]:
-    def row(label: str, group: str, mine: Tuple[str, str], other: Tuple[str, str]) -> List[str]:
+def _ratio_rows(r: Results, sizes: list[int]) -> list[list[str]]:
+    def row(label: str, group: str, mine: tuple[str, str], other: tuple[str, str]) -> list[str]:
         return [label] + [ratio_cell(r.ratio("few", n, group, mine, other)) for n in sizes]
 
     rows = [row(f"reverb / TF-Agents, {op}", "reverb", ("reverb", op), ("tf-agents", op))
@@ -97,7 +97,7 @@ def _ratio_rows(r: Results, sizes: List[int]) -> List[List[str]]:
     return rows
 
 
-def big_section(r: Results) -> List[str]:
+def big_section(r: Results) -> list[str]:
     bigs = [c for c in r.raw.get("cases", []) if c["nbytes"] > 2**31]
     skipped = [s for s in r.raw.get("skipped", []) if "GB" in s.split(":")[0]]
     if not bigs and not skipped:
@@ -132,7 +132,7 @@ def big_section(r: Results) -> List[str]:
     return lines
 
 
-def many_section(r: Results) -> List[str]:
+def many_section(r: Results) -> list[str]:
     sizes = r.sizes("many")
     if not sizes:
         return []
@@ -173,11 +173,11 @@ def many_section(r: Results) -> List[str]:
     return lines
 
 
-def _times(many: Optional[Stat], few: Optional[Stat]) -> str:
+def _times(many: Stat | None, few: Stat | None) -> str:
     return f"{many['median'] / few['median']:.2f}×" if few and many else "–"
 
 
-def poll_section(r: Results, images: Dict[str, Path], out: Path) -> List[str]:
+def poll_section(r: Results, images: dict[str, Path], out: Path) -> list[str]:
     sizes = sorted({b for (lay, b, _) in r.polls if lay == "few"})
     if not sizes:
         return []
@@ -202,7 +202,7 @@ def poll_section(r: Results, images: Dict[str, Path], out: Path) -> List[str]:
     return lines + table(["", *map(size_label, sizes)], rows)
 
 
-def wire_section(r: Results) -> List[str]:
+def wire_section(r: Results) -> list[str]:
     rows = []
     for n in r.sizes("few"):
         def t(contender: str, op: str, n: int = n) -> str:
@@ -238,7 +238,7 @@ def wire_section(r: Results) -> List[str]:
                     rows))
 
 
-def many_tables_section(r: Results) -> List[str]:
+def many_tables_section(r: Results) -> list[str]:
     tables = r.raw.get("many_tables")
     if not tables:
         return []
@@ -255,7 +255,7 @@ def many_tables_section(r: Results) -> List[str]:
             f"{seconds_text(s['max'])}{shown}.{_where_polls_go(tables)}", ""]
 
 
-def _where_polls_go(tables: Dict[str, Any]) -> str:
+def _where_polls_go(tables: dict[str, Any]) -> str:
     """Where a poll's time goes, server and client, against a server of one table."""
     cpu, one = tables.get("cpu"), tables.get("one_table")
     if not cpu or not one:
@@ -277,5 +277,5 @@ def _where_polls_go(tables: Dict[str, Any]) -> str:
             "ask Reverb to skip.")
 
 
-def _samples(values: Optional[List[float]]) -> Optional[Stat]:
+def _samples(values: list[float] | None) -> Stat | None:
     return summary(values) if values else None

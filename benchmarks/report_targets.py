@@ -14,7 +14,7 @@ import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from .common import GB, LABELS, MB, paired_ratio, seconds_text, size_label, summary
 from .report_base import (
@@ -39,29 +39,29 @@ SHM_OPS = [("np.copyto", "copy"), ("shm", "push"), ("shm", "pull"), ("shm", "pul
 ISSUE_15_SECTION = "## Targets of issue 15, this run and the previous one"
 
 
-def verdict(ok: Optional[bool]) -> str:
+def verdict(ok: bool | None) -> str:
     return "–" if ok is None else ("**met**" if ok else "**missed**")
 
 
-def ratio_of_medians(r: Results, nbytes: int, contender: str) -> Optional[float]:
+def ratio_of_medians(r: Results, nbytes: int, contender: str) -> float | None:
     """The median of ``contender``'s push+pull over TF-Agents' (issue 3's measure)."""
     mine = r.push_pull("few", nbytes, contender)
     theirs = r.push_pull("few", nbytes, "tf-agents")
     return statistics.median(mine) / statistics.median(theirs) if mine and theirs else None
 
 
-def reader_growth(r: Results, contender: str) -> Optional[Dict[str, Any]]:
+def reader_growth(r: Results, contender: str) -> dict[str, Any] | None:
     """The reader-memory record of ``contender`` (the largest reader count)."""
     mine = [f for f in r.raw.get("reader_memory", []) if f["contender"] == contender]
     return max(mine, key=lambda f: f["readers"]) if mine else None
 
 
-def targets(r: Results) -> List[str]:
+def targets(r: Results) -> list[str]:
     sizes = r.target_sizes()
     if not sizes:
         return []
     small, large = min(sizes), max(sizes)
-    rows: List[List[str]] = []
+    rows: list[list[str]] = []
     for contender in ("reverb", "varsync drop-in"):
         ratio = ratio_of_medians(r, small, contender)
         if ratio is not None:
@@ -122,7 +122,7 @@ def targets(r: Results) -> List[str]:
             + table(["issue", "target", "this run", "verdict"], rows))
 
 
-def backends_section(r: Results) -> List[str]:
+def backends_section(r: Results) -> list[str]:
     sizes = r.target_sizes()
     if not sizes:
         return []
@@ -135,7 +135,7 @@ def backends_section(r: Results) -> List[str]:
     return lines + _reverb(r, sizes) + _redis(r, sizes) + _shm(r, sizes)
 
 
-def _reverb(r: Results, sizes: List[int]) -> List[str]:
+def _reverb(r: Results, sizes: list[int]) -> list[str]:
     rows = []
     for n in sizes:
         base = r.push_pull("few", n, "tf-agents")
@@ -164,7 +164,7 @@ def _reverb(r: Results, sizes: List[int]) -> List[str]:
             + ["Client memory of a push and a pull: section 6.", ""])
 
 
-def _redis(r: Results, sizes: List[int]) -> List[str]:
+def _redis(r: Results, sizes: list[int]) -> list[str]:
     lines = ["### Redis: varsync vs hand-written redis-py and np.copyto, same server", ""]
     for n in sizes:
         lines += [f"**{size_label(n)}** (4 float32 arrays)", ""]
@@ -187,7 +187,7 @@ def _redis(r: Results, sizes: List[int]) -> List[str]:
                     "client peak ≤ 1.3 × payload; four readers grow the server ≤ 10 % of it.", ""]
 
 
-def _redis_rows(r: Results, n: int) -> List[List[str]]:
+def _redis_rows(r: Results, n: int) -> list[list[str]]:
     def ratio(mine: str, op: str, other: str, other_op: str) -> str:
         s = r.ratio("few", n, "redis", (mine, op), (other, other_op))
         return f"{ratio_cell(s)} × {LABELS[other]}" if s else "–"
@@ -207,7 +207,7 @@ def _redis_rows(r: Results, n: int) -> List[List[str]]:
     ]
 
 
-def _shm(r: Results, sizes: List[int]) -> List[str]:
+def _shm(r: Results, sizes: list[int]) -> list[str]:
     rows = []
     for n in sizes:
         for contender, op in SHM_OPS:
@@ -231,12 +231,12 @@ def _shm(r: Results, sizes: List[int]) -> List[str]:
 
 
 def _group(r: Results, nbytes: int, contender: str, op: str = "copy",
-           group: str = "redis") -> Optional[Stat]:
+           group: str = "redis") -> Stat | None:
     """A contender's times within one group (not pooled over groups)."""
     return _summary(r.by_group.get(("few", nbytes, group, contender, op)))
 
 
-def _summary(samples: Optional[List[float]]) -> Optional[Stat]:
+def _summary(samples: list[float] | None) -> Stat | None:
     return summary(samples) if samples else None
 
 
@@ -252,23 +252,23 @@ class Row:
     item: str
     target: str
     limit: float = 0.0
-    figure: Optional[Stat] = None
+    figure: Stat | None = None
     unit: str = "×"  # "×", "%" or "s"
     at_least: bool = False
     text: str = ""
-    ok: Optional[bool] = None  # for a row of words
+    ok: bool | None = None  # for a row of words
     basis: str = ""  # what the figure is a ratio to, when that can change between runs
     #: Redis rows: the raw TCP floor's time over the same baseline's, round by round; a
     #: target below it asks for less than the same bytes took over a bare socket
-    floor: Optional[Stat] = None
+    floor: Stat | None = None
 
-    def met(self) -> Optional[bool]:
+    def met(self) -> bool | None:
         if self.figure is None or self.limit != self.limit:  # words, or NaN: measured only
             return self.ok
         median = self.figure["median"]
         return median >= self.limit if self.at_least else median <= self.limit
 
-    def cell(self, figure: Optional[Stat] = None, text: str = "") -> str:
+    def cell(self, figure: Stat | None = None, text: str = "") -> str:
         s = figure if figure is not None else self.figure
         if s is None:
             return text or self.text or "–"
@@ -295,13 +295,13 @@ class Row:
         return word
 
 
-def target_rows(r: Results) -> List[Row]:
+def target_rows(r: Results) -> list[Row]:
     sizes = [n for n in r.sizes("few") if n < 2**31]
     return (_reverb_targets(r, sizes) + _many_targets(r) + _redis_targets(r, sizes)
             + _wire_targets(r, sizes) + _cold_targets(r))
 
 
-def _reverb_targets(r: Results, sizes: List[int]) -> List[Row]:
+def _reverb_targets(r: Results, sizes: list[int]) -> list[Row]:
     rows = []
     for path, contender in (("numpy", "reverb"), ("drop-in", "varsync drop-in")):
         for n in sizes:
@@ -321,7 +321,7 @@ def _reverb_targets(r: Results, sizes: List[int]) -> List[Row]:
     return rows
 
 
-def _many_targets(r: Results) -> List[Row]:
+def _many_targets(r: Results) -> list[Row]:
     rows = []
     for n in r.sizes("many")[:1]:  # the smallest: 1 MB in a full run
         leaves = next((c["leaves"] for c in r.raw.get("cases", []) if c["layout"] == "many"
@@ -344,7 +344,7 @@ def _many_targets(r: Results) -> List[Row]:
     return rows
 
 
-def _redis_targets(r: Results, sizes: List[int]) -> List[Row]:
+def _redis_targets(r: Results, sizes: list[int]) -> list[Row]:
     rows = []
     for n in sizes:
         base = better_baseline(r, n)
@@ -372,21 +372,21 @@ def _redis_targets(r: Results, sizes: List[int]) -> List[Row]:
     return rows
 
 
-def wire_sizes(r: Results, sizes: List[int]) -> List[int]:
+def wire_sizes(r: Results, sizes: list[int]) -> list[int]:
     """100 MB and 1 GB, the issue's; in a run without them, the largest size measured."""
     measured = [n for n in sizes if r.by_group.get(("few", n, "redis", *FLOOR))]
     chosen = [n for n in measured if n in (100 * MB, GB)]
     return chosen or measured[-1:]
 
 
-def _wire_targets(r: Results, sizes: List[int]) -> List[Row]:
+def _wire_targets(r: Results, sizes: list[int]) -> list[Row]:
     return [Row(f"redis {op} floor {n}", "15.4 the wire",
                 f"Redis {op} throughput ≥ 50 % of raw loopback TCP's, {size_label(n)}", 50,
                 floor_share(r, n, op), unit="%", at_least=True)
             for n in wire_sizes(r, sizes) for op in ("push", "pull")]
 
 
-def _cold_targets(r: Results) -> List[Row]:
+def _cold_targets(r: Results) -> list[Row]:
     from .readers import NEEDS
 
     records = cold_records(r)
@@ -411,9 +411,9 @@ def _cold_targets(r: Results) -> List[Row]:
     return rows
 
 
-def figures_of(rows: List[Row]) -> Dict[str, Any]:
+def figures_of(rows: list[Row]) -> dict[str, Any]:
     """What results.json keeps of a run's targets, for the next run's table."""
-    kept: Dict[str, Any] = {}
+    kept: dict[str, Any] = {}
     for row in rows:
         if row.figure is not None:
             kept[row.key] = {k: row.figure[k] for k in ("median", "q1", "q3", "p90")
@@ -425,7 +425,7 @@ def figures_of(rows: List[Row]) -> Dict[str, Any]:
     return kept
 
 
-def previous_figures(path: Path) -> Optional[Dict[str, Any]]:
+def previous_figures(path: Path) -> dict[str, Any] | None:
     """The targets' figures of the run whose results.json is at ``path``, with when it ran
     and its load; None if there is none (or it cannot be read)."""
     try:
@@ -438,7 +438,7 @@ def previous_figures(path: Path) -> Optional[Dict[str, Any]]:
             "commit": (old.get("tree") or {}).get("commit", ""), "figures": figures}
 
 
-def issue_15_targets(r: Results) -> List[str]:
+def issue_15_targets(r: Results) -> list[str]:
     rows = target_rows(r)  # a row without a figure shows "–": not measured (smoke.py checks)
     if not rows:
         return []
@@ -478,7 +478,7 @@ def issue_15_targets(r: Results) -> List[str]:
             + _torch_note(r.raw.get("torch_many")))
 
 
-def _torch_note(torch: Optional[Dict[str, Any]]) -> List[str]:
+def _torch_note(torch: dict[str, Any] | None) -> list[str]:
     if not torch:
         return []
     versions = ", ".join(f"{name} {version}" for name, version in torch["versions"].items())
@@ -487,7 +487,7 @@ def _torch_note(torch: Optional[Dict[str, Any]]) -> List[str]:
             f"found its {torch['checked']} tensors holding the table's values bit for bit."]
 
 
-def _load(raw: Dict[str, Any]) -> str:
+def _load(raw: dict[str, Any]) -> str:
     start = raw["machine"]["load_average"][0]
     end = raw.get("load_average_end")
     return f"{start:.1f} at the start" + (f", {end[0]:.1f} at the end" if end else "")

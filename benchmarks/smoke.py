@@ -4,7 +4,8 @@ failed, and every section of RESULTS.md with its target rows."""
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence, Set, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 #: (group, contender, operation) of every case; then what a target size adds.
 EVERY_CASE = {
@@ -46,7 +47,7 @@ ISSUE_15_ITEMS = ("15.1 Reverb", "15.2 many variables", "15.3 Redis", "15.4 the 
 COLD_BACKENDS = ("memory", "reverb", "redis", "shm")
 
 
-def wanted(case: Dict[str, Any]) -> Set[Tuple[str, str, str]]:
+def wanted(case: dict[str, Any]) -> set[tuple[str, str, str]]:
     """The (group, contender, operation) a case should have timed."""
     ops = EVERY_CASE | (AT_TARGETS if case.get("targets") else set())
     ops |= (FEW if case["layout"] == "few" else MANY) if case["update"] else set()
@@ -74,9 +75,9 @@ FRAMEWORK_OPS = {
 FRAMEWORK_ROWS = 4  # the issue's four targets, one row each
 
 
-def missing_figures(results: Dict[str, Any], markdown: str,
+def missing_figures(results: dict[str, Any], markdown: str,
                     groups: Sequence[str] = ("cross-backend", "frameworks", "delta")
-                    ) -> List[str]:
+                    ) -> list[str]:
     """Everything a run of ``groups`` should have produced and did not, in words; empty
     if complete. A group skipped because its frameworks do not import here is not
     missing."""
@@ -89,7 +90,7 @@ def missing_figures(results: Dict[str, Any], markdown: str,
     return missing + missing_cross_backend(results, markdown)
 
 
-def missing_framework_figures(results: Dict[str, Any], markdown: str) -> List[str]:
+def missing_framework_figures(results: dict[str, Any], markdown: str) -> list[str]:
     """The framework group: each part timed every operation, or was skipped for a reason
     other than a failure (a framework that does not import here); its section and rows."""
     from .report_frameworks import SECTION
@@ -127,7 +128,7 @@ DELTA_BACKENDS = ("memory", "redis", "shm")
 DELTA_ROWS = {"16.1": 3, "16.2": 2, "16.3": 5, "16.4": 1}
 
 
-def missing_delta_figures(results: Dict[str, Any], markdown: str) -> List[str]:
+def missing_delta_figures(results: dict[str, Any], markdown: str) -> list[str]:
     """The delta group: every backend timed and counted every operation of every stage,
     or was skipped for a reason other than a failure; the detection timings; its section
     with a figure and a verdict in every target row."""
@@ -166,14 +167,14 @@ def missing_delta_figures(results: Dict[str, Any], markdown: str) -> List[str]:
     return missing
 
 
-def missing_cross_backend(results: Dict[str, Any], markdown: str) -> List[str]:
+def missing_cross_backend(results: dict[str, Any], markdown: str) -> list[str]:
     """The cross-backend group's figures."""
     missing = [f"stage: {s}" for s in results.get("skipped", [])]
-    recorded: Dict[str, Set[Tuple[str, str, str]]] = {}
+    recorded: dict[str, set[tuple[str, str, str]]] = {}
     for r in results.get("sweep", []):
         if r["samples"]:
             recorded.setdefault(r["case"], set()).add((r["group"], r["contender"], r["op"]))
-    polled: Dict[str, Set[Tuple[str, str]]] = {}
+    polled: dict[str, set[tuple[str, str]]] = {}
     for r in results.get("polls", []):
         if r["samples"]:
             polled.setdefault(r["case"], set()).add((r["contender"], r.get("op", "pull_if_newer")))
@@ -204,7 +205,7 @@ def missing_cross_backend(results: Dict[str, Any], markdown: str) -> List[str]:
     return missing + missing_issue_15(results, markdown)
 
 
-def missing_issue_15(results: Dict[str, Any], markdown: str) -> List[str]:
+def missing_issue_15(results: dict[str, Any], markdown: str) -> list[str]:
     """The stages issue 15 added and its table of targets: every item has rows, every row a
     figure for this run and a verdict."""
     missing = []

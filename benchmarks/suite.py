@@ -52,8 +52,9 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable
 
 from .common import fresh_memory, machine, machine_line, stage
 
@@ -70,7 +71,7 @@ def log(line: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {line}", flush=True)
 
 
-def arguments(argv: Optional[List[str]]) -> argparse.Namespace:
+def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.suite",
                                      description=(__doc__ or "").splitlines()[0])
     modes = parser.add_mutually_exclusive_group()
@@ -96,7 +97,7 @@ def arguments(argv: Optional[List[str]]) -> argparse.Namespace:
     return args
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = arguments(argv)
     scratch = Path(tempfile.mkdtemp(prefix="varsync-bench-"))
     try:
@@ -126,7 +127,7 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
     groups = args.group or list(GROUPS)
     # the machine's fresh memory, for the figures of the sweep (RESULTS.md's header)
     memory = fresh_memory(*chosen.fresh_memory) if "cross-backend" in groups else None
-    results: Dict[str, Any] = {"machine": machine(), "quick": trial, "smoke": args.smoke,
+    results: dict[str, Any] = {"machine": machine(), "quick": trial, "smoke": args.smoke,
                                "fresh_memory": memory,
                                "stage_seconds": {}, "plan": chosen.summary(),
                                "tree": working_tree(),
@@ -137,7 +138,7 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
     def time_left() -> float:
         return args.budget - (time.monotonic() - started) - 45  # 45 s to write and draw
 
-    ran: List[str] = []
+    ran: list[str] = []
     try:
         run_groups(groups, chosen, results, time_left, ran)
     finally:
@@ -166,7 +167,7 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
     return 0
 
 
-def previous_run(path: Path) -> Optional[Dict[str, Any]]:
+def previous_run(path: Path) -> dict[str, Any] | None:
     """The figures of issue 15's targets in the run whose results.json is at ``path`` (the
     one this run replaces, or else the committed one: in a fresh clone, both), kept in this
     run's results for the report's "previous run" column; None without one."""
@@ -178,18 +179,18 @@ def previous_run(path: Path) -> Optional[Dict[str, Any]]:
     return previous
 
 
-def working_tree() -> Dict[str, Any]:
+def working_tree() -> dict[str, Any]:
     from .frameworks import working_tree as tree
 
     return tree()
 
 
-def missing_modules(names: Sequence[str]) -> List[str]:
+def missing_modules(names: Sequence[str]) -> list[str]:
     return [name for name in names if importlib.util.find_spec(name) is None]
 
 
-def run_groups(groups: List[str], chosen: Any, results: Dict[str, Any],
-               time_left: Callable[[], float], ran: List[str]) -> None:
+def run_groups(groups: list[str], chosen: Any, results: dict[str, Any],
+               time_left: Callable[[], float], ran: list[str]) -> None:
     """Run the groups that can run here, in order; append their names to ``ran``. A group
     that cannot is recorded in ``results["groups_skipped"]`` with the reason, and printed."""
     results["groups_skipped"] = {}
@@ -234,7 +235,7 @@ def run_groups(groups: List[str], chosen: Any, results: Dict[str, Any],
             child.join(5)
 
 
-def run_delta(results: Dict[str, Any], time_left: Callable[[], float]) -> bool:
+def run_delta(results: dict[str, Any], time_left: Callable[[], float]) -> bool:
     """The delta group, into ``results["delta"]``, with a redis-server of its own; False
     (and the reason recorded) if it did not run."""
     from . import delta
@@ -254,7 +255,7 @@ def run_delta(results: Dict[str, Any], time_left: Callable[[], float]) -> bool:
 def lazy_redis_server(servers: contextlib.ExitStack) -> Callable[[], str]:
     """A function returning the URL of a redis-server it starts on first call (loopback, a
     free port, no persistence), stopped when ``servers`` closes."""
-    started: List[Any] = []
+    started: list[Any] = []
 
     def url() -> str:
         if not started:
@@ -267,12 +268,12 @@ def lazy_redis_server(servers: contextlib.ExitStack) -> Callable[[], str]:
     return url
 
 
-def skip(results: Dict[str, Any], group: str, reason: str) -> None:
+def skip(results: dict[str, Any], group: str, reason: str) -> None:
     results["groups_skipped"][group] = reason
     log(f"-- group {group} skipped: {reason}")
 
 
-def merged(results: Dict[str, Any], json_path: Path, ran: List[str]) -> Dict[str, Any]:
+def merged(results: dict[str, Any], json_path: Path, ran: list[str]) -> dict[str, Any]:
     """This run's results with the sections of the groups it did not run taken from the
     results.json already there: each of OWN_KEYS' groups has its key ("frameworks",
     "delta"), the cross-backend group every other top-level key."""
@@ -301,8 +302,8 @@ def merged(results: Dict[str, Any], json_path: Path, ran: List[str]) -> Dict[str
     return results
 
 
-def draw(results: Dict[str, Any], folder: Path, required: bool,
-         groups: Sequence[str] = GROUPS) -> Dict[str, Path]:
+def draw(results: dict[str, Any], folder: Path, required: bool,
+         groups: Sequence[str] = GROUPS) -> dict[str, Path]:
     """The PNGs of the groups run now (a smoke run without matplotlib, not in ``make
     test``'s extras, skips them); with the PNGs already in ``folder`` for the others."""
     try:
@@ -318,7 +319,7 @@ def draw(results: Dict[str, Any], folder: Path, required: bool,
     return images
 
 
-def smoke_verdict(results: Dict[str, Any], markdown: str, started: float,
+def smoke_verdict(results: dict[str, Any], markdown: str, started: float,
                   groups: Sequence[str]) -> int:
     from .smoke import missing_figures
 

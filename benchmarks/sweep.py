@@ -18,6 +18,7 @@ Every group also times ``pull_if_newer`` when nothing changed, call by call, aft
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import socket
@@ -25,7 +26,7 @@ import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, cast
 
 import numpy as np
 
@@ -37,9 +38,9 @@ TABLE = "variables"
 REDIS_BULK_LIMIT = 512 * 2**20  # redis-server's default proto-max-bulk-len
 FLOOR_TIMEOUT = 300.0  # seconds one transfer of the TCP floor may take before it is an error
 
-Op = Tuple[str, str, Callable[[], Any]]  # (contender, operation, call)
-Poll = Tuple[str, str, Callable[[], Any], int]  # (contender, operation, call, count)
-Timings = Dict[Tuple[str, str], float]  # (contender, operation) -> seconds
+Op = tuple[str, str, Callable[[], Any]]  # (contender, operation, call)
+Poll = tuple[str, str, Callable[[], Any], int]  # (contender, operation, call, count)
+Timings = dict[tuple[str, str], float]  # (contender, operation) -> seconds
 
 
 @dataclass
@@ -47,20 +48,20 @@ class Group:
     """One backend and its baselines at one size."""
 
     name: str
-    ops: List[Op]
-    polls: List[Poll]
+    ops: list[Op]
+    polls: list[Poll]
     close: Callable[[], None]
     warm: int = 1  # untimed rounds first
     # Measurements that time themselves (setup untimed), once per round after the turns.
-    per_round: List[Callable[[], Timings]] = field(default_factory=list)
-    after: List[Callable[[], None]] = field(default_factory=list)  # once, after the polls
-    meter: Optional[wire_profile.CpuMeter] = None  # CPU around its timed samples (15.4)
+    per_round: list[Callable[[], Timings]] = field(default_factory=list)
+    after: list[Callable[[], None]] = field(default_factory=list)  # once, after the polls
+    meter: wire_profile.CpuMeter | None = None  # CPU around its timed samples (15.4)
 
 
 class Sweep:
-    def __init__(self, plan: Plan, reverb: Dict[str, str], redis_url: str,
-                 out: Dict[str, Any], log: Callable[[str], None],
-                 redis_pid: Optional[int] = None) -> None:
+    def __init__(self, plan: Plan, reverb: dict[str, str], redis_url: str,
+                 out: dict[str, Any], log: Callable[[str], None],
+                 redis_pid: int | None = None) -> None:
         self.plan, self.reverb, self.redis_url = plan, reverb, redis_url
         self.redis_pid = redis_pid  # for the redis-server's CPU (Case.profile)
         self.out, self.log = out, log
@@ -89,7 +90,7 @@ class Sweep:
         return Group("memory", ops, [("memory", "pull_if_newer", poller(store), self.plan.polls)],
                      close)
 
-    def reverb_group(self, case: Case, nest: Any, variables: Any, targets: Any) -> Optional[Group]:
+    def reverb_group(self, case: Case, nest: Any, variables: Any, targets: Any) -> Group | None:
         import reverb
         from tf_agents.experimental.distributed.reverb_variable_container import (
             ReverbVariableContainer,
@@ -141,7 +142,7 @@ class Sweep:
                 closer()
             reverb.Client(address).reset(case.name)  # free the server's copy of this size
 
-        polls: List[Poll] = [("reverb", "pull_if_newer", poller(store, case.name),
+        polls: list[Poll] = [("reverb", "pull_if_newer", poller(store, case.name),
                               self.plan.reverb_polls)]
         return Group("reverb", ops, polls, close)
 
@@ -160,8 +161,9 @@ class Sweep:
             for name, leaf in nest.items():
                 hand.set(keys[name], leaf.tobytes())
 
-        def hand_pull() -> Dict[str, np.ndarray]:
-            return {name: np.frombuffer(hand.get(key), np.float32) for name, key in keys.items()}
+        def hand_pull() -> dict[str, np.ndarray]:
+            return {name: np.frombuffer(cast(bytes, hand.get(key)), np.float32)
+                    for name, key in keys.items()}
 
         def hand_push_pipelined() -> None:  # issue 15.3: one round trip for every leaf
             with hand.pipeline(transaction=False) as pipe:
@@ -171,7 +173,7 @@ class Sweep:
 
         def hand_update() -> None:
             for name, key in keys.items():
-                variables[name].assign(np.frombuffer(hand.get(key), np.float32))
+                variables[name].assign(np.frombuffer(cast(bytes, hand.get(key)), np.float32))
 
         ops = varsync_ops("redis", store, nest, variables)
         store_ops = {(c, o): call for c, o, call in ops}
@@ -189,7 +191,7 @@ class Sweep:
             ops.append(("tcp loopback", "transfer", floor.transfer))
         # issue 4 compares a pull with np.copyto into new arrays, in the same rounds
         ops += copies(nest, targets, variables, fresh=case.targets)
-        polls: List[Poll] = [("redis", "pull_if_newer", poller(store), self.plan.polls)]
+        polls: list[Poll] = [("redis", "pull_if_newer", poller(store), self.plan.polls)]
         if case.targets:
             polls.append(("redis", "version", store.version, self.plan.versions))
         per_round = []
@@ -220,7 +222,7 @@ class Sweep:
                      meter=meter)
 
     def profile_wire(self, case: Case, meter: wire_profile.CpuMeter,
-                     calls: Dict[Tuple[str, str], Callable[[], Any]]) -> None:
+                     calls: dict[tuple[str, str], Callable[[], Any]]) -> None:
         """Issue 15.4: the timed rounds' CPU figures and a py-spy profile of more pushes
         and pulls, untimed, into ``out["wire_profile"]``."""
         medians = {key: float(np.median([r["wall"] for r in records]))
@@ -239,7 +241,7 @@ class Sweep:
         store = varsync.connect(f"shm://{name}")
         store.create_table(TABLE, nest)
 
-        def read(pulled: Dict[str, np.ndarray]) -> None:  # a reader using the views' bytes
+        def read(pulled: dict[str, np.ndarray]) -> None:  # a reader using the views' bytes
             for leaf, value in pulled.items():
                 np.copyto(targets[leaf], value)
 
@@ -295,7 +297,7 @@ class Sweep:
         for _ in range(group.warm):
             for _, _, call in group.ops:
                 call()
-        samples: Dict[Tuple[str, str], List[float]] = {(c, o): [] for c, o, _ in group.ops}
+        samples: dict[tuple[str, str], list[float]] = {(c, o): [] for c, o, _ in group.ops}
         turns = contender_turns(group.ops)
         for number in range(case.rounds):
             gc.collect()
@@ -324,25 +326,25 @@ class Sweep:
             after()
 
 
-def contender_turns(ops: List[Op]) -> List[List[Op]]:
+def contender_turns(ops: list[Op]) -> list[list[Op]]:
     """``ops`` as one turn per contender (its push, pull and update, in that order), in the
     order the contenders first appear. :meth:`Sweep.run_group` rotates the turns by one
     each round: the first calls after a round's ``gc.collect()`` find the caches of both
     processes cold (the collector walks TensorFlow's objects), and whichever turn always
     went first paid that alone. Measured at 1 MB on Redis: varsync's push 1.42x the
     pipelined SETs when it always went first, 1.05x when they did."""
-    turns: Dict[str, List[Op]] = {}
+    turns: dict[str, list[Op]] = {}
     for op in ops:
         turns.setdefault(op[0], []).append(op)
     return list(turns.values())
 
 
 def varsync_ops(contender: str, store: Any, nest: Any, variables: Any,
-                table: str = TABLE) -> List[Op]:
+                table: str = TABLE) -> list[Op]:
     """A varsync container's push and pull of ``nest`` and, with ``variables``, its update:
     whole ones (``skip_unchanged=False``, ``delta_only=False``), for the same nest is pushed
     every round; what moving only changed leaves saves is the delta group's."""
-    ops: List[Op] = [(contender, "push", lambda: store.push(nest, table, skip_unchanged=False)),
+    ops: list[Op] = [(contender, "push", lambda: store.push(nest, table, skip_unchanged=False)),
                      (contender, "pull", lambda: store.pull(table))]
     if variables is not None:
         ops.append((contender, "update",
@@ -350,8 +352,8 @@ def varsync_ops(contender: str, store: Any, nest: Any, variables: Any,
     return ops
 
 
-def copies(nest: Dict[str, np.ndarray], targets: Dict[str, np.ndarray], variables: Any,
-           fresh: bool = False) -> List[Op]:
+def copies(nest: dict[str, np.ndarray], targets: dict[str, np.ndarray], variables: Any,
+           fresh: bool = False) -> list[Op]:
     """The physical references, timed in every group: np.copyto of the same bytes into
     existing arrays, ``tf.Variable.assign`` of them (the floor of any update), and with
     ``fresh``, np.copyto into new arrays (the page faults any pull into new arrays pays)."""
@@ -360,13 +362,13 @@ def copies(nest: Dict[str, np.ndarray], targets: Dict[str, np.ndarray], variable
         for name, leaf in nest.items():
             np.copyto(targets[name], leaf)
 
-    def into_fresh() -> Dict[str, np.ndarray]:
+    def into_fresh() -> dict[str, np.ndarray]:
         made = {name: np.empty_like(leaf) for name, leaf in nest.items()}
         for name, leaf in nest.items():
             np.copyto(made[name], leaf)
         return made
 
-    ops: List[Op] = [("np.copyto", "copy", into_existing)]
+    ops: list[Op] = [("np.copyto", "copy", into_existing)]
     if fresh:
         ops.append(("np.copyto fresh", "copy", into_fresh))
     if variables is not None:
@@ -375,7 +377,7 @@ def copies(nest: Dict[str, np.ndarray], targets: Dict[str, np.ndarray], variable
     return ops
 
 
-def memory_table(case: Case, nest: Any, tag: str) -> Tuple[Any, Callable[[], None]]:
+def memory_table(case: Case, nest: Any, tag: str) -> tuple[Any, Callable[[], None]]:
     """A memory:// container holding a table of ``nest``, and the call that frees its
     bytes (the store outlives its containers)."""
     import varsync
@@ -421,7 +423,7 @@ def shm_cold_paths(store: Any, nest: Any, read: Callable[[Any], None]) -> Timing
     return {("shm", "push, new segment"): push, ("shm", "pull + read, new segment"): first_read}
 
 
-def time_polls(poll: Callable[[], Any], count: int, who: str, check: bool = True) -> List[float]:
+def time_polls(poll: Callable[[], Any], count: int, who: str, check: bool = True) -> list[float]:
     """Seconds of each of ``count`` calls of ``poll``, timed one by one; with ``check``, a
     poll that found a newer version (nothing was pushed) is an error."""
     values = []
@@ -437,7 +439,7 @@ def time_polls(poll: Callable[[], Any], count: int, who: str, check: bool = True
 
 def poller(store: Any, table: str = TABLE) -> Callable[[], Any]:
     """``pull_if_newer`` of the version the table had at the first call."""
-    held: Dict[str, int] = {}
+    held: dict[str, int] = {}
 
     def poll() -> Any:
         if "version" not in held:
@@ -447,11 +449,11 @@ def poller(store: Any, table: str = TABLE) -> Callable[[], Any]:
     return poll
 
 
-def hand_refusal(url: str, nest: Dict[str, np.ndarray]) -> str:
+def hand_refusal(url: str, nest: dict[str, np.ndarray]) -> str:
     """Try what a user would write, one SET of a leaf over 512 MB; say what happened."""
     import redis
 
-    name, leaf = max(nest.items(), key=lambda item: item[1].nbytes)
+    _name, leaf = max(nest.items(), key=lambda item: item[1].nbytes)
     client = redis.Redis.from_url(url, socket_timeout=120)
     try:
         client.set("hand:too-large", leaf.tobytes())
@@ -481,13 +483,13 @@ class LoopbackFloor:
     ``transfer()`` sends them once and waits until they all arrived; ``close()`` stops the
     thread and closes both sockets."""
 
-    def __init__(self, nest: Dict[str, np.ndarray], into: Dict[str, np.ndarray]) -> None:
+    def __init__(self, nest: dict[str, np.ndarray], into: dict[str, np.ndarray]) -> None:
         self.views = [_bytes_of(leaf) for leaf in nest.values()]
         self.buffers = [_bytes_of(into[name]) for name in nest]
         if [v.nbytes for v in self.views] != [b.nbytes for b in self.buffers]:
             raise ValueError("LoopbackFloor: `into` must hold arrays of the nest's sizes")
         self.total = sum(view.nbytes for view in self.views)
-        self.error: Optional[BaseException] = None
+        self.error: BaseException | None = None
         self._arrived = threading.Semaphore(0)
         with socket.create_server(("127.0.0.1", 0)) as listener:
             self.sender = socket.create_connection(listener.getsockname()[:2],
@@ -530,10 +532,8 @@ class LoopbackFloor:
             self._arrived.release()
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.sender.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
         self._thread.join(30)
         for sock in (self.sender, self.receiver):
             sock.close()

@@ -24,19 +24,19 @@ import sys
 import time
 import traceback
 from importlib import metadata
-from typing import Any, Dict
+from typing import Any
 
 from .common import nest_of
 
 WARM = 3  # untimed updates of each before the first round
 
 
-def say(message: Dict[str, Any]) -> None:
+def say(message: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(message) + "\n")
     sys.stdout.flush()
 
 
-def module_of(nest: Dict[str, Any]) -> Any:
+def module_of(nest: dict[str, Any]) -> Any:
     """A module with one parameter per leaf, zeros, registered in the table's (sorted)
     order: what an actor's copy of the policy holds before its first update."""
     import torch
@@ -83,7 +83,7 @@ def main(address: str, table: str, nbytes: int, leaves: int) -> None:
         say({"end": len(nest)})
 
 
-def check(model: Any, nest: Dict[str, Any], when: str) -> None:
+def check(model: Any, nest: dict[str, Any], when: str) -> None:
     """The module holds ``nest`` bit for bit, or AssertionError naming a tensor."""
     import numpy as np
 

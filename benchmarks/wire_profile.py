@@ -32,12 +32,13 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable
 
 #: (name shown, (file, function) pairs that put a sample in it), tried on the innermost
 #: frame of varsync's code on a sample's stack (:func:`_category`).
-CATEGORIES: Sequence[Tuple[str, Sequence[Tuple[str, str]]]] = (
+CATEGORIES: Sequence[tuple[str, Sequence[tuple[str, str]]]] = (
     ("socket receive (recv_into)", (("varsync/backends/redis/wire.py", "_recv_into"),)),
     ("socket send (sendall)", (("varsync/backends/redis/wire.py", "_send"),)),
     ("CRC-32 of the chunks", (("varsync/backends/redis/wire.py", "checksum"),)),
@@ -56,7 +57,7 @@ PROFILED_SECONDS = 2.0  # each operation is repeated (untimed) about this long u
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _server_cpu(pid: Optional[int]) -> Tuple[float, float, float]:
+def _server_cpu(pid: int | None) -> tuple[float, float, float]:
     """A process's CPU seconds on its main thread (``/proc/<pid>/schedstat``: nanoseconds),
     and its user and kernel CPU in clock ticks (``/proc/<pid>/stat``); zeros if they
     cannot be read."""
@@ -74,11 +75,11 @@ class CpuMeter:
     """CPU figures of this process and of the redis-server ``server_pid``, per call, for
     the operations in ``keys``: taken around a whole timed sample, outside its clock."""
 
-    def __init__(self, server_pid: Optional[int], keys: Set[Tuple[str, str]]) -> None:
+    def __init__(self, server_pid: int | None, keys: set[tuple[str, str]]) -> None:
         self.server_pid, self.keys = server_pid, keys
-        self.records: Dict[Tuple[str, str], List[Dict[str, float]]] = {}
+        self.records: dict[tuple[str, str], list[dict[str, float]]] = {}
 
-    def sample(self, key: Tuple[str, str], timed: Callable[[], float], calls: int) -> float:
+    def sample(self, key: tuple[str, str], timed: Callable[[], float], calls: int) -> float:
         """``timed()``'s seconds per call (a timed sample of ``calls`` calls), its CPU
         figures per call recorded under ``key`` (contender, operation) if it is one of
         :attr:`keys`."""
@@ -103,14 +104,14 @@ class CpuMeter:
         return seconds
 
 
-def py_spy() -> Optional[str]:
+def py_spy() -> str | None:
     """The py-spy executable beside this Python, or on PATH."""
     beside = Path(sys.executable).parent / "py-spy"
     return str(beside) if os.access(beside, os.X_OK) else shutil.which("py-spy")
 
 
-def profile(calls: Dict[Tuple[str, str], Callable[[], Any]], seconds_per_call: Dict[
-        Tuple[str, str], float]) -> Dict[Tuple[str, str], Dict[str, Any]]:
+def profile(calls: dict[tuple[str, str], Callable[[], Any]], seconds_per_call: dict[
+        tuple[str, str], float]) -> dict[tuple[str, str], dict[str, Any]]:
     """Each of ``calls`` repeated about :data:`PROFILED_SECONDS` (at least twice) under
     py-spy; per call, its samples by category and the wall time they cover. An entry
     ``{"skipped": why}`` where py-spy is missing or failed."""
@@ -118,7 +119,7 @@ def profile(calls: Dict[Tuple[str, str], Callable[[], Any]], seconds_per_call: D
     if exe is None:
         return {key: {"skipped": "py-spy is not installed here (the bench extra has it)"}
                 for key in calls}
-    out: Dict[Tuple[str, str], Dict[str, Any]] = {}
+    out: dict[tuple[str, str], dict[str, Any]] = {}
     for key, call in calls.items():
         repeats = max(2, round(PROFILED_SECONDS / max(seconds_per_call.get(key, 1.0), 1e-6)))
         try:
@@ -128,7 +129,7 @@ def profile(calls: Dict[Tuple[str, str], Callable[[], Any]], seconds_per_call: D
     return out
 
 
-def _profiled(exe: str, call: Callable[[], Any], repeats: int) -> Dict[str, Any]:
+def _profiled(exe: str, call: Callable[[], Any], repeats: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="varsync-bench-spy-") as folder:
         raw = Path(folder) / "samples.txt"
         log = Path(folder) / "py-spy.log"
@@ -190,11 +191,11 @@ def categorize(lines: Sequence[str]) -> Counter:
     return counts
 
 
-def _in_transfer(frames: List[str]) -> bool:
+def _in_transfer(frames: list[str]) -> bool:
     return any("varsync/container.py" in frame for frame in frames)
 
 
-def _category(frames: List[str]) -> str:
+def _category(frames: list[str]) -> str:
     """By the innermost frame of varsync's code: what runs below it is C (the socket
     call, the CRC, numpy's allocation), which py-spy shows as the frame that called it.
     py-spy names a method by its class too (``Wire._recv_into``)."""

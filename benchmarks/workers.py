@@ -10,7 +10,7 @@ import contextlib
 import queue
 import time
 import traceback
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, cast
 
 import numpy as np
 
@@ -22,7 +22,7 @@ IDLE_LIMIT = 3600.0  # seconds a child waits for its next command before giving 
 # -- the Reverb server ------------------------------------------------------------------------
 
 
-def serve_reverb(servers: Dict[str, Dict[str, Any]], ready: Any, stop: Any,
+def serve_reverb(servers: dict[str, dict[str, Any]], ready: Any, stop: Any,
                  lifetime: float) -> None:
     """Run one Reverb server per entry of ``servers`` (each on a port of its own, serving
     one table per entry of its ``{table: nest of varsync.Spec}``) until ``stop`` is set, or
@@ -51,7 +51,7 @@ def fanout_reader(name: str, commands: Any, results: Any, go: Any) -> None:
     container at ``url``; "redis-py": ``table`` is ``{key: float32 count}``, each array
     filled from ``GET key`` as a hand-written reader would. ``None`` ends it. Reports
     ``("up", name)`` first, so that the suite can start every child before measuring."""
-    clients: Dict[str, Any] = {}
+    clients: dict[str, Any] = {}
     results.put(("up", name))
     try:
         while True:
@@ -79,7 +79,7 @@ def fanout_reader(name: str, commands: Any, results: Any, go: Any) -> None:
                     times.append(time.perf_counter() - t0)
                 results.put(("done", name, started, time.monotonic(), times))
                 del fill  # its arrays: a reader holds one command's at a time
-            except Exception:  # noqa: BLE001 - reported to the parent
+            except Exception:
                 results.put(("error", name, traceback.format_exc()))
     finally:
         for client in clients.values():
@@ -96,7 +96,7 @@ def _connect(kind: str, url: str) -> Any:
     return varsync.connect(url, timeout=300)
 
 
-def _filler(kind: str, client: Any, table: Any) -> Tuple[Callable[[], Any], Dict[str, Any]]:
+def _filler(kind: str, client: Any, table: Any) -> tuple[Callable[[], Any], dict[str, Any]]:
     """A call that fills this reader's own arrays with the table's current values, and
     those arrays."""
     if kind == "redis-py":
@@ -123,24 +123,22 @@ def memory_probe(group: str, commands: Any, results: Any) -> None:
     what the group needs, reports ``(group, "up")``, then measures on the one command
     ``(url, table, nbytes)`` (``None``: nothing to do)."""
     try:
-        import varsync  # noqa: F401 - before the command: the measurement starts warm
 
         if group == "reverb":
-            import tensorflow  # noqa: F401
-            import tf_agents.experimental.distributed.reverb_variable_container  # noqa: F401
+            pass
         results.put((group, "up"))
         command = commands.get(timeout=IDLE_LIMIT)
         if command is not None:
             results.put((group, _probe(group, *command)))
-    except Exception:  # noqa: BLE001 - reported to the parent
+    except Exception:
         results.put((group, {"error": traceback.format_exc()}))
 
 
-def _probe(group: str, url: str, table: str, nbytes: int) -> Dict[str, int]:
+def _probe(group: str, url: str, table: str, nbytes: int) -> dict[str, int]:
     import varsync
 
     nest = nest_of(nbytes, 4)
-    out: Dict[str, int] = {}
+    out: dict[str, int] = {}
     options = {"namespace": "probe"} if group == "redis" else {}
     with varsync.connect(url, timeout=300, **options) as store:
         if group != "reverb":
@@ -181,7 +179,8 @@ def _probe(group: str, url: str, table: str, nbytes: int) -> Dict[str, int]:
         hand_push()
         out["redis-py push"] = peak_above_baseline(hand_push)
         out["redis-py pull"] = peak_above_baseline(
-            lambda: {n: np.frombuffer(hand.get(k), np.float32) for n, k in keys.items()})
+            lambda: {n: np.frombuffer(cast(bytes, hand.get(k)), np.float32)
+                     for n, k in keys.items()})
         hand.delete(*keys.values())
         hand.close()
     return out

@@ -473,7 +473,7 @@ def _until_reverb_server_age(url: str, seconds: float) -> None:
     """Wait until the Reverb server has run ``seconds``: a restart is told from the same
     server by its later start (within 10 ms it cannot be), and real servers run for far
     longer than the few milliseconds of a test's setup."""
-    from varsync.backends.reverb import _age_seconds
+    from varsync.backends.reverb.tables import age_seconds as _age_seconds
 
     with varsync.connect(url, timeout=10) as store:
         deadline = time.monotonic() + 10

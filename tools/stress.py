@@ -17,7 +17,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import List, Optional, Sequence
+from collections.abc import Sequence
 
 
 def burn() -> None:
@@ -27,7 +27,7 @@ def burn() -> None:
         x = (x * 7 + 1) % 1000003
 
 
-def start_burners(count: int) -> List[multiprocessing.Process]:
+def start_burners(count: int) -> list[multiprocessing.Process]:
     burners = []
     try:
         for _ in range(count):
@@ -52,7 +52,7 @@ def last_line(output: str) -> str:
     return lines[-1] if lines else "(no output)"
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.stress", description=__doc__)
     parser.add_argument("--runs", type=int, default=50, help="pytest runs (default 50)")
     parser.add_argument("--burners", type=int, default=2,

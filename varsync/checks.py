@@ -5,7 +5,8 @@ a backend returns against the table's specs (a backend's bug or damaged data is 
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +31,7 @@ def version(number: Any) -> int:
     return int(number)
 
 
-def push_size(table: str, backend: Backend, arrays: List[np.ndarray]) -> None:
+def push_size(table: str, backend: Backend, arrays: list[np.ndarray]) -> None:
     limit = backend.max_push_bytes
     if limit is not None:
         total = sum(a.nbytes for a in arrays)
@@ -43,9 +44,9 @@ def push_size(table: str, backend: Backend, arrays: List[np.ndarray]) -> None:
 
 
 def read_leaves(
-    table: str, version: int, arrays: Sequence[Optional[np.ndarray]],
+    table: str, version: int, arrays: Sequence[np.ndarray | None],
     specs: Sequence[sig.Spec], whole: bool = False,
-) -> List[Optional[np.ndarray]]:
+) -> list[np.ndarray | None]:
     """A read's arrays verified against ``specs`` (a delta read's: ``None`` for leaves
     not fetched; ``whole``: a whole read, where every leaf must be there)."""
     if len(arrays) != len(specs):

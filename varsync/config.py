@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from varsync.errors import ConfigurationError
@@ -31,12 +31,12 @@ DEFAULT_TIMEOUT = 30.0
 class Settings:
     url: str
     scheme: str
-    timeout: Optional[float]
+    timeout: float | None
     namespace: str
-    options: Dict[str, Any]
+    options: dict[str, Any]
 
 
-def resolve(url: Optional[str], options: Dict[str, Any]) -> Settings:
+def resolve(url: str | None, options: dict[str, Any]) -> Settings:
     """The URL and options ``connect`` was given, checked and split."""
     if url is None:
         url = os.environ.get(ENV_URL) or DEFAULT_URL
@@ -51,7 +51,7 @@ def resolve(url: Optional[str], options: Dict[str, Any]) -> Settings:
     except ValueError as exc:
         raise ConfigurationError(f"cannot parse the URL {redact(url)!r}: {exc}") from None
     try:
-        query: Optional[List[Tuple[str, str]]] = parse_qsl(
+        query: list[tuple[str, str]] | None = parse_qsl(
             parts.query, keep_blank_values=True, strict_parsing=bool(parts.query)
         )
     except ValueError:  # neither shown nor chained: it may quote a password cut at an '&'
@@ -64,7 +64,7 @@ def resolve(url: Optional[str], options: Dict[str, Any]) -> Settings:
         )
     if not parts.scheme:
         raise ConfigurationError(f"the URL {redact(url)!r} has no scheme")
-    merged: Dict[str, Any] = {}
+    merged: dict[str, Any] = {}
     for key, value in query:
         if key in merged:
             raise ConfigurationError(f"option {key!r} appears twice in the URL {redact(url)!r}")
@@ -94,7 +94,7 @@ def resolve(url: Optional[str], options: Dict[str, Any]) -> Settings:
     )
 
 
-def check_text(text: str, what: str, shown: Optional[str] = None) -> str:
+def check_text(text: str, what: str, shown: str | None = None) -> str:
     """``text`` if it is valid Unicode (storable as UTF-8), else :class:`ConfigurationError`.
 
     A ``str`` can hold lone surrogates (``"\\udc80"``, e.g. from ``os.fsdecode`` of bad
@@ -105,8 +105,8 @@ def check_text(text: str, what: str, shown: Optional[str] = None) -> str:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ConfigurationError(
-            f"{what} {ascii(text if shown is None else shown)} is not valid Unicode: it holds "
-            f"the lone surrogate {ascii(text[exc.start:exc.end])} at position {exc.start}, "
+            f"{what} {text if shown is None else shown!a} is not valid Unicode: it holds "
+            f"the lone surrogate {text[exc.start:exc.end]!a} at position {exc.start}, "
             "which no backend can store; use a name of valid characters"
         ) from None
     return text

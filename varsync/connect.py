@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from varsync.config import resolve
 from varsync.container import VariableContainer
@@ -11,7 +11,7 @@ from varsync.registry import backend_class
 __all__ = ["connect"]
 
 
-def connect(url: Optional[str] = None, **options: Any) -> VariableContainer:
+def connect(url: str | None = None, **options: Any) -> VariableContainer:
     """A :class:`VariableContainer` on the backend the URL's scheme names.
 
     ``url``: ``memory://name``, ``reverb://host:port``, ``redis://host:port/db``, or a

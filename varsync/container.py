@@ -5,8 +5,9 @@ from __future__ import annotations
 import collections
 import math
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any
 
 import numpy as np
 
@@ -47,7 +48,7 @@ class TableInfo:
     signature: Any
     version: int
     nbytes: int
-    details: Dict[str, Any] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
 
     def __str__(self) -> str:
         return (
@@ -64,21 +65,21 @@ class VariableContainer:
     waits as long as it takes.
     """
 
-    def __init__(self, backend: Backend, *, timeout: Optional[float]) -> None:
+    def __init__(self, backend: Backend, *, timeout: float | None) -> None:
         self._backend = backend
         self.timeout = timeout
-        self._signatures: Dict[str, Tuple[Any, List[sig.Spec]]] = {}
+        self._signatures: dict[str, tuple[Any, list[sig.Spec]]] = {}
         # per table, the structure keys (a JAX treedef) of like= nests already checked
-        self._likes_checked: Dict[str, "collections.OrderedDict[Any, None]"] = {}
+        self._likes_checked: dict[str, collections.OrderedDict[Any, None]] = {}
         self._lock = threading.Lock()
         self._closed = False
         # delta sync (docs/delta.md): what this container last wrote per table, the
         # versions it handed out, the variables its updates assigned, tables not skipping
-        self._written: Dict[str, delta.Written] = {}
+        self._written: dict[str, delta.Written] = {}
         self._handed = delta.Handed()
         self._assigned = delta.Assigned()
-        self._whole_pushes: Dict[str, bool] = {}
-        self._reporter: Optional[readers_lib.Reporter] = None
+        self._whole_pushes: dict[str, bool] = {}
+        self._reporter: readers_lib.Reporter | None = None
 
     # -- tables ----------------------------------------------------------------------
 
@@ -101,7 +102,7 @@ class VariableContainer:
         self._remember(name, stored)
         return stored
 
-    def tables(self) -> List[str]:
+    def tables(self) -> list[str]:
         """The names of the tables this container can see."""
         return sorted(self._backend_call().tables())
 
@@ -124,7 +125,7 @@ class VariableContainer:
     # -- publishing ------------------------------------------------------------------
 
     def push(
-        self, values: Any, table: str = DEFAULT_TABLE, *, skip_unchanged: Optional[bool] = None
+        self, values: Any, table: str = DEFAULT_TABLE, *, skip_unchanged: bool | None = None
     ) -> int:
         """Publish ``values`` (a nest matching the table's signature); return the new
         version. Everything is checked first: on any mismatch nothing is written and the
@@ -154,8 +155,8 @@ class VariableContainer:
             self._written[table] = delta.push_changed(backend, table, arrays, specs, last)
 
     def _to_push(
-        self, values: Any, table: str, skip_unchanged: Optional[bool]
-    ) -> Tuple[Backend, List[np.ndarray], List[sig.Spec], bool]:
+        self, values: Any, table: str, skip_unchanged: bool | None
+    ) -> tuple[Backend, list[np.ndarray], list[sig.Spec], bool]:
         """The backend, the checked arrays and the specs of a push of ``values``, and
         whether it writes them whole (else only the leaves changed since the last)."""
         _, specs = self._table(table)
@@ -208,7 +209,7 @@ class VariableContainer:
 
     def leaf_versions(
         self, table: str = DEFAULT_TABLE, *, timeout: Any = None
-    ) -> Tuple[int, Any]:
+    ) -> tuple[int, Any]:
         """``(version, nest)``: the table's version and, in its signature's structure,
         the version at which each leaf last changed (0 everywhere while empty). One
         small request, bounded by ``timeout`` (default: the container's). Raises
@@ -216,7 +217,7 @@ class VariableContainer:
         with deadline_scope(deadline_after(self._timeout(timeout))):
             return self._leaf_versions(table)
 
-    def _leaf_versions(self, table: str) -> Tuple[int, Any]:
+    def _leaf_versions(self, table: str) -> tuple[int, Any]:
         signature, specs = self._table(table)
         backend = self._backend_call()
         if not backend.supports_leaf_versions:
@@ -262,7 +263,7 @@ class VariableContainer:
         timeout: Any = None,
         like: Any = None,
         held: Any = None,
-    ) -> Optional[Tuple[int, Any]]:
+    ) -> tuple[int, Any] | None:
         """``(new_version, nest)`` if the table holds a version greater than ``version``,
         else ``None`` at once. Learning that nothing changed costs one small request,
         whatever the size of the table. ``timeout`` bounds the whole call, every request
@@ -347,7 +348,7 @@ class VariableContainer:
         history = backend.history_of(table)
         holds = self._assigned.version_of(table, targets, history) if delta_only else 0
         self._assigned.forget(table, targets)  # until this assignment is complete
-        changed: Optional[List[Optional[np.ndarray]]] = None
+        changed: list[np.ndarray | None] | None = None
         if holds:
             bound = self._transfer_bound(self._timeout(timeout))
             try:
@@ -379,7 +380,7 @@ class VariableContainer:
     # -- who holds which version -------------------------------------------------------
 
     def report_as(
-        self, reader: Optional[str] = None, *, ttl: float = readers_lib.DEFAULT_TTL
+        self, reader: str | None = None, *, ttl: float = readers_lib.DEFAULT_TTL
     ) -> None:
         """Report, from now on, the version of each table this container hands out (by
         ``pull``, ``pull_if_newer`` and ``update``) under the id ``reader`` (default:
@@ -397,7 +398,7 @@ class VariableContainer:
 
     def readers(
         self, table: str = DEFAULT_TABLE, *, timeout: Any = None
-    ) -> List[readers_lib.ReaderInfo]:
+    ) -> list[readers_lib.ReaderInfo]:
         """The readers of ``table`` whose reports have not expired and are of the table's
         current history: id, host, pid, the version each holds, since when, and when its
         entry expires (sorted by id). A report of a version of an earlier history (the
@@ -407,7 +408,7 @@ class VariableContainer:
         with deadline_scope(deadline_after(self._timeout(timeout))):
             return self._readers(table)
 
-    def _readers(self, table: str) -> List[readers_lib.ReaderInfo]:
+    def _readers(self, table: str) -> list[readers_lib.ReaderInfo]:
         self._table(table)
         backend = self._backend_call()
         readers_lib.require_registry(backend)
@@ -418,7 +419,7 @@ class VariableContainer:
 
     def wait_for_readers(
         self, version: int, count: int, table: str = DEFAULT_TABLE, *, timeout: Any = None
-    ) -> List[readers_lib.ReaderInfo]:
+    ) -> list[readers_lib.ReaderInfo]:
         """Block until at least ``count`` readers report holding ``version`` or newer;
         return them. Raises :class:`PullTimeoutError` after ``timeout`` seconds (default:
         the container's), naming the readers that do report and what they hold."""
@@ -447,7 +448,7 @@ class VariableContainer:
             reporter.close()
         self._backend.close()
 
-    def __enter__(self) -> "VariableContainer":
+    def __enter__(self) -> VariableContainer:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -470,7 +471,7 @@ class VariableContainer:
             raise ConfigurationError(f"{self!r} is closed; connect again to use it")
         return self._backend
 
-    def _table(self, name: str) -> Tuple[Any, List[sig.Spec]]:
+    def _table(self, name: str) -> tuple[Any, list[sig.Spec]]:
         self._backend_call()  # a closed container answers nothing, cached or not
         known = self._signatures.get(name)
         if known is not None:
@@ -487,22 +488,22 @@ class VariableContainer:
             )
         return self._remember(name, sig.from_json(text))
 
-    def _remember(self, name: str, signature: Any) -> Tuple[Any, List[sig.Spec]]:
+    def _remember(self, name: str, signature: Any) -> tuple[Any, list[sig.Spec]]:
         entry = (signature, sig.flat_specs(signature))
         self._likes_checked.pop(name, None)
         self._signatures[name] = entry
         return entry
 
-    def _timeout(self, timeout: Any) -> Optional[float]:
+    def _timeout(self, timeout: Any) -> float | None:
         return self.timeout if timeout is None else parse_timeout(timeout, "timeout")
 
-    def _transfer_bound(self, limit: Optional[float]) -> Optional[float]:
+    def _transfer_bound(self, limit: float | None) -> float | None:
         """What bounds a read given a call's ``limit``: the limit itself, except that
         ``timeout=0`` means "do not wait for a push", not "move no bytes": the data already
         there comes within the container's timeout."""
         return self.timeout if limit == 0 else limit
 
-    def _pull_flat(self, table: str, timeout: Any) -> Tuple[int, List[np.ndarray]]:
+    def _pull_flat(self, table: str, timeout: Any) -> tuple[int, list[np.ndarray]]:
         """The latest version and arrays, waiting up to ``timeout`` for a first push. The
         whole call, waits and transfers, ends within ``timeout`` (0: no wait)."""
         specs = self._table(table)[1]
@@ -529,14 +530,14 @@ class VariableContainer:
             if limit:  # what is left of the call bounds the transfer of the first push
                 bound = max(remaining(deadline), 0.001)
 
-    def _like(self, table: str, like: Any) -> Tuple[Any, List[Any]]:
+    def _like(self, table: str, like: Any) -> tuple[Any, list[Any]]:
         """``like`` checked against the table's structure: its plain form and its leaves.
         A nest whose adapter gives a structure key (a JAX treedef) is checked once per
         key; later pulls take its leaves straight from the framework (a tree walk in
         Python cost 14 % of a 50-leaf JAX pull)."""
         fast = adapters.leaves_and_key(like)
         if fast is None:
-            flat: Tuple[Any, List[Any]] = sig.flatten_like(self._table(table)[0], like)
+            flat: tuple[Any, list[Any]] = sig.flatten_like(self._table(table)[0], like)
             return flat
         key, leaves = fast
         checked = self._likes_checked.setdefault(table, collections.OrderedDict())
@@ -549,7 +550,7 @@ class VariableContainer:
         return plain, leaves
 
     def _nest(
-        self, table: str, arrays: List[np.ndarray], like: Any = None, shaped: Any = None
+        self, table: str, arrays: list[np.ndarray], like: Any = None, shaped: Any = None
     ) -> Any:
         if shaped is None:
             return nest_lib.unflatten(self._table(table)[0], arrays)
@@ -573,8 +574,8 @@ class VariableContainer:
             raise reset_error(table, self._backend.url, held, current=current)
 
     def _checked(
-        self, table: str, version: int, arrays: List[np.ndarray]
-    ) -> Tuple[int, List[np.ndarray]]:
+        self, table: str, version: int, arrays: list[np.ndarray]
+    ) -> tuple[int, list[np.ndarray]]:
         """The backend's arrays, verified against the table's specs."""
         checks.read_leaves(table, version, arrays, self._table(table)[1], whole=True)
         history = self._backend.history_of(table)
@@ -584,7 +585,7 @@ class VariableContainer:
         return version, list(arrays)
 
     def _push_leaves_whole(
-        self, table: str, given: Dict[int, np.ndarray], specs: List[sig.Spec]
+        self, table: str, given: dict[int, np.ndarray], specs: list[sig.Spec]
     ) -> int:
         """``push_leaves`` on a backend without leaf versions: the current value with the
         given leaves replaced, written whole."""

@@ -31,8 +31,9 @@ from __future__ import annotations
 import collections
 import difflib
 import weakref
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Dict, FrozenSet, Hashable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any
 
 import numpy as np
 
@@ -60,7 +61,7 @@ SAMPLE_POSITIONS = 64
 #: Changed leaves are hashed too when they hold at most this share of a push's bytes.
 HASH_CHANGED_SHARE = 0.25
 
-_POSITIONS: Dict[int, np.ndarray] = {}
+_POSITIONS: dict[int, np.ndarray] = {}
 
 
 def _bytes_of(array: np.ndarray) -> np.ndarray:
@@ -94,15 +95,15 @@ class Written:
     unchanged)."""
 
     version: int
-    samples: List[bytes]
-    hashes: List[Optional[bytes]]
+    samples: list[bytes]
+    hashes: list[bytes | None]
     #: The history (``Backend.history_of``) the write landed in.
     history: Hashable = None
 
 
 def changed_leaves(
-    last: Optional[Written], arrays: Sequence[np.ndarray]
-) -> Tuple[List[int], List[bytes], List[Optional[bytes]]]:
+    last: Written | None, arrays: Sequence[np.ndarray]
+) -> tuple[list[int], list[bytes], list[bytes | None]]:
     """The flat indices of ``arrays`` that differ from ``last`` (all of them without
     one), and the samples and hashes of ``arrays`` for the next comparison.
 
@@ -110,10 +111,10 @@ def changed_leaves(
     this way hold at most :data:`HASH_CHANGED_SHARE` of the nest's bytes: then a leaf
     that stops changing is skipped from its first repeat (not sent once more), for a
     hash of at most that share; a push where most bytes changed hashes none of them."""
-    samples: List[bytes] = []
-    hashes: List[Optional[bytes]] = []
-    changed: List[int] = []
-    unhashed: List[np.ndarray] = []  # changed leaves, seen in their samples
+    samples: list[bytes] = []
+    hashes: list[bytes | None] = []
+    changed: list[int] = []
+    unhashed: list[np.ndarray] = []  # changed leaves, seen in their samples
     total = 0
     for index, array in enumerate(arrays):
         raw = _bytes_of(array)
@@ -143,8 +144,8 @@ def changed_leaves(
 
 
 def push_changed(
-    backend: Backend, table: str, arrays: List[np.ndarray], specs: Sequence[Spec],
-    last: Optional[Written],
+    backend: Backend, table: str, arrays: list[np.ndarray], specs: Sequence[Spec],
+    last: Written | None,
 ) -> Written:
     """A push through a backend with leaf versions: only the leaves changed since
     ``last`` (this container's last write to the table), written on that version; every
@@ -163,8 +164,8 @@ def push_changed(
 
 
 def written_after(
-    last: Optional[Written], given: Dict[int, np.ndarray], version: int, history: Hashable
-) -> Optional[Written]:
+    last: Written | None, given: dict[int, np.ndarray], version: int, history: Hashable
+) -> Written | None:
     """The record of a ``push_leaves`` that published ``version``, if the rest of it is
     still ``last``'s (it was the version before, in the same history): its samples with
     the given leaves', their hashes left to the next push."""
@@ -179,7 +180,7 @@ def written_after(
 # -- paths ---------------------------------------------------------------------------------
 
 
-def given_leaves(signature: Any, leaves: Any) -> Dict[int, np.ndarray]:
+def given_leaves(signature: Any, leaves: Any) -> dict[int, np.ndarray]:
     """``push_leaves``' ``{path: value}`` as flat index -> array, each value checked
     against the specs its path names (a nest for an inner node). The signature is walked
     once, not once per path (:class:`LeafPaths`)."""
@@ -189,7 +190,7 @@ def given_leaves(signature: Any, leaves: Any) -> Dict[int, np.ndarray]:
             f"{leaves!r:.80}"
         )
     paths = LeafPaths(signature)
-    given: Dict[int, np.ndarray] = {}
+    given: dict[int, np.ndarray] = {}
     for path, value in leaves.items():
         node, indices, walked = paths.leaf_indices(path)
         try:
@@ -208,7 +209,7 @@ def given_leaves(signature: Any, leaves: Any) -> Dict[int, np.ndarray]:
 
 
 def nothing_to_keep(
-    table: str, url: str, signature: Any, given: Dict[int, np.ndarray]
+    table: str, url: str, signature: Any, given: dict[int, np.ndarray]
 ) -> TableNotFoundError:
     """The error of a ``push_leaves`` into a table that holds no value yet."""
     missing = [
@@ -225,11 +226,11 @@ def nothing_to_keep(
 
 
 
-def _items(path: nest_lib.Path) -> Tuple[Any, ...]:
+def _items(path: nest_lib.Path) -> tuple[Any, ...]:
     return tuple(item for _, item in path)
 
 
-def leaf_indices(signature: Any, path: Any) -> Tuple[Any, List[int], nest_lib.Path]:
+def leaf_indices(signature: Any, path: Any) -> tuple[Any, list[int], nest_lib.Path]:
     """What ``path`` names in ``signature``: the signature's node there (a spec, or a
     nest of them), the flat indices of its leaves (consecutive), and the path in the
     nest library's form. ``path``: a tuple of keys, indices and field names from the
@@ -243,16 +244,16 @@ class _Node:
     """One node of a signature with the flat indices of its leaves (``start`` up to
     ``stop``) and, for a nest, its children in flat order."""
 
-    __slots__ = ("value", "start", "stop", "children", "_lookup")
+    __slots__ = ("_lookup", "children", "start", "stop", "value")
 
     def __init__(
         self, value: Any, start: int, stop: int,
-        children: Optional[List[Tuple[nest_lib.PathEntry, "_Node"]]],
+        children: list[tuple[nest_lib.PathEntry, _Node]] | None,
     ) -> None:
         self.value, self.start, self.stop, self.children = value, start, stop, children
-        self._lookup: Optional[Dict[Tuple[bool, Any], int]] = None
+        self._lookup: dict[tuple[bool, Any], int] | None = None
 
-    def child(self, step: Any) -> Optional[Tuple[nest_lib.PathEntry, "_Node"]]:
+    def child(self, step: Any) -> tuple[nest_lib.PathEntry, _Node] | None:
         """The first child ``step`` names (:func:`_matches`), or ``None``; by a dict
         lookup where ``step`` hashes like the child's key, else by trying each child."""
         children = self.children or []
@@ -272,7 +273,7 @@ class _Node:
         return None
 
 
-def _lookup_key(item: Any) -> Tuple[bool, Any]:
+def _lookup_key(item: Any) -> tuple[bool, Any]:
     # True equals and hashes like 1, but _matches tells a bool from an int
     return isinstance(item, bool), item
 
@@ -285,10 +286,11 @@ class LeafPaths:
         self.signature = signature
         self._root = _walk(signature, 0)
 
-    def leaf_indices(self, path: Any) -> Tuple[Any, List[int], nest_lib.Path]:
+    def leaf_indices(self, path: Any) -> tuple[Any, list[int], nest_lib.Path]:
         """:func:`leaf_indices` of this signature."""
         wanted = path if isinstance(path, tuple) else (path,)
-        node, walked = self._root, ()  # type: Tuple[_Node, nest_lib.Path]
+        node: _Node = self._root
+        walked: nest_lib.Path = ()
         for step in wanted:
             found = None if node.children is None else node.child(step)
             if found is None:
@@ -303,7 +305,7 @@ def _walk(value: Any, start: int) -> _Node:
     """``value``'s node, its first leaf at flat index ``start`` (``nest.flatten``'s order)."""
     if not nest_lib.is_nested(value):
         return _Node(value, start, start + 1, None)
-    children: List[Tuple[nest_lib.PathEntry, _Node]] = []
+    children: list[tuple[nest_lib.PathEntry, _Node]] = []
     stop = start
     for entry, child in nest_lib.children(value):
         node = _walk(child, stop)
@@ -324,7 +326,7 @@ def _matches(entry: nest_lib.PathEntry, step: Any) -> bool:
         return False
 
 
-def _no_such_path(signature: Any, wanted: Tuple[Any, ...], empty: bool = False) -> LeafPathError:
+def _no_such_path(signature: Any, wanted: tuple[Any, ...], empty: bool = False) -> LeafPathError:
     leaf_paths = [_items(p) for p, _ in nest_lib.flatten_with_paths(signature)]
     inner = sorted({p[:n] for p in leaf_paths for n in range(1, len(p))}, key=repr)
     candidates = {repr(p): p for p in [*leaf_paths, *inner]}
@@ -354,7 +356,7 @@ class Handed:
     KEEP = 64
 
     def __init__(self) -> None:
-        self._versions: Dict[str, "collections.OrderedDict[int, Hashable]"] = {}
+        self._versions: dict[str, collections.OrderedDict[int, Hashable]] = {}
 
     def add(self, table: str, version: int, history: Hashable) -> None:
         versions = self._versions.setdefault(table, collections.OrderedDict())
@@ -373,8 +375,8 @@ class Handed:
 @dataclass
 class _Assignment:
     version: int
-    targets: List["weakref.ref[Any]"]
-    ids: FrozenSet[int]
+    targets: list[weakref.ref[Any]]
+    ids: frozenset[int]
     history: Hashable
 
 
@@ -384,7 +386,7 @@ class Assigned:
     into any of them from another table forgets the record: they no longer hold it."""
 
     def __init__(self) -> None:
-        self._records: Dict[str, _Assignment] = {}
+        self._records: dict[str, _Assignment] = {}
 
     def version_of(self, table: str, targets: Sequence[Any], history: Hashable) -> int:
         """The version ``targets`` hold of ``table`` as the last update left them, or 0
@@ -412,7 +414,7 @@ class Assigned:
             return
         self._records[table] = _Assignment(version, refs, ids, history)
 
-    def forget(self, table: str, targets: Optional[Sequence[Any]] = None) -> None:
+    def forget(self, table: str, targets: Sequence[Any] | None = None) -> None:
         """Drop the record of ``table`` (and of any table whose variables overlap
         ``targets``): an assignment is under way or failed."""
         self._records.pop(table, None)

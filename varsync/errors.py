@@ -30,7 +30,7 @@ Backends turn their driver's exceptions into these in one place, with
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Mapping, Type
+from collections.abc import Iterator, Mapping
 
 __all__ = [
     "VarsyncError",
@@ -157,7 +157,7 @@ class AuthenticationError(BackendConnectionError):
     """The storage engine refused the credentials or the permissions are missing."""
 
 
-ErrorMap = Mapping[Type[BaseException], Type[VarsyncError]]
+ErrorMap = Mapping[type[BaseException], type[VarsyncError]]
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ Two signs of a restart, one mechanism for both:
 from __future__ import annotations
 
 import threading
-from typing import Dict, Hashable, Optional
+from collections.abc import Hashable
 
 from varsync.errors import TableResetError
 
@@ -32,7 +32,7 @@ def reset_error(
     where: str,
     held: int,
     *,
-    current: Optional[int] = None,
+    current: int | None = None,
     why: str = "",
     remedy: str = "pull() to resynchronise",
 ) -> TableResetError:
@@ -58,15 +58,15 @@ class Histories:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._epochs: Dict[str, Hashable] = {}
+        self._epochs: dict[str, Hashable] = {}
 
-    def trusted(self, table: str) -> Optional[Hashable]:
+    def trusted(self, table: str) -> Hashable | None:
         """The epoch last adopted for ``table``, or ``None`` if none was."""
         with self._lock:
             return self._epochs.get(table)
 
     def check(
-        self, table: str, epoch: Hashable, held: int, *, where: str, current: Optional[int] = None
+        self, table: str, epoch: Hashable, held: int, *, where: str, current: int | None = None
     ) -> bool:
         """Whether ``epoch`` is new for ``table``, adopting it.
 
@@ -91,7 +91,7 @@ class Histories:
         with self._lock:
             self._epochs[table] = epoch
 
-    def forget(self, table: Optional[str] = None) -> None:
+    def forget(self, table: str | None = None) -> None:
         """Trust nothing for ``table`` (``None``: for every table)."""
         with self._lock:
             if table is None:

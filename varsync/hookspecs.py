@@ -35,7 +35,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec
-def varsync_register_backends(registry: "BackendRegistry") -> None:
+def varsync_register_backends(registry: BackendRegistry) -> None:
     """Add backends to ``registry`` with ``registry.add(scheme, "module:Class", ...)``.
 
     Name each backend class as a ``"module:Class"`` string: it is imported only when a URL
@@ -46,7 +46,7 @@ def varsync_register_backends(registry: "BackendRegistry") -> None:
 
 
 @hookspec
-def varsync_register_adapters(registry: "AdapterRegistry") -> None:
+def varsync_register_adapters(registry: AdapterRegistry) -> None:
     """Add framework adapters to ``registry`` with
     ``registry.add(name, "module:ATTRIBUTE", modules=["myframework"])``.
 

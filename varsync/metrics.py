@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import inspect
 import time
-from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence, Type
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 from weakref import WeakKeyDictionary
 
 import numpy as np
@@ -73,7 +74,7 @@ class Meters:
     """The metrics of one Prometheus registry, shared by every container metered into it
     (a registry refuses a second metric of the same name)."""
 
-    def __init__(self, registry: "CollectorRegistry") -> None:
+    def __init__(self, registry: CollectorRegistry) -> None:
         prom = _prometheus()
 
         def counter(name: str, text: str, labels: Sequence[str] = LABELS) -> Any:
@@ -134,7 +135,7 @@ class _TableMeters:
     def error(self, operation: str) -> None:
         self._errors.labels(*self._labels, operation).inc()
 
-    def pushed(self, seconds: float, nbytes: int, version: Optional[int]) -> None:
+    def pushed(self, seconds: float, nbytes: int, version: int | None) -> None:
         """``version`` ``None``: a push whose caller dropped its version (the gauge keeps
         the last one known)."""
         self.pushes.inc()
@@ -143,7 +144,7 @@ class _TableMeters:
         if version is not None:
             self.version.set(version)
 
-    def pulled(self, seconds: float, held: int, version: int, nbytes: Optional[int]) -> None:
+    def pulled(self, seconds: float, held: int, version: int, nbytes: int | None) -> None:
         self.pulls.inc()
         self.pull_seconds.observe(seconds)
         if nbytes is None:
@@ -155,10 +156,10 @@ class _TableMeters:
             self.lag.observe(version - held)
 
 
-_REGISTRIES: "WeakKeyDictionary[Any, Meters]" = WeakKeyDictionary()
+_REGISTRIES: WeakKeyDictionary[Any, Meters] = WeakKeyDictionary()
 
 
-def meters_for(registry: Optional["CollectorRegistry"] = None) -> Meters:
+def meters_for(registry: CollectorRegistry | None = None) -> Meters:
     """The :class:`Meters` of ``registry`` (default: prometheus_client's ``REGISTRY``),
     made on first use."""
     if registry is None:
@@ -181,11 +182,11 @@ class MeteredBackend:
 
     # __dict__ holds what __getattr__ found on the backend's class and will find again
     # (its methods, bound; its flags): the next lookup is a dict hit, not a __getattr__.
-    __slots__ = ("_backend", "_meters", "_scheme", "_tables", "__dict__")
+    __slots__ = ("__dict__", "_backend", "_meters", "_scheme", "_tables")
     _backend: Backend
     _meters: Meters
     _scheme: str
-    _tables: Dict[str, "_TableMeters"]
+    _tables: dict[str, _TableMeters]
 
     def __init__(self, backend: Backend, meters: Meters, scheme: str) -> None:
         object.__setattr__(self, "_backend", backend)
@@ -250,7 +251,7 @@ class MeteredBackend:
         name: str,
         leaves: Mapping[int, np.ndarray],
         specs: Sequence[Spec],
-        base: Optional[int] = None,
+        base: int | None = None,
     ) -> int:
         table = self._table(name)
         start = time.perf_counter()
@@ -268,8 +269,8 @@ class MeteredBackend:
         self,
         name: str,
         newer_than: int,
-        timeout: Optional[float],
-        specs: Optional[Sequence[Spec]] = None,
+        timeout: float | None,
+        specs: Sequence[Spec] | None = None,
     ) -> Snapshot:
         table = self._table(name)
         start = time.perf_counter()
@@ -287,7 +288,7 @@ class MeteredBackend:
         return version, arrays
 
     def read_leaves(
-        self, name: str, newer_than: int, timeout: Optional[float], specs: Sequence[Spec]
+        self, name: str, newer_than: int, timeout: float | None, specs: Sequence[Spec]
     ) -> LeafSnapshot:
         table = self._table(name)
         start = time.perf_counter()
@@ -302,7 +303,7 @@ class MeteredBackend:
         table.pulled(time.perf_counter() - start, newer_than, version, nbytes)
         return version, numbers, arrays
 
-    def wait(self, name: str, newer_than: int, timeout: Optional[float]) -> int:
+    def wait(self, name: str, newer_than: int, timeout: float | None) -> int:
         table = self._table(name)
         start = time.perf_counter()
         try:
@@ -316,10 +317,10 @@ class MeteredBackend:
 
 Backend.register(MeteredBackend)
 
-_CLASSES: Dict[type, Type[MeteredBackend]] = {}
+_CLASSES: dict[type, type[MeteredBackend]] = {}
 
 
-def _metered_class(cls: type) -> Type[MeteredBackend]:
+def _metered_class(cls: type) -> type[MeteredBackend]:
     made = _CLASSES.get(cls)
     if made is None:
         made = type(cls.__name__, (MeteredBackend,), {
@@ -351,4 +352,4 @@ def metered(backend: Backend, metrics: Any, scheme: str) -> Backend:
                 f"got {metrics!r}"
             )
     proxy = _metered_class(type(backend))(backend, meters_for(registry), scheme)
-    return proxy  # type: ignore[return-value]  # a virtual Backend: see MeteredBackend
+    return cast(Backend, proxy)  # a virtual Backend: see MeteredBackend

@@ -15,7 +15,8 @@ both frameworks keep that order), and :data:`EMPTY`, a node with no leaves (JAX'
 from __future__ import annotations
 
 import collections.abc
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Sequence, Tuple
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
@@ -32,11 +33,11 @@ __all__ = [
     "sorted_keys",
 ]
 
-PathEntry = Tuple[str, Any]  # ("key", k) for mappings, ("index", i) or ("field", name)
-Path = Tuple[PathEntry, ...]
+PathEntry = tuple[str, Any]  # ("key", k) for mappings, ("index", i) or ("field", name)
+Path = tuple[PathEntry, ...]
 
 
-class Ordered(Dict[Any, Any]):
+class Ordered(dict[Any, Any]):
     """A mapping whose leaves come in its own key order, not sorted (see the module doc).
 
     Framework adapters make these; a signature holds one where the table was created from
@@ -54,7 +55,7 @@ class _Empty:
     __slots__ = ()
     _instance = None
 
-    def __new__(cls) -> "_Empty":
+    def __new__(cls) -> _Empty:
         if cls._instance is None:
             cls._instance = super().__new__(cls)
         return cls._instance
@@ -97,10 +98,10 @@ def is_nested(value: Any) -> bool:
 
 #: What is_nested said of each type seen (it depends on the type alone): an abstract
 #: base class's isinstance costs ~1 us, and each leaf of each call was asked twice.
-_NESTED_BY_TYPE: Dict[type, bool] = {dict: True, list: True, tuple: True, np.ndarray: False}
+_NESTED_BY_TYPE: dict[type, bool] = {dict: True, list: True, tuple: True, np.ndarray: False}
 
 
-def sorted_keys(mapping: Mapping[Any, Any]) -> List[Any]:
+def sorted_keys(mapping: Mapping[Any, Any]) -> list[Any]:
     """The mapping's keys in ``tf.nest`` order; a clear ``TypeError`` if they cannot sort."""
     try:
         return sorted(mapping)
@@ -112,7 +113,7 @@ def sorted_keys(mapping: Mapping[Any, Any]) -> List[Any]:
         ) from None
 
 
-def children(value: Any) -> List[Tuple[PathEntry, Any]]:
+def children(value: Any) -> list[tuple[PathEntry, Any]]:
     """The (path entry, child) pairs of one nested container, in flatten order."""
     if isinstance(value, Ordered):
         return [(("key", k), v) for k, v in value.items()]
@@ -129,14 +130,14 @@ def children(value: Any) -> List[Tuple[PathEntry, Any]]:
     return [(("index", i), v) for i, v in enumerate(value)]
 
 
-def flatten_with_paths(nest: Any) -> List[Tuple[Path, Any]]:
+def flatten_with_paths(nest: Any) -> list[tuple[Path, Any]]:
     """All leaves with their paths, in ``tf.nest.flatten`` order."""
-    out: List[Tuple[Path, Any]] = []
+    out: list[tuple[Path, Any]] = []
     _walk(nest, (), out)
     return out
 
 
-def _walk(value: Any, path: Path, out: List[Tuple[Path, Any]]) -> None:
+def _walk(value: Any, path: Path, out: list[tuple[Path, Any]]) -> None:
     if not is_nested(value):
         out.append((path, value))
         return
@@ -153,7 +154,7 @@ def iter_leaves(nest: Any) -> Iterator[Any]:
         yield from iter_leaves(child)
 
 
-def flatten(nest: Any) -> List[Any]:
+def flatten(nest: Any) -> list[Any]:
     """The leaves of ``nest`` in ``tf.nest.flatten`` order."""
     return [leaf for _, leaf in flatten_with_paths(nest)]
 
@@ -186,7 +187,7 @@ def _rebuild(structure: Any, leaves: Iterator[Any]) -> Any:
     return _like_sequence(structure, values)
 
 
-def _like_mapping(instance: Mapping[Any, Any], rebuilt: Dict[Any, Any]) -> Any:
+def _like_mapping(instance: Mapping[Any, Any], rebuilt: dict[Any, Any]) -> Any:
     kind: Any = type(instance)  # a Mapping subclass, whose constructor may take anything
     ordered = [(k, rebuilt[k]) for k in instance]  # keep the instance's own key order
     if isinstance(instance, collections.defaultdict):
@@ -197,7 +198,7 @@ def _like_mapping(instance: Mapping[Any, Any], rebuilt: Dict[Any, Any]) -> Any:
         return dict(ordered)
 
 
-def _like_sequence(instance: Any, values: List[Any]) -> Any:
+def _like_sequence(instance: Any, values: list[Any]) -> Any:
     kind = type(instance)
     if is_namedtuple(instance) or is_attrs(instance):
         return kind(*values)

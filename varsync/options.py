@@ -9,7 +9,8 @@ what was expected. They are public through :mod:`varsync.backend`.
 from __future__ import annotations
 
 import math
-from typing import Any, Collection, Dict, NamedTuple, Optional
+from collections.abc import Collection
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from varsync.errors import ConfigurationError
@@ -28,7 +29,7 @@ _FALSE = ("0", "false", "no", "off")
 _NO_BOUND = ("none", "inf", "infinity", "forever")
 
 
-def parse_int(value: Any, name: str, low: int, high: Optional[int] = None) -> int:
+def parse_int(value: Any, name: str, low: int, high: int | None = None) -> int:
     """``value`` as an int in ``[low, high]`` (``high=None``: no upper bound). Takes ints,
     integral floats and their text; refuses ``bool``."""
     try:
@@ -55,7 +56,7 @@ def parse_bool(value: Any, name: str) -> bool:
     raise ConfigurationError(f"{name}={value!r} is not a boolean; expected true or false")
 
 
-def parse_timeout(value: Any, name: str) -> Optional[float]:
+def parse_timeout(value: Any, name: str) -> float | None:
     """Seconds as a float; ``None``, ``inf`` or ``"none"`` mean no bound."""
     if value is None:
         return None
@@ -95,8 +96,8 @@ class HostPort(NamedTuple):
 def parse_host_port(
     url: str,
     *,
-    default_host: Optional[str] = None,
-    default_port: Optional[int] = None,
+    default_host: str | None = None,
+    default_port: int | None = None,
     example: str,
 ) -> HostPort:
     """The host and port of ``url`` (``scheme://[user@]host:port/...``); IPv6 addresses
@@ -131,7 +132,7 @@ def parse_host_port(
 
 
 def refuse_unknown(
-    options: Dict[str, Any], known: Collection[str], backend: str
+    options: dict[str, Any], known: Collection[str], backend: str
 ) -> None:
     """Raise :class:`ConfigurationError` if ``options`` holds a name not in ``known``,
     listing the backend's options and the common ones."""

@@ -31,8 +31,9 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass
-from typing import Callable, Dict, Hashable, List, Optional, Tuple
+from typing import Callable
 
 from varsync.backends.base import Backend, deadline_after, deadline_scope, remaining
 from varsync.errors import (
@@ -70,14 +71,14 @@ class ReaderInfo:
     expires: float
     #: The history (epoch) the version belongs to, as text (``None``: a store whose tables
     #: never restart, or a report from varsync before 0.3).
-    history: Optional[str] = None
+    history: str | None = None
 
     def lag(self, version: int) -> int:
         """Versions this reader is behind a table at ``version``."""
         return max(version - self.version, 0)
 
 
-def parse_records(table: str, records: Dict[str, str]) -> List[ReaderInfo]:
+def parse_records(table: str, records: dict[str, str]) -> list[ReaderInfo]:
     """The backend's entries as :class:`ReaderInfo`, sorted by reader id; an entry that is
     not a record varsync writes raises :class:`CorruptDataError`."""
     out = []
@@ -98,13 +99,13 @@ def parse_records(table: str, records: Dict[str, str]) -> List[ReaderInfo]:
     return sorted(out, key=lambda info: info.reader)
 
 
-def _history_field(value: object) -> Optional[str]:
+def _history_field(value: object) -> str | None:
     if value is None or isinstance(value, str):
         return value
     raise ValueError(f"epoch {value!r} is not text")
 
 
-def history_key(epoch: Hashable) -> Optional[str]:
+def history_key(epoch: Hashable) -> str | None:
     """A history (epoch) as the text a report stores: ``None`` stays ``None``; a tuple
     (shm's file identity) joins its fields, anything else is ``str``."""
     if epoch is None:
@@ -114,7 +115,7 @@ def history_key(epoch: Hashable) -> Optional[str]:
     return str(epoch)
 
 
-def of_history(readers: List[ReaderInfo], epoch: Hashable) -> List[ReaderInfo]:
+def of_history(readers: list[ReaderInfo], epoch: Hashable) -> list[ReaderInfo]:
     """The entries whose version belongs to the history ``epoch`` (the table's now)."""
     key = history_key(epoch)
     return [r for r in readers if r.history == key]
@@ -138,12 +139,12 @@ class Reporter:
         self.host = socket.gethostname()
         self.pid = os.getpid()
         self._lock = threading.Lock()
-        self._held: Dict[str, Tuple[int, float, Optional[str]]] = {}
-        self._sent: Dict[str, Tuple[int, float, Optional[str]]] = {}
-        self._left: Dict[str, Optional[str]] = {}  # table -> history it left, told once
+        self._held: dict[str, tuple[int, float, str | None]] = {}
+        self._sent: dict[str, tuple[int, float, str | None]] = {}
+        self._left: dict[str, str | None] = {}  # table -> history it left, told once
         self._wake = threading.Event()
         self._stop = False
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
     def held(self, table: str, version: int, history: Hashable = None) -> None:
         """This container handed out ``version`` of ``table``, of the history (epoch)
@@ -182,7 +183,7 @@ class Reporter:
             if due:
                 next_round = time.monotonic() + refresh
 
-    def _still_current(self, table: str, note: Tuple[int, float, Optional[str]]) -> bool:
+    def _still_current(self, table: str, note: tuple[int, float, str | None]) -> bool:
         """Whether the table is still in the history of ``note`` (asked of the store on
         each refresh round). If it left it, the note is dropped: reporting its version
         would tell a learner that this reader holds a version of the new history. An
@@ -208,7 +209,7 @@ class Reporter:
                 self.reader, note[0], table)
         return False
 
-    def _report(self, table: str, version: int, at: float, history: Optional[str]) -> None:
+    def _report(self, table: str, version: int, at: float, history: str | None) -> None:
         now = time.time()
         record = json.dumps({
             "host": self.host, "pid": self.pid, "version": version, "at": at,
@@ -249,15 +250,15 @@ def require_registry(backend: Backend) -> None:
 
 
 def wait_until_held(
-    listed: Callable[[], List[ReaderInfo]], table: str, version: int, count: int,
-    limit: Optional[float],
-) -> List[ReaderInfo]:
+    listed: Callable[[], list[ReaderInfo]], table: str, version: int, count: int,
+    limit: float | None,
+) -> list[ReaderInfo]:
     """``wait_for_readers``: the readers ``listed()`` names that hold ``version`` or newer,
     once there are ``count`` of them, looked at with a backoff from 2 ms to 0.1 s; a
     :class:`PullTimeoutError` naming who holds what after ``limit`` seconds."""
     deadline = deadline_after(limit)
     interval = 0.002
-    seen: Optional[List[ReaderInfo]] = None
+    seen: list[ReaderInfo] | None = None
     while True:
         try:
             with deadline_scope(deadline):  # each listing's requests end with the call
@@ -285,7 +286,7 @@ def wait_until_held(
         interval = min(interval * 2, 0.1)
 
 
-def describe(readers: List[ReaderInfo], table_version: int) -> str:
+def describe(readers: list[ReaderInfo], table_version: int) -> str:
     """One line per reader, with its lag: for messages."""
     return ", ".join(
         f"{r.reader} at {r.version} (lag {r.lag(table_version)})" for r in readers

@@ -13,9 +13,10 @@ import importlib.metadata
 import importlib.util
 import threading
 import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type
+from typing import Any
 
 import pluggy
 
@@ -47,10 +48,10 @@ class BackendEntry:
     scheme: str
     target: str
     source: str
-    requires: Tuple[str, ...] = ()
+    requires: tuple[str, ...] = ()
     install_hint: str = ""
     description: str = ""
-    missing: Tuple[str, ...] = field(default=(), compare=False)
+    missing: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def installed(self) -> bool:
@@ -61,8 +62,8 @@ class BackendRegistry:
     """Backends by scheme. Plugins receive one in ``varsync_register_backends``."""
 
     def __init__(self) -> None:
-        self._entries: Dict[str, BackendEntry] = {}
-        self._classes: Dict[str, type] = {}
+        self._entries: dict[str, BackendEntry] = {}
+        self._classes: dict[str, type] = {}
         self._source = BUILTIN
         self._lock = threading.Lock()
 
@@ -72,8 +73,8 @@ class BackendRegistry:
         target: str,
         *,
         requires: Sequence[str] = (),
-        extra: Optional[str] = None,
-        install_hint: Optional[str] = None,
+        extra: str | None = None,
+        install_hint: str | None = None,
         description: str = "",
     ) -> None:
         """Register ``target`` (``"module:Class"``) for URLs ``scheme://...``.
@@ -154,7 +155,7 @@ def _import_target(entry: BackendEntry) -> type:
     return cls
 
 
-def _entry_points() -> List[importlib.metadata.EntryPoint]:
+def _entry_points() -> list[importlib.metadata.EntryPoint]:
     found = importlib.metadata.entry_points()
     if hasattr(found, "select"):
         return list(found.select(group=hookspecs.PROJECT))
@@ -168,7 +169,7 @@ def _source_of(entry_point: importlib.metadata.EntryPoint) -> str:
     return f"{dist.metadata['Name']} {dist.version}"
 
 
-def _plugin_manager() -> Tuple[pluggy.PluginManager, Dict[str, str]]:
+def _plugin_manager() -> tuple[pluggy.PluginManager, dict[str, str]]:
     """The plugin manager with the built-ins and every entry point's plugin registered,
     and each plugin's source (distribution and version), built once per registry reset."""
     global _MANAGER
@@ -235,8 +236,8 @@ def _warn_broken(name: str, source: str, exc: Exception) -> None:
     )
 
 
-_REGISTRY: Optional[BackendRegistry] = None
-_MANAGER: Optional[Tuple[pluggy.PluginManager, Dict[str, str]]] = None
+_REGISTRY: BackendRegistry | None = None
+_MANAGER: tuple[pluggy.PluginManager, dict[str, str]] | None = None
 _REGISTRY_LOCK = threading.Lock()
 _MANAGER_LOCK = threading.Lock()
 
@@ -262,10 +263,10 @@ def reset_registry() -> None:
     reset_adapter_registry()
 
 
-def available_backends() -> List[BackendEntry]:
+def available_backends() -> list[BackendEntry]:
     """Every registered backend: scheme, source, and whether its dependencies import."""
     return sorted(get_registry().entries.values(), key=lambda e: e.scheme)
 
 
-def backend_class(scheme: str) -> Type[Any]:
+def backend_class(scheme: str) -> type[Any]:
     return get_registry().backend_class(scheme)

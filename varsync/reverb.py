@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import collections.abc
 import socket
-from typing import Any, List, Mapping, Optional, Set
+from collections.abc import Mapping
+from typing import Any
 
 from varsync import ConfigurationError, SignatureError
 from varsync import nest as nest_lib
@@ -72,7 +73,7 @@ def _tensorflow_dtype(spec: Any, where: str) -> Any:
         ) from None
 
 
-def variables_table(name: str, signature: Any) -> "reverb.Table":
+def variables_table(name: str, signature: Any) -> reverb.Table:
     """A Reverb table that holds the latest value of a nest of variables."""
     return reverb.Table(
         name=name,
@@ -88,8 +89,8 @@ def variables_table(name: str, signature: Any) -> "reverb.Table":
 class ReverbServer:
     """A running Reverb server. ``url`` is what ``varsync.connect`` takes."""
 
-    def __init__(self, server: "reverb.Server", table_names: List[str]) -> None:
-        self._server: Optional[reverb.Server] = server
+    def __init__(self, server: reverb.Server, table_names: list[str]) -> None:
+        self._server: reverb.Server | None = server
         self.port: int = server.port
         self.address = f"localhost:{self.port}"
         self.url = f"reverb://{self.address}"
@@ -109,7 +110,7 @@ class ReverbServer:
     def running(self) -> bool:
         return self._server is not None
 
-    def __enter__(self) -> "ReverbServer":
+    def __enter__(self) -> ReverbServer:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -123,7 +124,7 @@ class ReverbServer:
 def serve(
     tables: Mapping[str, Any],
     port: int = 0,
-    checkpoint_dir: Optional[str] = None,
+    checkpoint_dir: str | None = None,
 ) -> ReverbServer:
     """Start a Reverb server holding one variables table per entry of ``tables``
     (``{name: signature or example nest}``); ``port=0`` picks a free port.
@@ -152,7 +153,7 @@ def serve(
 # address among a process's clients, so a new server on an old port would be reached
 # through the old, dead connection, in its reconnect backoff: a sample waited out its
 # 20 s timeout that way once in a full test run.
-_SERVED_PORTS: Set[int] = set()
+_SERVED_PORTS: set[int] = set()
 
 
 def _unserved_port() -> int:

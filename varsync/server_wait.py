@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, TypeVar
 
 from varsync.backends.base import deadline_after, remaining
 from varsync.errors import BackendConnectionError, ConfigurationError
@@ -31,7 +31,7 @@ _FOREVER = ("true", "yes", "on", "forever", "none", "inf", "infinity")
 _NEVER = ("false", "no", "off")
 
 
-def parse_wait_for_server(value: Any, name: str = "wait_for_server") -> Optional[float]:
+def parse_wait_for_server(value: Any, name: str = "wait_for_server") -> float | None:
     """Seconds to wait for a server that does not answer yet: ``0.0`` fails at once,
     ``None`` waits without bound. Takes ``False``/``0`` (do not wait), ``True``/``None``
     (no bound), seconds, or the same as text from a URL (``true``, ``forever``, ``60``)."""
@@ -54,14 +54,14 @@ def parse_wait_for_server(value: Any, name: str = "wait_for_server") -> Optional
         ) from None
 
 
-def describe_wait(bound: Optional[float]) -> str:
+def describe_wait(bound: float | None) -> str:
     """``bound`` in words, for messages."""
     if bound is None:
         return "no bound"
     return f"up to {bound:g} s" if bound else "no wait"
 
 
-def retry_until_up(attempt: Callable[[float], T], *, address: str, bound: Optional[float],
+def retry_until_up(attempt: Callable[[float], T], *, address: str, bound: float | None,
                    what: str = "server") -> T:
     """``attempt(seconds_left)``'s result (``seconds_left``: of the wait; ``inf`` if
     unbounded or a single attempt), retried while it raises

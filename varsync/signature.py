@@ -16,7 +16,7 @@ from __future__ import annotations
 import collections.abc
 import math
 import numbers
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable
 
 import numpy as np
 
@@ -90,7 +90,7 @@ def _spec_of_leaf(path: nest_lib.Path, leaf: Any) -> Spec:
         ) from None
 
 
-def _plain_structure(structure: Any, leaves: List[Any]) -> Any:
+def _plain_structure(structure: Any, leaves: list[Any]) -> Any:
     """``structure`` rebuilt from ``leaves`` with mappings as plain, sorted dicts."""
     items = iter(leaves)
 
@@ -118,7 +118,7 @@ def _plain_structure(structure: Any, leaves: List[Any]) -> Any:
     return build(structure)
 
 
-def flat_specs(signature: Any) -> List[Spec]:
+def flat_specs(signature: Any) -> list[Spec]:
     return nest_lib.flatten(signature)
 
 
@@ -126,7 +126,7 @@ def flat_specs(signature: Any) -> List[Spec]:
 # Checking values against a signature
 
 
-def flatten_values(signature: Any, values: Any) -> List[np.ndarray]:
+def flatten_values(signature: Any, values: Any) -> list[np.ndarray]:
     """Check ``values`` against ``signature``; return its leaves as arrays, in flat order.
 
     Every array returned is C-contiguous, in native byte order and of exactly its spec's
@@ -134,10 +134,10 @@ def flatten_values(signature: Any, values: Any) -> List[np.ndarray]:
     are, not copied. Raises :class:`SignatureMismatchError` naming the path of the first
     difference, before anything else happens.
     """
-    out: List[Any] = []
+    out: list[Any] = []
     # Values of adapters that read many at once (``to_numpy_all``: TensorFlow variables in
     # one graph call), by adapter: their place in ``out``, spec, value and path.
-    batches: Dict[int, Tuple[Any, List[Tuple[int, Spec, Any, nest_lib.Path]]]] = {}
+    batches: dict[int, tuple[Any, list[tuple[int, Spec, Any, nest_lib.Path]]]] = {}
 
     def leaf(spec: Spec, value: Any, path: nest_lib.Path) -> Any:
         if isinstance(value, np.ndarray):
@@ -172,12 +172,12 @@ def _fits(adapter: Any, spec: Spec, value: Any) -> bool:
         return False
 
 
-def flatten_targets(signature: Any, variables: Any) -> List[Any]:
+def flatten_targets(signature: Any, variables: Any) -> list[Any]:
     """Check that ``variables`` can receive a value of ``signature`` in place; return
     them in flat order. Each must be a writable numpy array (or a framework's variable:
     a ``tf.Variable``, a torch tensor, a ``torch.nn.Module``'s state) of its spec's dtype
     and shape; else :class:`SignatureMismatchError`."""
-    out: List[Any] = []
+    out: list[Any] = []
     _check(signature, adapters.structure(variables, targets=True), (), out, _leaf_target)
     return out
 
@@ -187,7 +187,7 @@ def flatten_like(signature: Any, like: Any) -> Any:
     they say only what kind of value to return); return ``like`` made plain
     (:func:`varsync.adapters.structure`) and its leaves in flat order."""
     plain = adapters.structure(like)
-    leaves: List[Any] = []
+    leaves: list[Any] = []
     _check(signature, plain, (), leaves, lambda spec, value, path: value)
     return plain, leaves
 
@@ -197,7 +197,7 @@ def assign(target: Any, array: np.ndarray) -> None:
     adapters.assign_all([target], [array])
 
 
-def assign_all(targets: List[Any], arrays: List[np.ndarray]) -> None:
+def assign_all(targets: list[Any], arrays: list[np.ndarray]) -> None:
     """Copy each array into its target (:func:`flatten_targets`' results), framework
     variables in one batch per framework."""
     adapters.assign_all(targets, arrays)
@@ -207,7 +207,7 @@ LeafCheck = Callable[[Spec, Any, nest_lib.Path], Any]
 
 
 def _check(
-    expected: Any, got: Any, path: nest_lib.Path, out: List[Any], leaf: LeafCheck
+    expected: Any, got: Any, path: nest_lib.Path, out: list[Any], leaf: LeafCheck
 ) -> None:
     """Walk ``got`` in ``expected``'s structure, appending ``leaf(spec, value, path)``."""
     if isinstance(expected, Spec):
@@ -252,7 +252,7 @@ def _is_sequence(value: Any) -> bool:
     return nest_lib.is_nested(value) and not isinstance(value, collections.abc.Mapping)
 
 
-def _safe_sorted(keys: Any) -> List[Any]:
+def _safe_sorted(keys: Any) -> list[Any]:
     try:
         return sorted(keys)
     except TypeError:

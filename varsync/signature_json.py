@@ -18,7 +18,8 @@ import collections
 import collections.abc
 import json
 import sys
-from typing import Any, Dict, Sequence, Tuple, Type
+from collections.abc import Sequence
+from typing import Any
 
 from varsync import nest as nest_lib
 from varsync.errors import CorruptDataError, SignatureError
@@ -125,10 +126,10 @@ def _decode(node: Any) -> Any:
     raise CorruptDataError(f"stored signature has an unknown node kind {kind!r}")
 
 
-_NAMEDTUPLES: Dict[Tuple[str, Tuple[str, ...], str], type] = {}
+_NAMEDTUPLES: dict[tuple[str, tuple[str, ...], str], type] = {}
 
 
-def namedtuple_type(name: str, fields: Sequence[str], module: str) -> Type[Any]:
+def namedtuple_type(name: str, fields: Sequence[str], module: str) -> type[Any]:
     """A namedtuple class for a stored structure (also the one a signature built from a
     namedtuple or attrs class holds, so that it reads back the same).
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence, Tuple
+from typing import Any
 
 import numpy as np
 
@@ -23,7 +24,7 @@ __all__ = [
     "is_ml_dtype",
 ]
 
-SUPPORTED_DTYPES: Tuple[np.dtype, ...] = tuple(
+SUPPORTED_DTYPES: tuple[np.dtype, ...] = tuple(
     np.dtype(name)
     for name in (
         "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -35,7 +36,7 @@ SUPPORTED_DTYPES: Tuple[np.dtype, ...] = tuple(
 #: bfloat16 and float8 types), by the names that stored signatures give them: each is
 #: ``np.dtype(getattr(ml_dtypes, name))``, whose ``.name`` is ``name``. Those that
 #: ml_dtypes 0.2 (TensorFlow 2.15's) and every later version have.
-ML_DTYPE_NAMES: Tuple[str, ...] = (
+ML_DTYPE_NAMES: tuple[str, ...] = (
     "bfloat16",
     "float8_e4m3fn", "float8_e5m2",
     "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3b11fnuz",
@@ -108,7 +109,7 @@ def _ml_dtype(name: str) -> np.dtype:
 class Spec:
     """A fixed shape and a dtype: what one leaf of a table holds."""
 
-    shape: Tuple[int, ...]
+    shape: tuple[int, ...]
     dtype: np.dtype
 
     def __init__(self, shape: Sequence[int], dtype: Any) -> None:

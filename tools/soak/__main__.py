@@ -7,7 +7,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from . import fault_figures, faulty
 from .clean import BACKENDS, soak, summary
@@ -17,7 +17,7 @@ COLUMNS = ("| backend | pushes | pushes/s | values pulled and checked | unchange
            "server memory (growth) |")
 
 
-def arguments(argv: Optional[List[str]]) -> argparse.Namespace:
+def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m tools.soak", description="Soak: a writer and several readers per "
         "backend, for a bounded time, every pulled value checked (tools/soak/__init__.py).")
@@ -41,7 +41,7 @@ def arguments(argv: Optional[List[str]]) -> argparse.Namespace:
     return args
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = arguments(argv)
     print(f"soak: {args.seconds:g} s per backend, 1 writer and {args.readers} readers, "
           f"{args.megabytes:g} MB nest; {os.cpu_count()} CPUs", flush=True)
@@ -65,7 +65,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 1 if failed else 0
 
 
-def print_table(rows: List[Dict[str, Any]], with_faults: bool) -> None:
+def print_table(rows: list[dict[str, Any]], with_faults: bool) -> None:
     print()
     print(COLUMNS + (fault_figures.HEADER if with_faults else ""))
     print("|---|---:|---:|---:|---:|---:|---:|---|---:|---|"

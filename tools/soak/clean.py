@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import queue
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable
 
 import numpy as np
 
@@ -29,7 +30,7 @@ def nest(megabytes: float) -> Any:
     }
 
 
-def number_in(values: Any) -> Optional[int]:
+def number_in(values: Any) -> int | None:
     """The number every element holds, or ``None`` if they differ (a torn value). Not
     ``varsync.testing.values.check_consistent``: that one sorts every leaf (np.unique), 60
     times slower on the soak's 4 MB nest, which would slow the readers it measures."""
@@ -44,8 +45,8 @@ def number_in(values: Any) -> Optional[int]:
 # -- the loops ------------------------------------------------------------------------------------
 
 
-def check_pull(outcome: Dict[str, Any], version: int, values: Any, held: int,
-               held_number: int) -> Tuple[int, int]:
+def check_pull(outcome: dict[str, Any], version: int, values: Any, held: int,
+               held_number: int) -> tuple[int, int]:
     """Checks one pulled value against the one held before; the (version, number) now held."""
     number = number_in(values)
     outcome["pulls"] += 1
@@ -63,9 +64,9 @@ def check_pull(outcome: Dict[str, Any], version: int, values: Any, held: int,
 
 
 
-def writer(url: str, options: Dict[str, Any], signature: Any, ready: Any, go: Any,
+def writer(url: str, options: dict[str, Any], signature: Any, ready: Any, go: Any,
            seconds: float, report: Any) -> None:
-    outcome: Dict[str, Any] = {"role": "writer", "pushes": 0, "errors": [], "wrong": []}
+    outcome: dict[str, Any] = {"role": "writer", "pushes": 0, "errors": [], "wrong": []}
     try:
         with varsync.connect(url, **options) as store:
             if type(store.backend).supports_create_table:
@@ -100,9 +101,9 @@ def writer(url: str, options: Dict[str, Any], signature: Any, ready: Any, go: An
     report.put(outcome)
 
 
-def reader(url: str, options: Dict[str, Any], mode: str, index: int, ready: Any, go: Any,
+def reader(url: str, options: dict[str, Any], mode: str, index: int, ready: Any, go: Any,
            seconds: float, report: Any) -> None:
-    outcome: Dict[str, Any] = {"role": f"reader-{index} ({mode})", "pulls": 0, "polls": 0,
+    outcome: dict[str, Any] = {"role": f"reader-{index} ({mode})", "pulls": 0, "polls": 0,
                                "errors": [], "wrong": []}
     try:
         with varsync.connect(url, **options) as store:
@@ -141,15 +142,15 @@ def reader(url: str, options: Dict[str, Any], mode: str, index: int, ready: Any,
 # -- one backend -----------------------------------------------------------------------------------
 
 
-def soak(backend: str, seconds: float, readers: int, megabytes: float) -> Dict[str, Any]:
+def soak(backend: str, seconds: float, readers: int, megabytes: float) -> dict[str, Any]:
     signature = nest(megabytes)
     server = Server(backend, signature)
-    options: Dict[str, Any] = {"timeout": 60}
+    options: dict[str, Any] = {"timeout": 60}
     threads = backend == "memory"  # one process: the store is in it
     make_queue: Callable[[], Any] = queue.Queue if threads else CONTEXT.Queue
     ready, report = make_queue(), make_queue()
     go = threading.Event() if threads else CONTEXT.Event()
-    runners: List[Any] = []
+    runners: list[Any] = []
 
     def start(target: Callable[..., None], *args: Any) -> None:
         kind = threading.Thread if threads else CONTEXT.Process
@@ -157,7 +158,7 @@ def soak(backend: str, seconds: float, readers: int, megabytes: float) -> Dict[s
         runner.start()
         runners.append(runner)
 
-    outcomes: List[Dict[str, Any]] = []
+    outcomes: list[dict[str, Any]] = []
     try:
         start(writer, server.url, options, signature, ready, go, seconds, report)
         ready.get(timeout=300)  # the table exists before readers connect
@@ -171,10 +172,8 @@ def soak(backend: str, seconds: float, readers: int, megabytes: float) -> Dict[s
         server_start = server.memory()
         deadline = time.monotonic() + seconds + 120
         while len(outcomes) < readers + 1 and time.monotonic() < deadline:
-            try:
+            with contextlib.suppress(queue.Empty):
                 outcomes.append(report.get(timeout=1))
-            except queue.Empty:
-                pass
         server_end = server.memory()
     finally:
         go.set()
@@ -191,13 +190,13 @@ def soak(backend: str, seconds: float, readers: int, megabytes: float) -> Dict[s
     }
 
 
-def summary(result: Dict[str, Any]) -> Dict[str, Any]:
+def summary(result: dict[str, Any]) -> dict[str, Any]:
     outcomes = result["outcomes"]
     writers = [o for o in outcomes if o["role"] == "writer"]
     readers = [o for o in outcomes if o["role"] != "writer"]
     pushes = writers[0]["pushes"] if writers else 0
 
-    def growth(o: Dict[str, Any]) -> float:
+    def growth(o: dict[str, Any]) -> float:
         return (o.get("rss_end", 0) - o.get("rss_start", o.get("rss_end", 0))) / 1024
 
     return {

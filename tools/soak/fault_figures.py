@@ -3,7 +3,7 @@ counts) judged against an allowance, and the columns and notes of the soak's tab
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 ALLOWANCE = 4  # growth of anything that is not a leak (a reconnection, a pooled worker)
 NOTE = ("interrupts: 20% of pushes, 10% of reader calls, at a random moment within 1.2 x "
@@ -11,18 +11,18 @@ NOTE = ("interrupts: 20% of pushes, 10% of reader calls, at a random moment with
         "needs a main thread). Lost replies: 1% per proxy, redis and reverb.")
 
 
-def growth(outcome: Dict[str, Any], key: str, since: str = "held_start") -> Optional[int]:
+def growth(outcome: dict[str, Any], key: str, since: str = "held_start") -> int | None:
     if since not in outcome or "held_end" not in outcome:
         return None
     return int(outcome["held_end"][key] - outcome[since][key])
 
 
-def summarise(result: Dict[str, Any], row: Dict[str, Any]) -> None:
+def summarise(result: dict[str, Any], row: dict[str, Any]) -> None:
     """Adds the faulty soak's figures to ``row`` (clean.summary's)."""
     outcomes = result["outcomes"]
     writers = [o for o in outcomes if o["role"] == "writer"]
     readers = [o for o in outcomes if o["role"] != "writer"]
-    survived: Dict[str, int] = {}
+    survived: dict[str, int] = {}
     for o in outcomes:
         for name, count in o.get("survived", {}).items():
             survived[name] = survived.get(name, 0) + count
@@ -59,7 +59,7 @@ def summarise(result: Dict[str, Any], row: Dict[str, Any]) -> None:
     row["problems"] = (row["problems"] + result["late_errors"] + leaks)[:12]
 
 
-def _kind_growth(outcome: Dict[str, Any]) -> Dict[str, int]:
+def _kind_growth(outcome: dict[str, Any]) -> dict[str, int]:
     if "held_start" not in outcome or "held_end" not in outcome:
         return {}
     start, end = outcome["held_start"]["fd kinds"], outcome["held_end"]["fd kinds"]
@@ -72,7 +72,7 @@ HEADER = (" interrupted calls | lost replies | failed calls survived | "
           "server side (start → end) |")
 
 
-def columns(row: Dict[str, Any]) -> str:
+def columns(row: dict[str, Any]) -> str:
     """The fault columns of one row of the table (``–`` for a clean row)."""
     if not row.get("faults"):
         return " – | – | – | – | – | – |"
@@ -92,7 +92,7 @@ def columns(row: Dict[str, Any]) -> str:
             f"{pair('fds')} | {pair('threads')} | {side} |")
 
 
-def notes(row: Dict[str, Any]) -> List[str]:
+def notes(row: dict[str, Any]) -> list[str]:
     """Lines printed under the table for a faulty row."""
     name = f"{row['backend']} (faults)"
     lines = [(f"{name}: survived {row['survived'] or 'nothing'}; pushes interrupted or "

@@ -35,7 +35,7 @@ import random
 import statistics
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable
 from urllib.parse import urlsplit, urlunsplit
 
 import varsync
@@ -51,10 +51,10 @@ LOST_REPLIES = 0.01  # of each proxy's replies
 TRANSIENT = (varsync.BackendConnectionError, varsync.PullTimeoutError)
 
 
-def resources() -> Dict[str, Any]:
+def resources() -> dict[str, Any]:
     """What this process holds that a fault could leak."""
     gc.collect()
-    kinds: Dict[str, int] = {}
+    kinds: dict[str, int] = {}
     for fd in os.listdir("/proc/self/fd"):
         with contextlib.suppress(OSError):
             target = os.readlink(f"/proc/self/fd/{fd}")
@@ -69,15 +69,15 @@ def resources() -> Dict[str, Any]:
 class Faults:
     """Runs a loop's calls, some of them interrupted; counts what happened."""
 
-    def __init__(self, interrupter: Optional[Interrupter], fraction: float, seed: int) -> None:
+    def __init__(self, interrupter: Interrupter | None, fraction: float, seed: int) -> None:
         self.interrupter = interrupter
         self.fraction = fraction
         self.random = random.Random(seed)
-        self.times: Dict[str, List[float]] = {}
-        self.typical: Dict[str, float] = {}
+        self.times: dict[str, list[float]] = {}
+        self.typical: dict[str, float] = {}
         self.active = False
         self.interrupted = 0
-        self.survived: Dict[str, int] = {}
+        self.survived: dict[str, int] = {}
 
     def start(self) -> None:
         """Faults from now on, interrupts timed by the medians measured so far."""
@@ -88,7 +88,7 @@ class Faults:
         name = type(exc).__name__
         self.survived[name] = self.survived.get(name, 0) + 1
 
-    def call(self, kind: str, fn: Callable[[], Any]) -> Tuple[str, Any]:
+    def call(self, kind: str, fn: Callable[[], Any]) -> tuple[str, Any]:
         """``("done", result)``, ``("interrupted", None)`` or ``("failed", exc)`` for a
         survived fault; any other exception propagates."""
         try:
@@ -108,7 +108,7 @@ class Faults:
             self.survive(exc)
             return "failed", exc
 
-    def report(self, outcome: Dict[str, Any]) -> None:
+    def report(self, outcome: dict[str, Any]) -> None:
         outcome["interrupted"] = self.interrupted
         outcome["fired"] = self.interrupter.fired if self.interrupter else 0
         outcome["survived"] = self.survived
@@ -127,14 +127,14 @@ def version_after_fault(store: Any, faults: Faults, seconds: float = 60.0) -> in
                 raise
 
 
-def _interrupter(stack: contextlib.ExitStack, interrupt: bool, seed: int) -> Optional[Interrupter]:
+def _interrupter(stack: contextlib.ExitStack, interrupt: bool, seed: int) -> Interrupter | None:
     return stack.enter_context(Interrupter(seed)) if interrupt else None
 
 
-def faulty_writer(url: str, options: Dict[str, Any], signature: Any, ready: Any, go: Any,
+def faulty_writer(url: str, options: dict[str, Any], signature: Any, ready: Any, go: Any,
                   seconds: float, report: Any, final: Any, release: Any, seed: int,
                   interrupt: bool) -> None:
-    outcome: Dict[str, Any] = {"role": "writer", "pushes": 0, "errors": [], "wrong": [],
+    outcome: dict[str, Any] = {"role": "writer", "pushes": 0, "errors": [], "wrong": [],
                                "published_unheard": 0, "pushed_again": 0}
     if interrupt and threading.current_thread() is not threading.main_thread():
         raise RuntimeError("faulty_writer interrupts from a main thread only")
@@ -190,10 +190,10 @@ def faulty_writer(url: str, options: Dict[str, Any], signature: Any, ready: Any,
         faulthandler.cancel_dump_traceback_later()
 
 
-def faulty_reader(url: str, options: Dict[str, Any], mode: str, index: int, ready: Any,
+def faulty_reader(url: str, options: dict[str, Any], mode: str, index: int, ready: Any,
                   go: Any, seconds: float, report: Any, final: Any, release: Any, seed: int,
                   interrupt: bool) -> None:
-    outcome: Dict[str, Any] = {"role": f"reader-{index} ({mode})", "pulls": 0, "polls": 0,
+    outcome: dict[str, Any] = {"role": f"reader-{index} ({mode})", "pulls": 0, "polls": 0,
                                "errors": [], "wrong": []}
     reported = False
     if threading.current_thread() is threading.main_thread():  # one per process
@@ -245,7 +245,7 @@ def faulty_reader(url: str, options: Dict[str, Any], mode: str, index: int, read
             faulthandler.cancel_dump_traceback_later()
 
 
-def _failed(outcome: Dict[str, Any], exc: Exception, reported: bool, report: Any,
+def _failed(outcome: dict[str, Any], exc: Exception, reported: bool, report: Any,
             ready: Any) -> None:
     """Reports an exception: in the outcome, or after it (closing the container)."""
     error = f"{type(exc).__name__}: {exc}"
@@ -268,12 +268,12 @@ def url_via(url: str, proxy: Proxy) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def server_side(server: Any) -> Callable[[], Dict[str, int]]:
+def server_side(server: Any) -> Callable[[], dict[str, int]]:
     """Counts on the server's side that faults must not grow."""
     if server.backend == "redis":
         import redis
 
-        def clients() -> Dict[str, int]:
+        def clients() -> dict[str, int]:
             with redis.Redis(*server.address) as client:  # not counted: itself
                 return {"redis clients": int(client.info("clients")["connected_clients"]) - 1,
                         "redis keys": int(client.dbsize())}
@@ -299,10 +299,10 @@ class _StartReaders:
 
 
 def soak_with_faults(backend: str, seconds: float, readers: int, megabytes: float,
-                     seed: int) -> Dict[str, Any]:
+                     seed: int) -> dict[str, Any]:
     signature = nest(megabytes)
     server = Server(backend, signature)
-    options: Dict[str, Any] = {"timeout": 10}
+    options: dict[str, Any] = {"timeout": 10}
     in_process = backend == "memory"  # the writer in this main thread, readers as threads
     context = CONTEXT
     ready: Any = queue.Queue() if in_process else context.Queue()
@@ -310,11 +310,11 @@ def soak_with_faults(backend: str, seconds: float, readers: int, megabytes: floa
     go: Any = threading.Event() if in_process else context.Event()
     release: Any = threading.Event() if in_process else context.Event()
     final = context.Value("q", -1)
-    proxies: List[Proxy] = []
-    runners: List[Any] = []
-    outcomes: List[Dict[str, Any]] = []
+    proxies: list[Proxy] = []
+    runners: list[Any] = []
+    outcomes: list[dict[str, Any]] = []
     counted = server_side(server)
-    held: Dict[str, Any] = {}
+    held: dict[str, Any] = {}
 
     def url() -> str:
         if server.address is None:
@@ -342,9 +342,9 @@ def soak_with_faults(backend: str, seconds: float, readers: int, megabytes: floa
         for index, proxy in enumerate(proxies):
             proxy.lose_replies(LOST_REPLIES, seed=seed + 100 + index)
 
-    late: List[str] = []
+    late: list[str] = []
 
-    def collect(item: Dict[str, Any]) -> None:
+    def collect(item: dict[str, Any]) -> None:
         if "late" in item:
             late.append(f"{item['role']}: {item['late']}")
         else:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable
 
 from benchmarks.servers import ReverbProcess, running_redis_server
 
@@ -21,7 +21,7 @@ class Server:
         self.backend = backend
         self.memory: Callable[[], int] = lambda: 0
         self.memory_name = "-"
-        self.address: Optional[Tuple[str, int]] = None  # (host, port) of a server, for proxies
+        self.address: tuple[str, int] | None = None  # (host, port) of a server, for proxies
         self.store_path = ""  # shm: the store's directory
         self._stack = contextlib.ExitStack()
         try:
@@ -72,7 +72,7 @@ def tree_kib(path: str) -> int:
     return total // 1024
 
 
-def rss_kib(pid: Optional[int] = None) -> int:
+def rss_kib(pid: int | None = None) -> int:
     """Resident set size of a process (this one by default), in KiB."""
     with open(f"/proc/{pid or 'self'}/status") as status:
         for line in status:

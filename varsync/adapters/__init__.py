@@ -16,8 +16,9 @@ import importlib
 import sys
 import threading
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -72,7 +73,7 @@ class Adapter(Protocol):
     def handles(self, value: Any) -> bool:
         """True for the framework's tensors, variables, specs and containers."""
 
-    def shape_and_dtype(self, value: Any) -> Tuple[Tuple[int, ...], Any]:
+    def shape_and_dtype(self, value: Any) -> tuple[tuple[int, ...], Any]:
         """The shape and numpy dtype of a value, variable or spec."""
 
     def to_numpy(self, value: Any) -> Any:
@@ -93,7 +94,7 @@ class AdapterEntry:
 
     name: str
     target: str
-    modules: Tuple[str, ...]
+    modules: tuple[str, ...]
     source: str
 
 
@@ -101,14 +102,14 @@ class AdapterRegistry:
     """Adapters by framework. Plugins receive one in ``varsync_register_adapters``."""
 
     def __init__(self) -> None:
-        self._entries: Dict[str, AdapterEntry] = {}
-        self._by_module: Dict[str, AdapterEntry] = {}
-        self._loaded: Dict[str, Adapter] = {}
-        self._failed: Dict[str, str] = {}
+        self._entries: dict[str, AdapterEntry] = {}
+        self._by_module: dict[str, AdapterEntry] = {}
+        self._loaded: dict[str, Adapter] = {}
+        self._failed: dict[str, str] = {}
         # type -> the adapter that last handled a value of it: asked first next time (a
         # lookup by module and a load check cost ~3 us a leaf, most of a 500-variable
         # update's checks). Its ``handles`` still decides, for every value.
-        self._by_type: Dict[type, Adapter] = {}
+        self._by_type: dict[type, Adapter] = {}
         self._source = "built-in"
         self._lock = threading.Lock()
 
@@ -139,10 +140,10 @@ class AdapterRegistry:
             self._by_module.setdefault(module, entry)
 
     @property
-    def entries(self) -> Dict[str, AdapterEntry]:
+    def entries(self) -> dict[str, AdapterEntry]:
         return dict(self._entries)
 
-    def adapter_for(self, value: Any) -> Optional[Adapter]:
+    def adapter_for(self, value: Any) -> Adapter | None:
         """The adapter that handles ``value``, or ``None`` (numpy, Python scalars, ...)."""
         kind = type(value)
         if kind in _PLAIN:
@@ -184,7 +185,7 @@ class AdapterRegistry:
                 return True
         return False
 
-    def _load(self, entry: AdapterEntry) -> Optional[Adapter]:
+    def _load(self, entry: AdapterEntry) -> Adapter | None:
         adapter = self._loaded.get(entry.name)
         if adapter is not None:
             return adapter
@@ -213,7 +214,7 @@ _PLAIN = frozenset(
     {np.ndarray, bool, int, float, complex, str, bytes, type(None), dict, list, tuple}
 ) | frozenset(np.sctypeDict.values())
 
-_REGISTRY: Optional[AdapterRegistry] = None
+_REGISTRY: AdapterRegistry | None = None
 _REGISTRY_LOCK = threading.Lock()
 
 
@@ -235,7 +236,7 @@ def reset_adapter_registry() -> None:
         _REGISTRY = None
 
 
-def adapter_for(value: Any) -> Optional[Adapter]:
+def adapter_for(value: Any) -> Adapter | None:
     """The adapter for ``value``'s framework, or ``None`` for anything else."""
     kind = type(value)
     if kind in _PLAIN:  # the common case, before any lock or registry
@@ -244,7 +245,7 @@ def adapter_for(value: Any) -> Optional[Adapter]:
     return (registry or get_adapter_registry()).adapter_for(value)
 
 
-def _owner(nest: Any) -> Optional[Any]:
+def _owner(nest: Any) -> Any | None:
     """The adapter of the first leaf of ``nest`` that one handles and that has a
     ``structure``; ``None`` when no framework is imported or none is found."""
     if type(nest) in _PLAIN and not isinstance(nest, (dict, list, tuple)):
@@ -270,7 +271,7 @@ def assign_all(targets: Sequence[Any], arrays: Sequence[np.ndarray]) -> None:
     """Assign each array into its target (checked before by
     :func:`varsync.signature.flatten_targets`): numpy arrays by ``np.copyto``, framework
     variables in one batch per adapter."""
-    batches: Dict[int, Tuple[Any, List[Any], List[np.ndarray]]] = {}
+    batches: dict[int, tuple[Any, list[Any], list[np.ndarray]]] = {}
     for target, array in zip(targets, arrays):
         if isinstance(target, np.ndarray):
             np.copyto(target, array)
@@ -295,13 +296,13 @@ def from_numpy(array: np.ndarray, like: Any) -> Any:
     return from_numpy_all([array], [like])[0]
 
 
-def from_numpy_all(arrays: Sequence[np.ndarray], likes: Sequence[Any]) -> List[Any]:
+def from_numpy_all(arrays: Sequence[np.ndarray], likes: Sequence[Any]) -> list[Any]:
     """Each array as a value of its ``like``'s kind, converted in one batch per adapter
     (``from_numpy_all`` where the adapter has it: one ``jax.device_put`` for a whole
     tree); arrays whose like is numpy or a Python scalar stay arrays."""
-    out: List[Any] = list(arrays)
-    by_type: Dict[type, Optional[Any]] = {}
-    batches: Dict[int, Tuple[Any, List[int]]] = {}
+    out: list[Any] = list(arrays)
+    by_type: dict[type, Any | None] = {}
+    batches: dict[int, tuple[Any, list[int]]] = {}
     for index, like in enumerate(likes):
         kind = type(like)
         if kind not in by_type:
@@ -322,7 +323,7 @@ def from_numpy_all(arrays: Sequence[np.ndarray], likes: Sequence[Any]) -> List[A
     return out
 
 
-def leaves_and_key(like: Any) -> Optional[Tuple[Any, List[Any]]]:
+def leaves_and_key(like: Any) -> tuple[Any, list[Any]] | None:
     """``(key, leaves)`` from the adapter of ``like``'s framework where it has
     ``leaves_and_key``: a hashable key of ``like``'s structure (equal keys: equal
     structures) and its leaves in flat order; else ``None``."""

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 
 @hookimpl
-def varsync_register_adapters(registry: "AdapterRegistry") -> None:
+def varsync_register_adapters(registry: AdapterRegistry) -> None:
     registry.add(
         "tensorflow", "varsync.adapters.tensorflow:ADAPTER",
         modules=["tensorflow", "keras", "tf_keras"],

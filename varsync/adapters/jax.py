@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import collections
 import collections.abc
-from typing import Any, List, Tuple
+from typing import Any
 
 import jax
 import numpy as np
@@ -52,7 +52,7 @@ class JaxAdapter:
             return False
         return _REGISTRY.flatten_one_level(value) is not None  # a registered pytree node
 
-    def shape_and_dtype(self, value: Any) -> Tuple[Tuple[int, ...], Any]:
+    def shape_and_dtype(self, value: Any) -> tuple[tuple[int, ...], Any]:
         if not isinstance(value, (jax.Array, jax.ShapeDtypeStruct)):
             raise TypeError(f"a {type(value).__name__} is a pytree node, not one value")
         return tuple(int(d) for d in value.shape), np.dtype(value.dtype)
@@ -77,11 +77,11 @@ class JaxAdapter:
         # new compilation the first time it sees one).
         return self.from_numpy_all([array], [like])[0]
 
-    def from_numpy_all(self, arrays: List[np.ndarray], likes: List[Any]) -> List[Any]:
+    def from_numpy_all(self, arrays: list[np.ndarray], likes: list[Any]) -> list[Any]:
         """Two ``jax.device_put`` calls at most for a whole tree (one per leaf cost 70 %
         of a 50-leaf pull): the uncommitted leaves together on the default device, the
         committed ones each with its like's sharding."""
-        out: List[Any] = [None] * len(arrays)
+        out: list[Any] = [None] * len(arrays)
         free = [i for i, like in enumerate(likes) if not getattr(like, "committed", False)]
         placed = [i for i, like in enumerate(likes) if getattr(like, "committed", False)]
         if free:
@@ -96,11 +96,11 @@ class JaxAdapter:
     def structure(self, nest: Any, targets: bool = False) -> Any:
         return _plain(nest)
 
-    def leaves_and_key(self, like: Any) -> Tuple[Any, List[Any]]:
+    def leaves_and_key(self, like: Any) -> tuple[Any, list[Any]]:
         leaves, treedef = jax.tree_util.tree_flatten(like)
         return treedef, leaves
 
-    def rebuild(self, like: Any, leaves: List[Any]) -> Any:
+    def rebuild(self, like: Any, leaves: list[Any]) -> Any:
         return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like), leaves)
 
 
@@ -136,7 +136,7 @@ def _plain(node: Any) -> Any:
     return tuple(values)
 
 
-def _sorted_or_none(names: List[Any]) -> Any:
+def _sorted_or_none(names: list[Any]) -> Any:
     try:
         return sorted(names)
     except TypeError:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Any, Callable, Dict, List, Sequence, Tuple, TypeVar
+from collections.abc import Sequence
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 import tensorflow as tf
@@ -25,7 +26,7 @@ class TensorFlowAdapter:
             value, (tf.Tensor, tf.Variable, tf.TensorSpec)
         )
 
-    def shape_and_dtype(self, value: Any) -> Tuple[Tuple[int, ...], Any]:
+    def shape_and_dtype(self, value: Any) -> tuple[tuple[int, ...], Any]:
         shape = value.shape
         if not isinstance(shape, tf.TensorShape):
             shape = tf.TensorShape(shape)
@@ -46,14 +47,14 @@ class TensorFlowAdapter:
             value = value.read_value()  # plain and tf.distribute variables alike
         return numpy_view(value)
 
-    def to_numpy_all(self, values: Sequence[Any]) -> List[Any]:
+    def to_numpy_all(self, values: Sequence[Any]) -> list[Any]:
         """Many values' contents: plain variables read in one graph call when there are
         many (as :meth:`assign_all` assigns them; one eager ``read_value`` each cost
         ~0.1 ms of Python and op dispatch, most of a small drop-in push), each by the bare
         read op when few (~22 us each against ~200 us for the graph call, whatever the
         count: they broke even at about 10, measured with 4 to 500), the rest one by one."""
         indices = [i for i, value in enumerate(values) if type(value) is _PLAIN_VARIABLE]
-        out: List[Any] = [None] * len(values)
+        out: list[Any] = [None] * len(values)
         if len(indices) >= _READ_BATCH_FROM:
             read = _cached("read", [values[i] for i in indices], _reader)
             for index, tensor in zip(indices, read()):
@@ -91,7 +92,7 @@ class TensorFlowAdapter:
 _BATCH_FROM = 4
 _READ_BATCH_FROM = 10  # see to_numpy_all
 #: numpy's dtype of each TensorFlow dtype seen.
-_NUMPY_DTYPES: Dict[Any, np.dtype] = {}
+_NUMPY_DTYPES: dict[Any, np.dtype] = {}
 try:  # tf.Variable's concrete class (distributed variables are other classes)
     from tensorflow.python.ops.resource_variable_ops import ResourceVariable as _PLAIN_VARIABLE
 except ImportError:  # pragma: no cover - a TensorFlow that moved it: no batching
@@ -110,7 +111,7 @@ class _Assigner:
     """A ``tf.function`` assigning one set of variables from one flat buffer per dtype."""
 
     def __init__(self, variables: Sequence[Any]) -> None:
-        by_dtype: Dict[Any, List[int]] = {}
+        by_dtype: dict[Any, list[int]] = {}
         for index, variable in enumerate(variables):
             by_dtype.setdefault(variable.dtype, []).append(index)
         self.groups = list(by_dtype.values())
@@ -142,7 +143,7 @@ def _reader(variables: Sequence[Any]) -> Any:
     return read.get_concrete_function()  # as _Assigner's: 0.6x the call of 4 variables
 
 
-_CACHE: "collections.OrderedDict[Tuple[Any, ...], Any]" = collections.OrderedDict()
+_CACHE: collections.OrderedDict[tuple[Any, ...], Any] = collections.OrderedDict()
 _CACHE_LOCK = threading.Lock()
 
 

@@ -28,7 +28,8 @@ import collections.abc
 import concurrent.futures
 import os
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,7 +40,7 @@ from varsync.errors import SignatureError
 __all__ = ["ADAPTER", "TorchAdapter"]
 
 # torch dtypes numpy has no name for, stored as ml_dtypes' types through a same-width view.
-_VIEWED: Dict[Any, Tuple[Any, str]] = {
+_VIEWED: dict[Any, tuple[Any, str]] = {
     torch.bfloat16: (torch.int16, "bfloat16"),
 }
 for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
@@ -47,7 +48,7 @@ for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnu
         _VIEWED[getattr(torch, _name)] = (torch.uint8, _name)
 
 
-_NUMPY_DTYPES: Dict[Any, np.dtype] = {}
+_NUMPY_DTYPES: dict[Any, np.dtype] = {}
 
 
 def _numpy_dtype(dtype: Any) -> np.dtype:
@@ -70,7 +71,7 @@ def _numpy_dtype(dtype: Any) -> np.dtype:
     return found
 
 
-_TORCH_DTYPES: Dict[str, Any] = {}
+_TORCH_DTYPES: dict[str, Any] = {}
 
 
 def _torch_dtype(dtype: np.dtype) -> Any:
@@ -119,7 +120,7 @@ _bump_version = getattr(getattr(torch.autograd, "graph", None), "increment_versi
 # one thread reached 1.6x load_state_dict's two-thread copy_ at 100 MB, two match it.
 _PARALLEL_FROM_BYTES = 4 << 20
 _MAX_COPY_THREADS = 4
-_POOL: Optional[Tuple[int, concurrent.futures.ThreadPoolExecutor]] = None
+_POOL: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None
 _POOL_LOCK = threading.Lock()
 
 
@@ -135,7 +136,7 @@ def _copy_pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
         return _POOL[1]
 
 
-def _copy_in_parallel(pairs: List[Tuple[np.ndarray, np.ndarray]]) -> None:
+def _copy_in_parallel(pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
     """``np.copyto(destination, source)`` for each pair, split over up to
     ``torch.get_num_threads()`` threads (at most 4) when the total is large."""
     total = sum(source.nbytes for _, source in pairs)
@@ -144,14 +145,14 @@ def _copy_in_parallel(pairs: List[Tuple[np.ndarray, np.ndarray]]) -> None:
         for destination, source in pairs:
             np.copyto(destination, source)
         return
-    shares: List[List[Tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(workers)]
+    shares: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(workers)]
     loads = [0] * workers
     for pair in sorted(pairs, key=lambda p: -p[1].nbytes):  # the largest to the least loaded
         least = loads.index(min(loads))
         shares[least].append(pair)
         loads[least] += pair[1].nbytes
 
-    def copy(share: List[Tuple[np.ndarray, np.ndarray]]) -> None:
+    def copy(share: list[tuple[np.ndarray, np.ndarray]]) -> None:
         for destination, source in share:
             np.copyto(destination, source)
 
@@ -163,7 +164,7 @@ class TorchAdapter:
     def handles(self, value: Any) -> bool:
         return isinstance(value, (torch.Tensor, torch.nn.Module))
 
-    def shape_and_dtype(self, value: Any) -> Tuple[Tuple[int, ...], Any]:
+    def shape_and_dtype(self, value: Any) -> tuple[tuple[int, ...], Any]:
         if isinstance(value, torch.nn.Module):
             raise SignatureError("a torch.nn.Module is a nest (its state_dict), not one value")
         return tuple(int(d) for d in value.shape), _numpy_dtype(value.dtype)
@@ -193,8 +194,8 @@ class TorchAdapter:
         it), on as many threads as torch uses when the update is large, then the
         tensor's version counter is bumped as ``copy_`` would, so autograd still sees the
         change. Other devices: ``copy_`` under ``no_grad``, one host-to-device copy each."""
-        here: List[Tuple[Any, np.ndarray]] = []
-        elsewhere: List[Tuple[Any, np.ndarray]] = []
+        here: list[tuple[Any, np.ndarray]] = []
+        elsewhere: list[tuple[Any, np.ndarray]] = []
         for target, array in zip(targets, arrays):
             (here if target.device.type == "cpu" else elsewhere).append((target, array))
         _copy_in_parallel([(_writable_view(t), a) for t, a in here])
@@ -233,7 +234,7 @@ class TorchAdapter:
             return type(nest)(self.structure(v, targets) for v in nest)
         return nest
 
-    def rebuild(self, like: Any, leaves: List[Any]) -> Any:
+    def rebuild(self, like: Any, leaves: list[Any]) -> Any:
         return nest_lib.unflatten(self.structure(like), leaves)
 
 

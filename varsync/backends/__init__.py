@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 
 @hookimpl
-def varsync_register_backends(registry: "BackendRegistry") -> None:
+def varsync_register_backends(registry: BackendRegistry) -> None:
     registry.add(
         "memory",
         "varsync.backends.memory:MemoryBackend",

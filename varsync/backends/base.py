@@ -32,18 +32,11 @@ import contextvars
 import inspect
 import math
 import time
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from typing import (
     Any,
     ClassVar,
-    Dict,
-    Hashable,
-    Iterator,
-    List,
-    Mapping,
     Optional,
-    Sequence,
-    Tuple,
-    Type,
 )
 
 import numpy as np
@@ -64,11 +57,11 @@ __all__ = [
 POLL_START = 0.001
 POLL_MAX = 0.05
 
-Snapshot = Tuple[int, Optional[List[np.ndarray]]]
+Snapshot = tuple[int, Optional[list[np.ndarray]]]
 """The table's current version and, when asked for, that one version's arrays."""
 
 
-LeafSnapshot = Tuple[int, Optional[List[int]], Optional[List[Optional[np.ndarray]]]]
+LeafSnapshot = tuple[int, Optional[list[int]], Optional[list[Optional[np.ndarray]]]]
 """What :meth:`Backend.read_leaves` answers: the table's current version, then, if it is
 newer than asked, every leaf's leaf version and the arrays of the leaves changed since
 (``None`` in the places of the leaves the caller holds already)."""
@@ -88,7 +81,7 @@ class Backend(abc.ABC):
     #: Tables outlive the process that wrote them, across server restarts.
     persistent: ClassVar[bool] = False
     #: Largest total bytes of one push the engine accepts, or ``None`` for no limit.
-    max_push_bytes: ClassVar[Optional[int]] = None
+    max_push_bytes: ClassVar[int | None] = None
     #: Pushes from several writers at once each get their own version. ``False``: a push
     #: that raced another writer's may raise :class:`~varsync.ConcurrentPushError`
     #: (published, version unknown) instead, but never returns a number twice.
@@ -98,7 +91,7 @@ class Backend(abc.ABC):
     #: Default none: numpy knows such arrays only through ``ml_dtypes`` (``memoryview``
     #: refuses them, ``dtype.str`` calls every float8 type ``"<V1"``), so a backend not
     #: checked with them claims nothing; the suite round-trips the dtypes declared.
-    supported_ml_dtypes: ClassVar[Tuple[str, ...]] = ()
+    supported_ml_dtypes: ClassVar[tuple[str, ...]] = ()
     #: The engine records, with every stored version, the version at which each leaf
     #: last changed, and implements :meth:`write_leaves`, :meth:`read_leaves` and
     #: :meth:`leaf_versions`: pushes send only the leaves that changed and pulls fetch
@@ -113,7 +106,7 @@ class Backend(abc.ABC):
     supports_reader_registry: ClassVar[bool] = False
 
     def __init__(
-        self, url: str, *, timeout: Optional[float], namespace: str, **options: Any
+        self, url: str, *, timeout: float | None, namespace: str, **options: Any
     ) -> None:
         """``url``: the URL given to ``connect`` without its query string (parse
         credentials from this argument: ``self.url`` has them redacted); ``timeout``
@@ -140,14 +133,14 @@ class Backend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def signature(self, name: str) -> Optional[str]:
+    def signature(self, name: str) -> str | None:
         """The table's signature text, or ``None`` if there is no such table."""
 
     @abc.abstractmethod
-    def tables(self) -> List[str]:
+    def tables(self) -> list[str]:
         """The names of the tables in this namespace."""
 
-    def details(self, name: str) -> Dict[str, Any]:
+    def details(self, name: str) -> dict[str, Any]:
         """Engine-specific facts about a table, for ``table_info`` (JSON-friendly)."""
         return {}
 
@@ -178,7 +171,7 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def read(
-        self, name: str, newer_than: int, timeout: Optional[float], specs: Sequence[Spec]
+        self, name: str, newer_than: int, timeout: float | None, specs: Sequence[Spec]
     ) -> Snapshot:
         """``(version, arrays)`` of the latest value if its version is greater than
         ``newer_than``, else ``(version, None)``.
@@ -198,7 +191,7 @@ class Backend(abc.ABC):
         name: str,
         leaves: Mapping[int, np.ndarray],
         specs: Sequence[Spec],
-        base: Optional[int] = None,
+        base: int | None = None,
     ) -> int:
         """Store a new version in which the leaf at each flat index of ``leaves`` takes
         that array, and every other leaf keeps the value and leaf version it has in the
@@ -219,7 +212,7 @@ class Backend(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} does not support leaf versions")
 
     def read_leaves(
-        self, name: str, newer_than: int, timeout: Optional[float], specs: Sequence[Spec]
+        self, name: str, newer_than: int, timeout: float | None, specs: Sequence[Spec]
     ) -> LeafSnapshot:
         """``(version, leaf_versions, arrays)`` of the latest version if it is greater
         than ``newer_than``, else ``(version, None, None)`` at the cost of one small
@@ -255,7 +248,7 @@ class Backend(abc.ABC):
         Added in 0.3."""
         return self.history_of(name)
 
-    def leaf_versions(self, name: str) -> Tuple[int, List[int]]:
+    def leaf_versions(self, name: str) -> tuple[int, list[int]]:
         """The table's current version and each leaf's leaf version, in one small
         request; no data is moved. An empty table answers version 0 (its list, ``[]`` or
         zeros, is not looked at)."""
@@ -270,7 +263,7 @@ class Backend(abc.ABC):
         touches the table's data or version."""
         raise NotImplementedError(f"{type(self).__name__} has no reader registry")
 
-    def readers(self, name: str) -> Dict[str, str]:
+    def readers(self, name: str) -> dict[str, str]:
         """The table's unexpired reader entries: reader id -> record text. One small
         request (a few, for many readers); expired entries are never returned."""
         raise NotImplementedError(f"{type(self).__name__} has no reader registry")
@@ -286,7 +279,7 @@ class Backend(abc.ABC):
         """
         time.sleep(seconds)
 
-    def wait(self, name: str, newer_than: int, timeout: Optional[float]) -> int:
+    def wait(self, name: str, newer_than: int, timeout: float | None) -> int:
         """Block while the table's version equals ``newer_than``; return the version.
 
         (A version below ``newer_than`` returns at once: the core reports the reset.)
@@ -296,7 +289,7 @@ class Backend(abc.ABC):
         """
         return wait_for_change(self, name, newer_than, timeout)
 
-    def version_within(self, name: str, timeout: Optional[float], held: int = 0) -> int:
+    def version_within(self, name: str, timeout: float | None, held: int = 0) -> int:
         """:meth:`version`, its request bounded by ``timeout`` seconds (``None``: the
         backend's own ``timeout``); the core's wait loop looks through it, so that a hung
         server cannot hold a wait past its bound. ``held`` is the version the waiting
@@ -339,7 +332,7 @@ def current_deadline() -> float:
     return _DEADLINE.get()
 
 
-def deadline_after(timeout: Optional[float]) -> float:
+def deadline_after(timeout: float | None) -> float:
     """The ``time.monotonic()`` at which ``timeout`` runs out (``inf`` for ``None``)."""
     return math.inf if timeout is None else time.monotonic() + timeout
 
@@ -355,7 +348,7 @@ BLOCK_SLICE = 5.0
 
 
 def wait_for_change(
-    backend: Backend, name: str, newer_than: int, timeout: Optional[float]
+    backend: Backend, name: str, newer_than: int, timeout: float | None
 ) -> int:
     """The one wait loop: look at the version, and while it equals ``newer_than`` block
     until the backend is notified, or poll, until ``timeout`` (``None``: no bound)."""
@@ -386,10 +379,10 @@ def wait_for_change(
             interval = min(interval * 2, POLL_MAX)
 
 
-_TAKES: Dict[Tuple[Type[Any], str], bool] = {}
+_TAKES: dict[tuple[type[Any], str], bool] = {}
 
 
-def _takes(cls: Type[Any], method: str, parameter: str, count: int) -> bool:
+def _takes(cls: type[Any], method: str, parameter: str, count: int) -> bool:
     """Whether ``cls.method`` takes ``parameter``: by name, as its ``count``-th positional
     parameter (``self`` included), or through ``*args``. Decided once per class, so a
     backend written before ``parameter`` was added is called without it."""
@@ -412,7 +405,7 @@ def read_snapshot(
     backend: Backend,
     name: str,
     newer_than: int,
-    timeout: Optional[float],
+    timeout: float | None,
     specs: Sequence[Spec],
 ) -> Snapshot:
     """``backend.read(...)``, with ``specs`` where its ``read`` takes them (a backend of

@@ -21,10 +21,12 @@ sleeps on a lock of its own that the next push releases.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -42,20 +44,20 @@ class _Table:
     signature: str
     #: ``(version, arrays, leaf versions)``, replaced whole: one assignment publishes a
     #: version.
-    value: Tuple[int, List[np.ndarray], List[int]] = (0, [], [])
+    value: tuple[int, list[np.ndarray], list[int]] = (0, [], [])
     #: One held lock per blocked waiter; a push releases them all.
-    waiters: List[Any] = field(default_factory=list)
+    waiters: list[Any] = field(default_factory=list)
     #: The reader registry: reader id -> (record text, ``time.monotonic()`` it expires).
-    readers: Dict[str, Tuple[str, float]] = field(default_factory=dict)
+    readers: dict[str, tuple[str, float]] = field(default_factory=dict)
 
 
 class _Store:
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.tables: Dict[Tuple[str, str], _Table] = {}
+        self.tables: dict[tuple[str, str], _Table] = {}
 
 
-_STORES: Dict[str, _Store] = {}
+_STORES: dict[str, _Store] = {}
 _STORES_LOCK = threading.Lock()
 
 
@@ -80,7 +82,7 @@ class MemoryBackend(Backend):
     supports_leaf_versions = True
     supports_reader_registry = True
 
-    def __init__(self, url: str, *, timeout: Optional[float], namespace: str, **options: Any):
+    def __init__(self, url: str, *, timeout: float | None, namespace: str, **options: Any):
         super().__init__(url, timeout=timeout, namespace=namespace, **options)
         parts = urlsplit(url)
         # Without any user-info: a store has no use for credentials, and must not show them.
@@ -92,7 +94,7 @@ class MemoryBackend(Backend):
             )
         self._store = _store(self.store_name)
 
-    def _key(self, name: str) -> Tuple[str, str]:
+    def _key(self, name: str) -> tuple[str, str]:
         return (self.namespace, name)
 
     def _table(self, name: str) -> _Table:
@@ -104,16 +106,16 @@ class MemoryBackend(Backend):
             table = self._store.tables.setdefault(self._key(name), _Table(signature))
             return table.signature
 
-    def signature(self, name: str) -> Optional[str]:
+    def signature(self, name: str) -> str | None:
         with self._store.lock:
             table = self._store.tables.get(self._key(name))
             return None if table is None else table.signature
 
-    def tables(self) -> List[str]:
+    def tables(self) -> list[str]:
         with self._store.lock:
             return sorted(n for ns, n in self._store.tables if ns == self.namespace)
 
-    def details(self, name: str) -> Dict[str, Any]:
+    def details(self, name: str) -> dict[str, Any]:
         arrays = self._table(name).value[1]
         return {"store": self.store_name, "stored_bytes": sum(a.nbytes for a in arrays)}
 
@@ -128,12 +130,12 @@ class MemoryBackend(Backend):
         name: str,
         leaves: Mapping[int, np.ndarray],
         specs: Sequence[Spec],
-        base: Optional[int] = None,
+        base: int | None = None,
     ) -> int:
         return self._publish(name, leaves, base, whole=len(leaves) == len(specs))
 
     def _publish(
-        self, name: str, leaves: Mapping[int, np.ndarray], base: Optional[int], whole: bool
+        self, name: str, leaves: Mapping[int, np.ndarray], base: int | None, whole: bool
     ) -> int:
         copies = {index: _frozen(array) for index, array in leaves.items()}
         table = self._table(name)
@@ -157,7 +159,7 @@ class MemoryBackend(Backend):
         return version
 
     def read(
-        self, name: str, newer_than: int, timeout: Optional[float], specs: Sequence[Spec]
+        self, name: str, newer_than: int, timeout: float | None, specs: Sequence[Spec]
     ) -> Snapshot:
         version, stored, _ = self._table(name).value
         if version <= newer_than:
@@ -165,7 +167,7 @@ class MemoryBackend(Backend):
         return version, [array.view() for array in stored]
 
     def read_leaves(
-        self, name: str, newer_than: int, timeout: Optional[float], specs: Sequence[Spec]
+        self, name: str, newer_than: int, timeout: float | None, specs: Sequence[Spec]
     ) -> LeafSnapshot:
         version, stored, leaf_versions = self._table(name).value
         if version <= newer_than:
@@ -175,7 +177,7 @@ class MemoryBackend(Backend):
             for array, changed in zip(stored, leaf_versions)
         ]
 
-    def leaf_versions(self, name: str) -> Tuple[int, List[int]]:
+    def leaf_versions(self, name: str) -> tuple[int, list[int]]:
         version, _, leaf_versions = self._table(name).value
         return version, list(leaf_versions)
 
@@ -184,7 +186,7 @@ class MemoryBackend(Backend):
         with self._store.lock:
             table.readers[reader] = (record, time.monotonic() + ttl)
 
-    def readers(self, name: str) -> Dict[str, str]:
+    def readers(self, name: str) -> dict[str, str]:
         table = self._table(name)
         now = time.monotonic()
         with self._store.lock:
@@ -209,7 +211,6 @@ class MemoryBackend(Backend):
 
 
 def _release(waiter: Any) -> None:
-    try:
+    # RuntimeError: already released (its waiter gave up and was woken anyway)
+    with contextlib.suppress(RuntimeError):
         waiter.release()
-    except RuntimeError:  # already released: its waiter gave up and was woken anyway
-        pass

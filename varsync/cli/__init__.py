@@ -23,7 +23,7 @@ import argparse
 import os
 import sys
 import traceback
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import varsync
 from varsync.cli import backends, bench, info, serve, watch
@@ -51,13 +51,13 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``varsync`` command with ``argv`` (default: ``sys.argv[1:]``); return the
     exit status."""
     out, err = sys.stdout, sys.stderr
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TensorFlow's INFO lines are noise here
     parser = _build_parser()
-    args: Optional[argparse.Namespace] = None
+    args: argparse.Namespace | None = None
     try:
         args = parser.parse_args(argv)
         if getattr(args, "run", None) is None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
-from typing import Any, Optional, TextIO
+from typing import Any, TextIO
 
 import varsync
 from varsync.cli.formatting import print_columns
@@ -58,7 +58,7 @@ def _source_of(entry: varsync.BackendEntry) -> str:
     return entry.source
 
 
-def _version_of(distribution: str) -> Optional[str]:
+def _version_of(distribution: str) -> str | None:
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:

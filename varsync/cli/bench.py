@@ -7,7 +7,7 @@ import argparse
 import json
 import statistics
 import time
-from typing import Any, Callable, Dict, List, TextIO, Tuple
+from typing import Any, Callable, TextIO
 
 import numpy as np
 
@@ -62,7 +62,7 @@ def bench_values(signature: Any, rng: np.random.Generator) -> Any:
     return nest_lib.map_structure(leaf, signature)
 
 
-def bench_signature(nbytes: int) -> Dict[str, sig.Spec]:
+def bench_signature(nbytes: int) -> dict[str, sig.Spec]:
     """Four float32 layers of ``nbytes`` in all (rounded down to whole floats)."""
     floats = max(nbytes // 4, 1)
     sizes = [floats // 4 + (1 if i < floats % 4 else 0) for i in range(4)]
@@ -95,7 +95,7 @@ def _timed(call: Callable[[], Any]) -> float:
     return time.perf_counter() - started
 
 
-def _time_polls(store: varsync.VariableContainer, table: str, polls: int) -> Tuple[float, float]:
+def _time_polls(store: varsync.VariableContainer, table: str, polls: int) -> tuple[float, float]:
     """The mean time of a ``pull_if_newer`` with nothing newer, and of a ``version``."""
     version = store.version(table)
     newer = _timed(lambda: [store.pull_if_newer(version, table) for _ in range(polls)]) / polls
@@ -128,7 +128,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         values = bench_values(signature, np.random.default_rng(0))
         targets = nest_lib.map_structure(lambda s: np.zeros(s.shape, s.dtype), signature)
         progress = _Progress(err, args.rounds * 4, show)
-        times: Dict[str, List[float]] = {"push": [], "pull": [], "update": [],
+        times: dict[str, list[float]] = {"push": [], "pull": [], "update": [],
                                          "pull_if_newer": [], "version": []}
         try:
             for _ in range(args.warmup):
@@ -148,7 +148,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         finally:
             progress.close()
         backend = type(store.backend).__name__
-    results: Dict[str, Dict[str, Any]] = {
+    results: dict[str, dict[str, Any]] = {
         name: {
             "median_s": statistics.median(samples),
             "min_s": min(samples),

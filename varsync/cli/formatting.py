@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Sequence, TextIO
+from collections.abc import Sequence
+from typing import TextIO
 
 _UNITS = {
     "": 1, "B": 1,

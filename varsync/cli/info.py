@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import collections.abc
 import json
-from typing import Any, List, TextIO, Tuple
+from typing import Any, TextIO
 
 import varsync
 from varsync import nest as nest_lib
@@ -31,12 +31,12 @@ def add_parser(commands: argparse._SubParsersAction[Any]) -> None:
     info.set_defaults(run=run)
 
 
-def signature_tree(signature: Any) -> List[str]:
+def signature_tree(signature: Any) -> list[str]:
     """A signature as tree lines: one per container and per leaf, leaves with their dtype,
     shape and size in bytes."""
     if isinstance(signature, sig.Spec):
         return [f"<root>  {_leaf_text(signature)}"]
-    lines: List[str] = []
+    lines: list[str] = []
     _tree(signature, "", lines)
     return lines or ["(no leaves)"]
 
@@ -48,7 +48,7 @@ def _leaf_text(spec: sig.Spec) -> str:
     return f"{spec.dtype.name}  {spec.shape}  {size}"
 
 
-def _label(entry: Tuple[str, Any]) -> str:
+def _label(entry: tuple[str, Any]) -> str:
     kind, item = entry
     if kind == "index":
         return f"[{item}]"
@@ -65,7 +65,7 @@ def _kind_of(node: Any) -> str:
     return f"{type(node).__name__}[{len(node)}]"
 
 
-def _tree(node: Any, prefix: str, lines: List[str]) -> None:
+def _tree(node: Any, prefix: str, lines: list[str]) -> None:
     children = nest_lib.children(node)
     for index, (entry, child) in enumerate(children):
         last = index == len(children) - 1

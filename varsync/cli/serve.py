@@ -8,7 +8,8 @@ import json
 import os
 import signal
 import threading
-from typing import Any, Dict, Sequence, TextIO
+from collections.abc import Sequence
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -99,8 +100,8 @@ def _specs_from_json(node: Any, path: nest_lib.Path, source: str) -> Any:
     )
 
 
-def _parse_tables(values: Sequence[str], prog: str) -> Dict[str, Any]:
-    tables: Dict[str, Any] = {}
+def _parse_tables(values: Sequence[str], prog: str) -> dict[str, Any]:
+    tables: dict[str, Any] = {}
     for value in values:
         name, sep, path = value.partition("=")
         if not sep or not name or not path:

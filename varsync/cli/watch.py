@@ -15,8 +15,9 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, TextIO, Tuple
+from typing import TYPE_CHECKING, Any, TextIO
 
 import varsync
 from varsync import nest as nest_lib
@@ -77,11 +78,11 @@ class TableView:
     leaves: int
     nbytes: int
     #: versions per second over the last window; ``None`` before a second look
-    rate: Optional[float] = None
+    rate: float | None = None
     #: the table's version went down since the last look (its history restarted)
     reset: bool = False
     #: ``None``: the backend keeps no reader registry
-    readers: Optional[List[Any]] = None
+    readers: list[Any] | None = None
 
 
 @dataclass
@@ -89,11 +90,11 @@ class Watcher:
     """Successive looks at a container's tables; each :meth:`look` returns the views."""
 
     store: Any
-    tables: Optional[Sequence[str]]
-    _sizes: Dict[str, Any] = field(default_factory=dict)
-    _last: Dict[str, Any] = field(default_factory=dict)
+    tables: Sequence[str] | None
+    _sizes: dict[str, Any] = field(default_factory=dict)
+    _last: dict[str, Any] = field(default_factory=dict)
 
-    def look(self) -> List[TableView]:
+    def look(self) -> list[TableView]:
         names = list(self.tables) if self.tables else self.store.tables()
         now = time.monotonic()
         views = []
@@ -113,15 +114,15 @@ class Watcher:
             views.append(view)
         return views
 
-    def _readers(self, name: str) -> Optional[List[Any]]:
+    def _readers(self, name: str) -> list[Any] | None:
         try:
             return list(self.store.readers(name))
         except (AttributeError, UnsupportedError):  # an older varsync, or no registry
             return None
 
 
-def render(url: str, backend: str, views: List[TableView], interval: float,
-           live: bool, problem: Optional[str] = None) -> Any:
+def render(url: str, backend: str, views: list[TableView], interval: float,
+           live: bool, problem: str | None = None) -> Any:
     """The view as a rich renderable: a heading, the tables, then the readers."""
     from rich.console import Group
     from rich.table import Table
@@ -131,7 +132,7 @@ def render(url: str, backend: str, views: List[TableView], interval: float,
     hint = f"every {interval:g} s, Ctrl-C to quit" if live else f"over {interval:g} s"
     how_many = f"{len(views)} table{'s' if len(views) != 1 else ''}"
     heading = Text(f"{printable(url)}  ({backend}, {how_many})  {clock}, {hint}", style="bold")
-    parts: List[Any] = [heading]
+    parts: list[Any] = [heading]
     if problem:
         parts.append(Text(f"last refresh failed: {printable(problem)}", style="red"))
     tables = Table(show_edge=False, pad_edge=False, header_style="bold")
@@ -207,7 +208,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             time.sleep(args.interval)
             console.print(render(where, backend, watcher.look(), args.interval, False))
             return 0
-        problem: Optional[str] = None
+        problem: str | None = None
         try:
             if not terminal:  # piped: one view after another, as they come
                 while True:
@@ -226,7 +227,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             return 0
 
 
-def _refresh(watcher: Watcher, views: List[TableView]) -> Tuple[List[TableView], Optional[str]]:
+def _refresh(watcher: Watcher, views: list[TableView]) -> tuple[list[TableView], str | None]:
     """New views, or the last ones and why a look failed (a server gone: say so, keep
     trying at the next refresh)."""
     try:

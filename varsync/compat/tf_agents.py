@@ -23,7 +23,8 @@ import logging
 import math
 import threading
 import time
-from typing import Any, Callable, Iterable, Optional, TypeVar
+from collections.abc import Iterable
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 import tensorflow as tf
@@ -71,7 +72,7 @@ class ReverbVariableContainer:
         server_address: str,
         table_names: Iterable[str] = (DEFAULT_TABLE,),
         *,
-        timeout: Optional[float] = DEFAULT_TIMEOUT,
+        timeout: float | None = DEFAULT_TIMEOUT,
         wait_for_server: Any = None,
         wait_for_push: Any = None,
     ) -> None:
@@ -147,7 +148,7 @@ class ReverbVariableContainer:
 
     # -- waits ---------------------------------------------------------------------
 
-    def _connect(self, bound: Optional[float]) -> varsync.VariableContainer:
+    def _connect(self, bound: float | None) -> varsync.VariableContainer:
         return varsync.connect(self._url, timeout=self._timeout, wait_for_server=bound)
 
     def _live(self) -> varsync.VariableContainer:
@@ -156,7 +157,7 @@ class ReverbVariableContainer:
             self._reconnect(bound=0)
         return self.container
 
-    def _reconnect(self, bound: Optional[float]) -> None:
+    def _reconnect(self, bound: float | None) -> None:
         """Replace the connection by a new one, waiting up to ``bound`` for the server.
 
         The old one is closed first. gRPC shares a connection to an address among the

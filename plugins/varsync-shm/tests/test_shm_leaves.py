@@ -72,7 +72,8 @@ def test_partial_pushes_compose_on_the_current_version(backend):
     assert backend.write_leaves(TABLE, {3: leaf(3, 3), 2: leaf(2, 3)}, SPECS) == 3
     assert backend.leaf_versions(TABLE) == (3, [1, 2, 3, 3])
     version, arrays = backend.read(TABLE, 0, None, SPECS)
-    assert version == 3 and numbers_of(arrays) == [1, 2, 3, 3]
+    assert version == 3
+    assert numbers_of(arrays) == [1, 2, 3, 3]
     assert write_whole(backend, 4) == 4  # a whole push: every leaf at its version
     assert backend.leaf_versions(TABLE) == (4, [4, 4, 4, 4])
 
@@ -80,7 +81,8 @@ def test_partial_pushes_compose_on_the_current_version(backend):
 def test_write_leaves_into_an_empty_table_writes_nothing(backend):
     assert backend.write_leaves(TABLE, {1: leaf(1, 2)}, SPECS) == 0
     assert backend.write_leaves(TABLE, {1: leaf(1, 2)}, SPECS, base=0) == 0
-    assert backend.version(TABLE) == 0 and backend.details(TABLE)["segments"] == []
+    assert backend.version(TABLE) == 0
+    assert backend.details(TABLE)["segments"] == []
     assert backend.leaf_versions(TABLE) == (0, [])
 
 
@@ -91,7 +93,8 @@ def test_a_delta_pull_returns_and_reads_only_the_changed_leaves(backend):
     before = moved(backend)[1]
     version, numbers, arrays = backend.read_leaves(TABLE, 2, None, SPECS)
     assert (version, numbers) == (3, [1, 2, 1, 3])
-    assert [a is None for a in arrays] == [True, True, True, False] and int(arrays[3]) == 3
+    assert [a is None for a in arrays] == [True, True, True, False]
+    assert int(arrays[3]) == 3
     assert moved(backend)[1] - before == SIZES[3]  # 8 bytes, not the 2 MB table
     version, numbers, arrays = backend.read_leaves(TABLE, 1, None, SPECS)
     assert [a is None for a in arrays] == [True, False, True, False]
@@ -101,7 +104,8 @@ def test_a_delta_pull_returns_and_reads_only_the_changed_leaves(backend):
     version, numbers, arrays = backend.read_leaves(TABLE, 0, None, SPECS)
     assert numbers_of(arrays) == [1, 2, 1, 3]
     assert not any(a.flags.writeable for a in arrays)
-    assert SIZES[0] > MAP_ABOVE and not arrays[0].flags.owndata  # a view of the segment
+    assert SIZES[0] > MAP_ABOVE
+    assert not arrays[0].flags.owndata  # a view of the segment
 
 
 def test_a_delta_pull_of_small_leaves_pins_no_version(backend):
@@ -131,7 +135,8 @@ def test_a_partial_push_onto_the_spare_copies_only_what_changed_since_it(backend
     backend.write_leaves(TABLE, {1: leaf(1, 4)}, SPECS)
     assert moved(backend)[0] == sum(SIZES) + 2 * SIZES[3] + SIZES[1]
     version, arrays = backend.read(TABLE, 0, None, SPECS)
-    assert version == 4 and numbers_of(arrays) == [1, 4, 1, 3]
+    assert version == 4
+    assert numbers_of(arrays) == [1, 4, 1, 3]
     assert backend.leaf_versions(TABLE) == (4, [1, 4, 1, 3])
 
 
@@ -143,7 +148,8 @@ def test_a_leaf_unchanged_for_10000_versions_stays_readable(backend):
     last = pushes + 1
     assert backend.leaf_versions(TABLE) == (last, [1, 1, 1, last])
     version, arrays = backend.read(TABLE, 0, None, SPECS)
-    assert version == last and numbers_of(arrays) == [1, 1, 1, last]
+    assert version == last
+    assert numbers_of(arrays) == [1, 1, 1, last]
     _, _, changed = backend.read_leaves(TABLE, last - 1, None, SPECS)
     assert [a is None for a in changed] == [True, True, True, False]
     assert len(backend.details(TABLE)["segments"]) <= 2  # current and the spare
@@ -196,7 +202,8 @@ def test_a_table_created_again_is_a_reset_for_a_delta_pull_of_the_old_history(
         with pytest.raises(varsync.TableResetError):
             backend.read_leaves(TABLE, held, None, SPECS)
         version, arrays = backend.read(TABLE, 0, None, SPECS)  # adopts the new history
-        assert version == 4 and numbers_of(arrays) == [8, 5, 5, 5]
+        assert version == 4
+        assert numbers_of(arrays) == [8, 5, 5, 5]
         # a holder of the old history's version 2 still gets the reset, never leaves
         # assembled from the two histories
         with pytest.raises(varsync.TableResetError):
@@ -280,7 +287,8 @@ def test_interrupted_partial_pushes_leave_one_whole_version_and_no_file(backend)
             interrupts.round(push, most_seconds=0.003)
             version, arrays = backend.read(TABLE, 0, None, SPECS)
             numbers = numbers_of(arrays)
-            assert numbers[0] == numbers[2] == 1 and numbers[1] == numbers[3] <= attempts[0]
+            assert numbers[0] == numbers[2] == 1
+            assert numbers[1] == numbers[3] <= attempts[0]
             assert backend.leaf_versions(TABLE) == (version, [1, version, 1, version])
     assert interrupts.unraisable == []
     gc.collect()

@@ -51,7 +51,7 @@ def test_every_bit_pattern_round_trips(store_name, copies):
 def test_the_index_names_ml_dtypes_by_name_and_numpy_dtypes_as_before():
     specs = [Spec((4,), name) for name in NAMES] + [Spec((2,), "float32"), Spec((), "bool")]
     layout = segment.plan(specs)
-    _, _, start, _, size, count, index_len, _ = segment._HEADER.unpack_from(layout.head, 0)
+    _, _, _start, _, size, _count, index_len, _ = segment._HEADER.unpack_from(layout.head, 0)
     index = json.loads(layout.head[segment.HEADER_SIZE : segment.HEADER_SIZE + index_len])
     assert [entry[0] for entry in index] == list(NAMES) + ["<f4", "|b1"]
     parsed = segment.parse(layout.head + bytes(size - len(layout.head)), size, "test")
@@ -59,14 +59,14 @@ def test_the_index_names_ml_dtypes_by_name_and_numpy_dtypes_as_before():
 
 
 @pytest.mark.parametrize(
-    "stored, written",
+    ("stored", "written"),
     [(b'"bfloat16"', b'"<V2"    '), (b'"<f4"', b'">f4"'), (b'"bfloat16"', b'"float32x"')],
 )
 def test_an_index_naming_no_dtype_varsync_stores_is_corrupt(stored, written):
     layout = segment.plan([Spec((4,), "bfloat16"), Spec((2,), "float32")])
     assert layout.head.count(stored) == 1
     head = layout.head.replace(stored, written)
-    with pytest.raises(CorruptDataError, match="malformed|does not fit"):
+    with pytest.raises(CorruptDataError, match=r"malformed|does not fit"):
         segment.parse(head + bytes(layout.size - len(head)), layout.size, "test")
 
 

@@ -260,7 +260,8 @@ def test_a_table_recreated_with_another_signature_is_a_reset_for_old_containers(
             for call in calls.values():
                 with pytest.raises(varsync.TableResetError, match=refused):
                     call()
-            assert new.version() == 1 and check_consistent(new.pull()) == 7  # nothing published
+            assert new.version() == 1
+            assert check_consistent(new.pull()) == 7  # nothing published
         with varsync.connect(url) as again:
             assert check_consistent(again.pull()) == 7
 
@@ -292,7 +293,7 @@ def test_holders_of_a_version_see_a_reset_even_when_the_new_history_is_further_o
             for number in (5, 6, 7):  # version 3: above the held 2, but of another history
                 new.push(filled(SMALL, number))
         for holder in (old, reader):
-            with pytest.raises(varsync.TableResetError, match="'variables'.*new history"):
+            with pytest.raises(varsync.TableResetError, match=r"'variables'.*new history"):
                 holder.pull_if_newer(2)
         assert check_consistent(reader.pull()) == 7  # pull() resynchronises
         assert reader.pull_if_newer(3) is None
@@ -308,7 +309,7 @@ def test_a_wait_by_a_holder_of_the_old_history_is_a_reset_not_a_timeout(url, sto
         with varsync.connect(url) as new:
             new.create_table("variables", SMALL)
             new.push(filled(SMALL, 9))  # version 1 again, of another history
-        with pytest.raises(varsync.TableResetError, match="'variables'.*new history"):
+        with pytest.raises(varsync.TableResetError, match=r"'variables'.*new history"):
             reader.wait_for(1, timeout=60)
 
 

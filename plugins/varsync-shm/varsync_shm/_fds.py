@@ -22,7 +22,7 @@ import functools
 import itertools
 import operator
 import os
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable
 
 __all__ = ["Descriptors"]
 
@@ -37,14 +37,14 @@ class Descriptors:
     __slots__ = ("_fds", "close")
 
     def __init__(self) -> None:
-        fds: List[Optional[int]] = [_END]
+        fds: list[int | None] = [_END]
         self._fds = fds
         closing = map(os.close, filter(_VALID, iter(fds.pop, _END)))
         #: Close every descriptor recorded (a C callable: nothing between pop and close).
         self.close: Callable[[], Any] = functools.partial(collections.deque, closing, 0)
 
     def open(
-        self, path: str, flags: int, mode: int = 0o600, *, dir_fd: Optional[int] = None
+        self, path: str, flags: int, mode: int = 0o600, *, dir_fd: int | None = None
     ) -> int:
         """``os.open(path, flags | O_CLOEXEC, mode, dir_fd=dir_fd)``, owned by this object."""
         opener = functools.partial(os.open, dir_fd=dir_fd)
@@ -57,7 +57,7 @@ class Descriptors:
         self._fds.extend(itertools.starmap(function, (args,)))
         return self._fds[-1]  # type: ignore[return-value]
 
-    def give(self, fd: int, other: "Descriptors") -> None:
+    def give(self, fd: int, other: Descriptors) -> None:
         """Hand ``fd`` over to ``other`` (in one C call: it is always owned by one)."""
         index = self._fds.index(fd)
         other._fds.extend(map(self._fds.pop, (index,)))

@@ -17,7 +17,7 @@ import os
 import select
 import sys
 import threading
-from typing import Any, Optional
+from typing import Any
 
 from varsync_shm._fds import Descriptors
 
@@ -64,7 +64,7 @@ class Watch:
         self._poller.register(fd, select.POLLIN)
 
     @classmethod
-    def open(cls, directory: str, fds: Optional[Descriptors] = None) -> Optional["Watch"]:
+    def open(cls, directory: str, fds: Descriptors | None = None) -> Watch | None:
         """A watch on ``directory``, or ``None`` if inotify cannot be used here. Its
         descriptor is owned by ``fds`` (by default, by the watch: then call close())."""
         lib = _library()
@@ -84,10 +84,7 @@ class Watch:
     def wait(self, timeout: float) -> bool:
         """Sleep until an event arrives or ``timeout`` seconds pass (``inf``: no bound);
         return whether an event arrived. Drains the events: the caller re-checks state."""
-        if math.isinf(timeout):
-            ms = -1
-        else:
-            ms = min(_MAX_POLL_MS, max(0, math.ceil(timeout * 1000)))
+        ms = -1 if math.isinf(timeout) else min(_MAX_POLL_MS, max(0, math.ceil(timeout * 1000)))
         ready = self._poller.poll(ms)
         for _ in range(1024):  # bounded drain; the queue holds at most a few events
             try:
@@ -101,7 +98,7 @@ class Watch:
         """Close the descriptor (and any other its owner holds)."""
         self._fds.close()
 
-    def __enter__(self) -> "Watch":
+    def __enter__(self) -> Watch:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:

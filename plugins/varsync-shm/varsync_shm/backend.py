@@ -48,7 +48,8 @@ import fcntl
 import os
 import threading
 import time
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -113,7 +114,7 @@ class ShmBackend(ReaderRegistry, Backend):
         self,
         url: str,
         *,
-        timeout: Optional[float],
+        timeout: float | None,
         namespace: str,
         root: str = layout.DEFAULT_ROOT,
         **options: Any,
@@ -133,20 +134,20 @@ class ShmBackend(ReaderRegistry, Backend):
         self._held = Descriptors()  # the store directories this backend opened
         self._store_fd = -1
         self._store_lock = threading.Lock()
-        self._known: Dict[str, Tuple[str, Identity]] = {}  # signature, its file
+        self._known: dict[str, tuple[str, Identity]] = {}  # signature, its file
         self._histories = Histories()  # the signature file each table's readers trust
-        self._seen: Dict[str, int] = {}  # the last version seen per table, for messages
-        self._paths: Dict[str, Tuple[str, str]] = {}
+        self._seen: dict[str, int] = {}  # the last version seen per table, for messages
+        self._paths: dict[str, tuple[str, str]] = {}
         #: per table, the history of this backend's last write or read, and what it handed out
-        self.handed: Dict[str, Handed] = {}
-        self.leaf_bytes: Dict[str, Dict[str, int]] = {}  # per table, for details()
+        self.handed: dict[str, Handed] = {}
+        self.leaf_bytes: dict[str, dict[str, int]] = {}  # per table, for details()
 
     # -- tables ----------------------------------------------------------------------
 
     def create_table(self, name: str, signature: str, specs: Sequence[Spec]) -> str:
         table = self._table_path(name)
         fds = Descriptors()
-        made: List[str] = []  # names this call created, removed if not renamed
+        made: list[str] = []  # names this call created, removed if not renamed
         store = -1
         try:
             with self._errors(table):
@@ -174,7 +175,7 @@ class ShmBackend(ReaderRegistry, Backend):
             fds.close()  # first: it releases the writers' lock
             writing.unlink_all(store, made)
 
-    def signature(self, name: str) -> Optional[str]:
+    def signature(self, name: str) -> str | None:
         table = self._table_path(name)
         fds = Descriptors()
         try:
@@ -190,7 +191,7 @@ class ShmBackend(ReaderRegistry, Backend):
         finally:
             fds.close()
 
-    def tables(self) -> List[str]:
+    def tables(self) -> list[str]:
         fds = Descriptors()
         try:
             with self._errors(self.path):
@@ -210,7 +211,7 @@ class ShmBackend(ReaderRegistry, Backend):
         finally:
             fds.close()
 
-    def details(self, name: str) -> Dict[str, Any]:
+    def details(self, name: str) -> dict[str, Any]:
         table = self._table_path(name)
         fds = Descriptors()
         try:
@@ -233,7 +234,7 @@ class ShmBackend(ReaderRegistry, Backend):
         finally:
             fds.close()
 
-    def describe_options(self) -> Dict[str, Any]:
+    def describe_options(self) -> dict[str, Any]:
         return {**super().describe_options(), "root": self.root}
 
     # -- data ------------------------------------------------------------------------
@@ -253,7 +254,7 @@ class ShmBackend(ReaderRegistry, Backend):
             return version
 
     def read(
-        self, name: str, newer_than: int, timeout: Optional[float], specs: Sequence[Spec]
+        self, name: str, newer_than: int, timeout: float | None, specs: Sequence[Spec]
     ) -> Snapshot:
         # The segment's own index describes its arrays, checked as they are parsed, so
         # ``specs`` is not needed here.
@@ -298,7 +299,7 @@ class ShmBackend(ReaderRegistry, Backend):
         name: str,
         leaves: Mapping[int, np.ndarray],
         specs: Sequence[Spec],
-        base: Optional[int] = None,
+        base: int | None = None,
     ) -> int:
         with self._errors(self._table_path(name)):
             store, rel = self._writable(name)
@@ -308,12 +309,12 @@ class ShmBackend(ReaderRegistry, Backend):
             return version
 
     def read_leaves(
-        self, name: str, newer_than: int, timeout: Optional[float], specs: Sequence[Spec]
+        self, name: str, newer_than: int, timeout: float | None, specs: Sequence[Spec]
     ) -> LeafSnapshot:
         with self._errors(self._table_path(name)):  # the segment's index describes it
             return leafsync.read_leaves(self, name, newer_than, timeout)
 
-    def leaf_versions(self, name: str) -> Tuple[int, List[int]]:
+    def leaf_versions(self, name: str) -> tuple[int, list[int]]:
         with self._errors(self._table_path(name)):
             return leafsync.leaf_versions(self, name)
 
@@ -360,7 +361,7 @@ class ShmBackend(ReaderRegistry, Backend):
 
     # -- the store's directory and the table's signature ----------------------------------
 
-    def _names(self, name: str) -> Tuple[str, str]:
+    def _names(self, name: str) -> tuple[str, str]:
         """The table's directory: its path, and its path relative to the store's."""
         names = self._paths.get(name)
         if names is None:
@@ -398,7 +399,7 @@ class ShmBackend(ReaderRegistry, Backend):
 
     def _private_table(
         self, store: int, name: str, fds: Descriptors, *, create: bool
-    ) -> Optional[str]:
+    ) -> str | None:
         """Check (and make, if ``create``) the namespace's and table's directories."""
         namespace = _dirs.enter(store, self._namespace_entry, self.path, fds, create=create)
         if namespace < 0:
@@ -408,14 +409,14 @@ class ShmBackend(ReaderRegistry, Backend):
             return None
         return self._rel(name)
 
-    def _table(self, name: str, held: Optional[int] = None) -> Tuple[int, str]:
+    def _table(self, name: str, held: int | None = None) -> tuple[int, str]:
         """``(store descriptor, table directory relative to it)``, after checking that the
         table still has the signature this backend handed out and, for a caller holding
         version ``held``, the history it trusts; store -1: no store."""
         store, rel, _ = self.table_epoch(name, held)
         return store, rel
 
-    def _writable(self, name: str) -> Tuple[int, str]:
+    def _writable(self, name: str) -> tuple[int, str]:
         """:meth:`_table`, for a push: a table whose directory is gone is an error."""
         store, rel = self._table(name)
         if store < 0 or not table_exists(store, rel):
@@ -426,8 +427,8 @@ class ShmBackend(ReaderRegistry, Backend):
         return store, rel
 
     def table_epoch(
-        self, name: str, held: Optional[int] = None
-    ) -> Tuple[int, str, Optional[Identity]]:
+        self, name: str, held: int | None = None
+    ) -> tuple[int, str, Identity | None]:
         """:meth:`_table`, and the identity of the ``signature.json`` checked (``None``:
         no table yet)."""
         rel = self._rel(name)
@@ -453,7 +454,7 @@ class ShmBackend(ReaderRegistry, Backend):
             return store, rel, identity
         return -1, rel, None
 
-    def saw(self, name: str, epoch: Optional[Identity], version: int = 0) -> None:
+    def saw(self, name: str, epoch: Identity | None, version: int = 0) -> None:
         """A write or read of the table returned ``version`` of history ``epoch``."""
         record(self.handed, name, epoch, version)
 

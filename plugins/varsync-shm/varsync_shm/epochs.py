@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Dict, NamedTuple, Optional, Set
+from typing import NamedTuple
 
 from varsync_shm.writing import SIGNATURE
 
@@ -32,7 +32,7 @@ def identity_of(status: os.stat_result) -> Identity:
     return Identity(status.st_dev, status.st_ino, status.st_mtime_ns)
 
 
-def epoch_now(store: int, rel: str) -> Optional[Identity]:
+def epoch_now(store: int, rel: str) -> Identity | None:
     """The identity of the table's ``signature.json`` now (``None``: there is none)."""
     try:
         return identity_of(os.stat(f"{rel}/{SIGNATURE}", dir_fd=store, follow_symlinks=False))
@@ -62,15 +62,15 @@ class Handed:
     :meth:`older` first.
     """
 
-    __slots__ = ("epoch", "top", "retired", "low")
+    __slots__ = ("epoch", "low", "retired", "top")
 
     def __init__(self, epoch: Identity, retired: int = 0) -> None:
         self.epoch = epoch
         self.top = 0
         self.retired = retired
-        self.low: Set[int] = set()
+        self.low: set[int] = set()
 
-    def older(self, epoch: Optional[Identity], held: int) -> bool:
+    def older(self, epoch: Identity | None, held: int) -> bool:
         """Whether a caller holding version ``held`` (> 0) holds it of an earlier history
         than ``epoch``, the table's now: this backend returned ``held`` in an earlier one
         and never in this one."""
@@ -79,7 +79,7 @@ class Handed:
         return 0 < held <= self.retired and held not in self.low
 
 
-def record(handed: Dict[str, Handed], name: str, epoch: Optional[Identity], version: int) -> None:
+def record(handed: dict[str, Handed], name: str, epoch: Identity | None, version: int) -> None:
     """Note that a write or read of table ``name`` returned ``version`` (0: none) of the
     history ``epoch``."""
     if epoch is None:

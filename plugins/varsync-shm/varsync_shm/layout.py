@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Optional
 from urllib.parse import quote, unquote, urlsplit
 
 from varsync.backend import ConfigurationError, redact
@@ -106,7 +105,7 @@ def table_path(namespace_dir: str, table: str) -> str:
     return os.path.join(namespace_dir, table_entry(table))
 
 
-def table_name_of(entry: str) -> Optional[str]:
+def table_name_of(entry: str) -> str | None:
     """The table a directory entry of a namespace holds, or ``None`` for anything else."""
     if not entry.startswith(_TABLE_PREFIX):
         return None

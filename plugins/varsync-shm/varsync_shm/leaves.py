@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import fcntl
 import os
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
@@ -62,12 +63,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["write_leaves", "read_leaves", "leaf_versions", "DELTA_MAP_ABOVE"]
 
-Arrays = List[Optional[np.ndarray]]
+Arrays = list[Optional[np.ndarray]]
 
 
 def write_leaves(
-    backend: "ShmBackend", name: str, store: int, rel: str,
-    leaves: Mapping[int, np.ndarray], specs: Sequence[Spec], base: Optional[int],
+    backend: ShmBackend, name: str, store: int, rel: str,
+    leaves: Mapping[int, np.ndarray], specs: Sequence[Spec], base: int | None,
 ) -> int:
     """Publish the current version with ``leaves`` replaced as the next version; 0 (and
     nothing written) if the table is empty, or ``base`` is not its current version in the
@@ -80,7 +81,7 @@ def write_leaves(
                 f"{len(plan.leaves) - 1} (its signature has {len(plan.leaves)} leaves)"
             )
     fds = Descriptors()
-    made: List[str] = []  # names this push created: removed at the end unless renamed
+    made: list[str] = []  # names this push created: removed at the end unless renamed
     try:
         lock = fds.open(f"{rel}/{LOCK}", os.O_RDWR | os.O_CREAT, 0o600, dir_fd=store)
         fcntl.flock(lock, fcntl.LOCK_EX)  # held to the publish: see the module docstring
@@ -89,7 +90,7 @@ def write_leaves(
         version = writing.version_named(rel, pointer)
         handed = backend.handed.get(name)
         trusted = None if handed is None else handed.epoch
-        if version == 0 or base is not None and (base != version or trusted != epoch):
+        if version == 0 or (base is not None and (base != version or trusted != epoch)):
             return 0
         assert pointer is not None
         where = f"{layout.table_path(backend.path, name)}/{pointer}"
@@ -138,11 +139,11 @@ def write_leaves(
         writing.unlink_all(store, made)
 
 
-def _kinds(leaves: Sequence[segment.Leaf]) -> List[Tuple[Any, Tuple[int, ...]]]:
+def _kinds(leaves: Sequence[segment.Leaf]) -> list[tuple[Any, tuple[int, ...]]]:
     return [(leaf.dtype, leaf.shape) for leaf in leaves]
 
 
-def _held(old: bytes, plan: segment.Plan, where: str) -> Optional[List[int]]:
+def _held(old: bytes, plan: segment.Plan, where: str) -> list[int] | None:
     """The leaf versions of the retired version a claimed spare held, if its bytes are
     where ``plan`` puts them; ``None``: nothing in it is reused."""
     if not old:
@@ -156,7 +157,7 @@ def _held(old: bytes, plan: segment.Plan, where: str) -> Optional[List[int]]:
         return None
 
 
-def _put(fd: int, target: Optional[np.ndarray], offset: int, raw: np.ndarray) -> None:
+def _put(fd: int, target: np.ndarray | None, offset: int, raw: np.ndarray) -> None:
     if target is None:  # a new file: pwrite beats faulting its pages in through a mapping
         segment.pwrite_all(fd, raw.data, offset)
     else:  # a spare, through a mapping kept from earlier: at memcpy speed
@@ -164,7 +165,7 @@ def _put(fd: int, target: Optional[np.ndarray], offset: int, raw: np.ndarray) ->
 
 
 def read_leaves(
-    backend: "ShmBackend", name: str, newer_than: int, timeout: Optional[float]
+    backend: ShmBackend, name: str, newer_than: int, timeout: float | None
 ) -> LeafSnapshot:
     """``(version, leaf versions, arrays changed since newer_than)``, as the protocol says."""
     deadline = deadline_after(timeout)
@@ -204,9 +205,9 @@ def read_leaves(
 
 
 def _open(
-    backend: "ShmBackend", rel: str, store: int, pointer: str, version: int, newer_than: int,
+    backend: ShmBackend, rel: str, store: int, pointer: str, version: int, newer_than: int,
     fds: Descriptors,
-) -> Optional[Tuple[List[int], Arrays, int]]:
+) -> tuple[list[int], Arrays, int] | None:
     """Leaf versions, changed arrays and bytes read of segment ``pointer`` if it still
     holds ``version``, else ``None`` (it was retired and reused: read the link again)."""
     opened = _locked(backend, rel, store, pointer, version, fds)
@@ -220,8 +221,8 @@ def _open(
     # caller keeps its other leaves, views pinning the segments where each last changed,
     # and with a view per changed leaf too no segment would be left for a push to refill.
     map_above = MAP_ABOVE if newer_than == 0 else DELTA_MAP_ABOVE
-    mapped: Optional[np.ndarray] = None
-    run: List[int] = []  # neighbouring small leaves, read in one pread
+    mapped: np.ndarray | None = None
+    run: list[int] = []  # neighbouring small leaves, read in one pread
     read = 0
     for i in changed + [-1]:
         leaf = parsed.leaves[i] if i >= 0 else None
@@ -240,7 +241,7 @@ def _open(
     return numbers, arrays, read
 
 
-def _copy_run(fd: int, leaves: Sequence[segment.Leaf], run: List[int], arrays: Arrays) -> int:
+def _copy_run(fd: int, leaves: Sequence[segment.Leaf], run: list[int], arrays: Arrays) -> int:
     first, last = leaves[run[0]], leaves[run[-1]]
     length = last.offset + last.nbytes - first.offset
     data = os.pread(fd, length, first.offset) if length else b""
@@ -256,8 +257,8 @@ def _copy_run(fd: int, leaves: Sequence[segment.Leaf], run: List[int], arrays: A
 
 
 def _locked(
-    backend: "ShmBackend", rel: str, store: int, pointer: str, version: int, fds: Descriptors
-) -> Optional[Tuple[int, int, bytes, segment.Parsed, str]]:
+    backend: ShmBackend, rel: str, store: int, pointer: str, version: int, fds: Descriptors
+) -> tuple[int, int, bytes, segment.Parsed, str] | None:
     """Segment ``pointer`` open, shared-locked and holding ``version``: ``(fd, size, head,
     parsed head, path)``; ``None`` if it no longer holds it."""
     where = f"{backend.store_path}/{rel}/{pointer}"  # for messages
@@ -276,7 +277,7 @@ def _locked(
     return fd, size, head, segment.parse_head(head, size, where), where
 
 
-def leaf_versions(backend: "ShmBackend", name: str) -> Tuple[int, List[int]]:
+def leaf_versions(backend: ShmBackend, name: str) -> tuple[int, list[int]]:
     """The current version and its leaf versions, from its segment's head."""
     for _ in range(READ_ATTEMPTS):  # a retry when the segment was being replaced
         store, rel, _ = backend.table_epoch(name)
@@ -295,17 +296,17 @@ def leaf_versions(backend: "ShmBackend", name: str) -> Tuple[int, List[int]]:
     raise _unstable(backend, name)
 
 
-def _unstable(backend: "ShmBackend", name: str) -> CorruptDataError:
+def _unstable(backend: ShmBackend, name: str) -> CorruptDataError:
     return CorruptDataError(
         f"table {name!r} at {layout.table_path(backend.path, name)}: {READ_ATTEMPTS} "
         "attempts found no stable segment; is a foreign process locking its files?"
     )
 
 
-def _count(backend: "ShmBackend", name: str, counter: str, nbytes: int) -> None:
+def _count(backend: ShmBackend, name: str, counter: str, nbytes: int) -> None:
     backend.leaf_bytes.setdefault(name, counters())[counter] += nbytes
 
 
-def counters() -> Dict[str, int]:
+def counters() -> dict[str, int]:
     """The byte counters ``details()`` shows, before any partial push or delta pull."""
     return {"leaf_bytes_written": 0, "leaf_bytes_read": 0}

@@ -30,7 +30,6 @@ import mmap
 import os
 import threading
 import weakref
-from typing import Dict, List, Tuple
 
 import numpy as np
 
@@ -39,7 +38,7 @@ __all__ = ["Mappings", "KEEP"]
 KEEP = 2
 """Mappings kept per table and mode (read-only, writable)."""
 
-_Key = Tuple[int, int, int]  # st_dev, st_ino, size
+_Key = tuple[int, int, int]  # st_dev, st_ino, size
 
 
 class _Cached:
@@ -54,7 +53,7 @@ class _Pinned:
     """What a mapped pull's arrays view: the cached mapping's bytes, plus the pin that
     holds the segment's shared lock for as long as any of those arrays lives."""
 
-    __slots__ = ("__array_interface__", "view", "pin", "__weakref__")
+    __slots__ = ("__array_interface__", "__weakref__", "pin", "view")
 
     def __init__(self, view: np.ndarray, pin: mmap.mmap) -> None:
         self.view = view
@@ -72,8 +71,8 @@ class Mappings:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._tables: Dict[Tuple[str, bool], "collections.OrderedDict[_Key, _Cached]"] = {}
-        self._pins: Dict[Tuple[int, int, int], "weakref.ref[_Pinned]"] = {}
+        self._tables: dict[tuple[str, bool], collections.OrderedDict[_Key, _Cached]] = {}
+        self._pins: dict[tuple[int, int, int], weakref.ref[_Pinned]] = {}
 
     def get(self, table: str, fd: int, size: int, writable: bool) -> mmap.mmap:
         """A shared mapping of ``size`` bytes of the file open as ``fd``."""
@@ -133,7 +132,7 @@ class Mappings:
         _close([cached for table in tables.values() for cached in table.values()])
 
 
-def _close(dropped: List[_Cached]) -> None:
+def _close(dropped: list[_Cached]) -> None:
     """Close the files of dropped mappings now (freeing them would too, with a warning);
     their mappings live on while arrays use them."""
     for cached in dropped:

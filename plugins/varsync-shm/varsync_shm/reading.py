@@ -16,7 +16,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-from typing import Any, List, Optional
+from typing import Any
 
 import numpy as np
 
@@ -39,7 +39,7 @@ the segment it named was retired and reused meanwhile)."""
 _SIGNATURE_MAX = 64 << 20  # bytes: a signature.json larger than this is not one
 
 
-def read_signature(store: int, rel: str, fds: Descriptors, store_path: str) -> Optional[str]:
+def read_signature(store: int, rel: str, fds: Descriptors, store_path: str) -> str | None:
     """The text of the table's ``signature.json``, or ``None`` if there is none."""
     path = f"{store_path}/{rel}/{SIGNATURE}"  # for messages
     try:
@@ -56,7 +56,7 @@ def read_signature(store: int, rel: str, fds: Descriptors, store_path: str) -> O
         raise CorruptDataError(f"{path} is not text, so not a signature") from None
 
 
-def current_segment(store: int, rel: str, store_path: str) -> Optional[str]:
+def current_segment(store: int, rel: str, store_path: str) -> str | None:
     """The segment ``current`` names, or ``None`` before the first push."""
     try:
         return os.readlink(f"{rel}/{CURRENT}", dir_fd=store)
@@ -75,7 +75,7 @@ def current_version(store: int, rel: str, store_path: str) -> int:
     return version_of(rel, current_segment(store, rel, store_path), store_path)
 
 
-def version_of(rel: str, pointer: Optional[str], store_path: str) -> int:
+def version_of(rel: str, pointer: str | None, store_path: str) -> int:
     """The version segment name ``pointer`` names; 0 for ``None`` (no push yet)."""
     if pointer is None:
         return 0
@@ -90,7 +90,7 @@ def version_of(rel: str, pointer: Optional[str], store_path: str) -> int:
 def open_version(
     store: int, rel: str, pointer: str, version: int, fds: Descriptors,
     mappings: Mappings, store_path: str,
-) -> Optional[List[np.ndarray]]:
+) -> list[np.ndarray] | None:
     """The arrays of segment ``pointer`` if it still holds ``version``, else ``None``
     (it was retired and reused meanwhile: the caller reads the link again)."""
     path = f"{store_path}/{rel}/{pointer}"  # for messages

@@ -12,11 +12,12 @@ takes the table's lock: reports never wait for pushes, and pushes never wait for
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import time
-from typing import Any, Dict
+from typing import Any
 
 from varsync.backend import TableNotFoundError
 from varsync_shm._fds import Descriptors
@@ -51,10 +52,8 @@ class ReaderRegistry:
             with backend._errors(name):
                 store, rel = backend._writable(name)
                 directory = f"{rel}/{READERS}"
-                try:
+                with contextlib.suppress(FileExistsError):
                     os.mkdir(directory, 0o700, dir_fd=store)
-                except FileExistsError:
-                    pass
                 entries = fds.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
                                    dir_fd=store)
                 temporary = f".{os.urandom(8).hex()}.tmp"
@@ -72,9 +71,9 @@ class ReaderRegistry:
         finally:
             fds.close()
 
-    def readers(self, name: str) -> Dict[str, str]:
+    def readers(self, name: str) -> dict[str, str]:
         backend: Any = self
-        out: Dict[str, str] = {}
+        out: dict[str, str] = {}
         fds = Descriptors()
         try:
             with backend._errors(name):
@@ -142,7 +141,5 @@ def _unlink_if(entry: str, directory: int, inode: int) -> None:
 
 
 def _unlink(entry: str, directory: int) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(entry, dir_fd=directory)
-    except OSError:
-        pass

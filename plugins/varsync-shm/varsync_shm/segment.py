@@ -37,8 +37,9 @@ import json
 import math
 import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, List, Sequence, Tuple
+from typing import Any
 
 import numpy as np
 
@@ -74,7 +75,7 @@ def _versions_at(index_length: int) -> int:
 @dataclass(frozen=True)
 class Leaf:
     dtype: np.dtype
-    shape: Tuple[int, ...]
+    shape: tuple[int, ...]
     offset: int
     nbytes: int = field(init=False)
 
@@ -87,7 +88,7 @@ class Plan:
     """Where each array of a table goes in its files; the same for every version."""
 
     head: bytes  # header (version 0) + index + leaf versions (all 0) + padding
-    leaves: Tuple[Leaf, ...]
+    leaves: tuple[Leaf, ...]
     size: int
     versions_offset: int
 
@@ -99,8 +100,8 @@ def plan(specs: Sequence[Spec]) -> Plan:
 
 
 @functools.lru_cache(maxsize=64)
-def _plan(specs: Tuple[Spec, ...]) -> Plan:
-    index_entries: List[List[Any]] = []
+def _plan(specs: tuple[Spec, ...]) -> Plan:
+    index_entries: list[list[Any]] = []
     # The index length depends on the offsets and the offsets on the index length:
     # lay out once with a guess, then again until the data start stops moving.
     start = HEADER_SIZE
@@ -174,7 +175,7 @@ def read_version(fd: int) -> int:
 @dataclass(frozen=True)
 class Parsed:
     version: int
-    leaves: Tuple[Leaf, ...]
+    leaves: tuple[Leaf, ...]
     start: int = 0  # bytes before the first array
     versions_offset: int = 0  # where the leaf versions are; 0: none
 
@@ -236,7 +237,7 @@ def read_head(fd: int, size: int) -> bytes:
     return head
 
 
-def leaf_versions(head: Any, parsed: Parsed, where: str) -> List[int]:
+def leaf_versions(head: Any, parsed: Parsed, where: str) -> list[int]:
     """The version at which each leaf last changed, from a head :func:`parse_head` read
     (a file without leaf versions: every leaf at the file's version)."""
     count, version = len(parsed.leaves), parsed.version
@@ -290,7 +291,7 @@ def _storable(dtype: np.dtype) -> bool:
 
 
 @functools.lru_cache(maxsize=64)  # the same few indexes, pulled again and again
-def _leaves(index: bytes, start: int, total: int, count: int) -> Tuple[Leaf, ...]:
+def _leaves(index: bytes, start: int, total: int, count: int) -> tuple[Leaf, ...]:
     try:
         leaves = tuple(
             Leaf(_dtype_of(str(dtype)), tuple(int(d) for d in shape), int(offset))
@@ -311,7 +312,7 @@ def _leaves(index: bytes, start: int, total: int, count: int) -> Tuple[Leaf, ...
     return leaves
 
 
-def arrays_of(memory: np.ndarray, leaves: Sequence[Leaf]) -> List[np.ndarray]:
+def arrays_of(memory: np.ndarray, leaves: Sequence[Leaf]) -> list[np.ndarray]:
     """Read-only arrays viewing ``memory`` (a uint8 array over the file), without copying.
 
     Every non-empty array is a view of ``memory``, whose lifetime therefore ends only

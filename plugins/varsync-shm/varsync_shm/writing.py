@@ -24,7 +24,8 @@ import errno
 import fcntl
 import os
 import stat
-from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -89,13 +90,13 @@ def unlink_all(store: int, names: Sequence[str]) -> None:
 
 
 def write(
-    backend: "ShmBackend", name: str, store: int, rel: str,
+    backend: ShmBackend, name: str, store: int, rel: str,
     arrays: Sequence[np.ndarray], specs: Sequence[Spec],
 ) -> int:
     """Fill a segment with ``arrays`` and publish it as the table's next version."""
     plan = segment.plan(specs)
     fds = Descriptors()
-    made: List[str] = []  # names this push created: removed at the end unless renamed
+    made: list[str] = []  # names this push created: removed at the end unless renamed
     try:
         lock = fds.open(f"{rel}/{LOCK}", os.O_RDWR | os.O_CREAT, 0o600, dir_fd=store)
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -122,7 +123,7 @@ def write(
         unlink_all(store, made)
 
 
-def publish(store: int, rel: str, fd: int, version: int, made: List[str]) -> None:
+def publish(store: int, rel: str, fd: int, version: int, made: list[str]) -> None:
     """Publish the filled file ``fd`` (named ``made[0]``) as ``version`` and reclaim what
     it retires. Call under the writers' lock, with ``fd`` locked LOCK_EX."""
     # Readers may take their shared lock as soon as the link is renamed; only
@@ -138,7 +139,7 @@ def publish(store: int, rel: str, fd: int, version: int, made: List[str]) -> Non
     reclaim(store, rel, published)
 
 
-def pointer(store: int, rel: str) -> Optional[str]:
+def pointer(store: int, rel: str) -> str | None:
     """The segment ``current`` names (``None`` before the first push)."""
     try:
         return os.readlink(f"{rel}/{CURRENT}", dir_fd=store)
@@ -146,7 +147,7 @@ def pointer(store: int, rel: str) -> Optional[str]:
         return None
 
 
-def version_named(rel: str, entry: Optional[str]) -> int:
+def version_named(rel: str, entry: str | None) -> int:
     """The version a segment's name says (0 for ``None``)."""
     if entry is None:
         return 0
@@ -157,8 +158,8 @@ def version_named(rel: str, entry: Optional[str]) -> int:
 
 
 def claim(
-    store: int, rel: str, size: int, fds: Descriptors, made: List[str], keep: int = 0
-) -> Tuple[int, bool, bytes]:
+    store: int, rel: str, size: int, fds: Descriptors, made: list[str], keep: int = 0
+) -> tuple[int, bool, bytes]:
     """A file to fill, locked LOCK_EX and named ``made[0]`` (``.fill-*``): a spare if one
     is free, else a new one. Returns ``(fd, fresh, head)``: ``head``, the first ``keep``
     bytes a spare held before it was claimed (the retired version's header, index and
@@ -209,7 +210,7 @@ def allocate(fd: int, size: int, root: str, rel: str) -> None:
         raise
 
 
-def reclaim(store: int, rel: str, current: Optional[str]) -> None:
+def reclaim(store: int, rel: str, current: str | None) -> None:
     """Keep at most :data:`SPARES` free retired segments, delete the rest and what
     dead writers left behind. Call under the writers' lock."""
     spares = 0
@@ -243,7 +244,7 @@ def reclaim(store: int, rel: str, current: Optional[str]) -> None:
             fds.close()
 
 
-def _list(store: int, rel: str) -> List[str]:
+def _list(store: int, rel: str) -> list[str]:
     fds = Descriptors()
     try:
         return os.listdir(fds.open(rel, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=store))

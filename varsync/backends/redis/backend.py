@@ -8,7 +8,8 @@ import dataclasses
 import logging
 import math
 import threading
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Callable
 
 import numpy as np
 from redis import exceptions as rx
@@ -92,7 +93,7 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         "float8_e4m3b11fnuz",
     )
 
-    def __init__(self, url: str, *, timeout: Optional[float], namespace: str, **options: Any):
+    def __init__(self, url: str, *, timeout: float | None, namespace: str, **options: Any):
         settings = parse_settings(url, timeout, namespace, options)
         super().__init__(url, timeout=timeout, namespace=namespace)
         self._settings = settings
@@ -110,7 +111,7 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         self._cluster = self._topology.cluster
         self._local = threading.local()  # .client: the replica a read in this thread is on
         self._floors = Floors()  # per table, the highest version seen, and its epoch
-        self._table_keys: Dict[str, Keys] = {}
+        self._table_keys: dict[str, Keys] = {}
         self._peeks = True  # pulls ask PEEK first (see _peek)
         self.pulls_restarted = 0  # pulls that found their version retired mid-read
         self.reads_on_primary = 0  # reads a replica could not vouch for, asked of the primary
@@ -177,12 +178,12 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
             self._client.call("SADD", self.key_base + "tables", name)
         return self._known.remember(name, epoch, stored)
 
-    def signature(self, name: str) -> Optional[str]:
+    def signature(self, name: str) -> str | None:
         with self._errors(f"reading table {name!r}"):
             table = self._signature(name)
         return None if table is None else table.signature
 
-    def _signature(self, name: str, deadline: float = math.inf) -> Optional[Table]:
+    def _signature(self, name: str, deadline: float = math.inf) -> Table | None:
         head = self._keys(name).head
         raw = self._client.call("HMGET", head, "fmt", "sig", "epoch", deadline=deadline)
         fmt, stored, epoch = (text(x) for x in raw)
@@ -196,12 +197,12 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         check_format(self._where(name), fmt)
         return self._known.remember(name, epoch, stored)
 
-    def tables(self) -> List[str]:
+    def tables(self) -> list[str]:
         with self._errors("listing tables"):
             names = self._client.call("SMEMBERS", self.key_base + "tables")
         return sorted(text(n) for n in names)
 
-    def details(self, name: str) -> Dict[str, Any]:
+    def details(self, name: str) -> dict[str, Any]:
         head = self._keys(name).head
         with self._errors(f"reading table {name!r}"):
             raw = self._client.call(
@@ -261,13 +262,13 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
 
     # -- data --------------------------------------------------------------------------------
 
-    def _head(self, name: str, *fields: str, deadline: float = math.inf) -> Optional[Head]:
+    def _head(self, name: str, *fields: str, deadline: float = math.inf) -> Head | None:
         """The table's head (one small request), or ``None`` if its keys vanished."""
         raw = self._read_client().call("HMGET", self._keys(name).head, "fmt", "epoch",
                                        "version", *fields, deadline=deadline)
         return self._parsed_head(name, raw, fields)
 
-    def _peek(self, name: str, newer_than: int, deadline: float) -> Optional[Head]:
+    def _peek(self, name: str, newer_than: int, deadline: float) -> Head | None:
         """:meth:`_head` with ``data`` and ``layout``, as a pull looks first, and with the
         version's one chunk (``chunk``) if it is newer than ``newer_than`` and small
         (:data:`PEEK`): one round trip for a small pull. A user the server does not let
@@ -290,8 +291,8 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         return self._head(name, "data", "layout", deadline=deadline)
 
     def _parsed_head(
-        self, name: str, raw: Sequence[Any], fields: Sequence[str], chunk: Optional[bytes] = None
-    ) -> Optional[Head]:
+        self, name: str, raw: Sequence[Any], fields: Sequence[str], chunk: bytes | None = None
+    ) -> Head | None:
         """The head from the values read of ``fmt``, ``epoch``, ``version`` and ``fields``
         (with the ``chunk`` read beside them, if any), or ``None`` if its keys vanished."""
         head = parse_head(self._where(name), self._keys(name).head, raw, fields)
@@ -302,7 +303,7 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         return head
 
     def version(self, name: str) -> int:
-        def look() -> Optional[Head]:
+        def look() -> Head | None:
             head = self._head(name)
             self._vouch(name, head, -1)
             return head
@@ -326,12 +327,12 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         name: str,
         leaves: Mapping[int, np.ndarray],
         specs: Sequence[Spec],
-        base: Optional[int] = None,
+        base: int | None = None,
     ) -> int:
         return leaf_map.write_leaves(self, name, leaves, specs, base)
 
     def read_leaves(
-        self, name: str, newer_than: int, timeout: Optional[float], specs: Sequence[Spec]
+        self, name: str, newer_than: int, timeout: float | None, specs: Sequence[Spec]
     ) -> LeafSnapshot:
         deadline = deadline_after(self.timeout if timeout == 0 else timeout)
         with self._errors(f"pulling table {name!r}"):
@@ -339,16 +340,16 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
                 name,
                 lambda: leaf_map.read_leaves(self, name, newer_than, deadline, specs))
 
-    def leaf_versions(self, name: str) -> Tuple[int, List[int]]:
+    def leaf_versions(self, name: str) -> tuple[int, list[int]]:
         with self._errors(f"reading the leaf versions of table {name!r}"):
             return leaf_map.leaf_versions(self, name)
 
-    def current_history(self, name: str) -> Optional[str]:
+    def current_history(self, name: str) -> str | None:
         with self._errors(f"reading the history of table {name!r}"):
             epoch = text(self._client.call("HGET", self._keys(name).head, "epoch"))
         return epoch if epoch is None or is_epoch(epoch) else None
 
-    def history_of(self, name: str) -> Optional[str]:
+    def history_of(self, name: str) -> str | None:
         table = self._known.get(name)  # the epoch this backend trusts (its Histories')
         return None if table is None else table.epoch
 
@@ -464,7 +465,7 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
     def _publish_arguments(
         self, keys: Keys, table: Table, token: str, layout: str, chunks: int, recycle: bool,
         extra: Sequence[Any],
-    ) -> List[Any]:
+    ) -> list[Any]:
         """The publish script's key count, keys and arguments (``extra``: leaf count,
         leaves, base; see :meth:`_push`)."""
         return [
@@ -500,7 +501,7 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         return version
 
     def _republish_target(
-        self, name: str, reply: Published, rest: List[Any], table: Table
+        self, name: str, reply: Published, rest: list[Any], table: Table
     ) -> Table:
         """After a publish script refused: the table to publish into on the next try."""
         if reply is Published.VANISHED:  # the server lost its data
@@ -531,7 +532,7 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         arrays: Sequence[np.ndarray],
         payload: int,
         recycled: bool = False,
-        then: Optional[Callable[[], bytes]] = None,
+        then: Callable[[], bytes] | None = None,
     ) -> wire.Sent:
         """Write every chunk, then ``then``'s command (see :func:`.wire.send_chunks`)."""
         sent: wire.Sent = self._client.on_connection(
@@ -560,7 +561,7 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
                         "within %d s", exc, PENDING_TTL_MS // 1000)
 
     def read(
-        self, name: str, newer_than: int, timeout: Optional[float], specs: Sequence[Spec]
+        self, name: str, newer_than: int, timeout: float | None, specs: Sequence[Spec]
     ) -> Snapshot:
         # 0 does not wait for a push (the core never asks read to); it bounds nothing else
         deadline = deadline_after(self.timeout if timeout == 0 else timeout)
@@ -572,7 +573,7 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
 
     def _fetch(
         self, name: str, specs: Sequence[Spec], head: Head, chunk_prefix: str, deadline: float
-    ) -> Optional[List[np.ndarray]]:
+    ) -> list[np.ndarray] | None:
         """A whole version's arrays, or ``None`` if one of its chunks is gone."""
         return leaf_map.fetch_whole(self, name, specs, head, chunk_prefix, deadline)
 

@@ -29,7 +29,8 @@ import logging
 import math
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import Any, Callable, TypeVar
 
 from redis import exceptions as rx
 from redis.crc import key_slot
@@ -64,7 +65,7 @@ class SlotInMotion(rx.TryAgainError):
 IN_MOTION = (rx.TryAgainError, rx.ClusterDownError, rx.AskError)
 
 
-def in_motion(exc: BaseException) -> Optional[BaseException]:
+def in_motion(exc: BaseException) -> BaseException | None:
     """``exc`` as one of :data:`IN_MOTION` if it means the request's slot is moving (a
     script's error, Redis 6.2: "Lua script attempted to access a non local key in a
     cluster node"; 7: "Script attempted to ..."), else ``None``."""
@@ -78,7 +79,7 @@ def in_motion(exc: BaseException) -> Optional[BaseException]:
     return None
 
 
-def _key_of(args: Sequence[Any]) -> Optional[str]:
+def _key_of(args: Sequence[Any]) -> str | None:
     """The key a command of this package routes by (``None``: any node will do)."""
     name = str(args[0]).upper()
     if name in ("PING", "INFO", "TIME", "CLUSTER"):
@@ -97,8 +98,8 @@ class ClusterClient:
         self._settings = settings
         self._failed_over = failed_over  # a lost node's slots went to another: a failover
         self._lock = threading.Lock()
-        self._nodes: Dict[HostPort, Client] = {}
-        self._owners: List[Optional[HostPort]] = [None] * SLOTS
+        self._nodes: dict[HostPort, Client] = {}
+        self._owners: list[HostPort | None] = [None] * SLOTS
         self.server = settings.cluster[0]  # for messages
         self.redirections = 0  # MOVED and ASK replies followed, for tests and details()
         self.failovers = 0  # times a lost node's slots were found with another owner
@@ -125,7 +126,7 @@ class ClusterClient:
             except (rx.RedisError, OSError, OutOfTime) as exc:
                 errors.append(f"{server.address}: {type(exc).__name__}: {exc}")
                 continue
-            owners: List[Optional[HostPort]] = [None] * SLOTS
+            owners: list[HostPort | None] = [None] * SLOTS
             for entry in ranges:
                 start, end, primary = int(entry[0]), int(entry[1]), entry[2]
                 host = str(text(primary[0])) or server.host  # "" or "?": the node asked
@@ -142,7 +143,7 @@ class ClusterClient:
             "its nodes?"
         )
 
-    def owner(self, key: Optional[str]) -> Client:
+    def owner(self, key: str | None) -> Client:
         """The client of the primary owning ``key``'s slot (any node for ``None``)."""
         if key is None:
             anyone = next((o for o in self._owners if o is not None), None)
@@ -164,12 +165,12 @@ class ClusterClient:
     # -- requests ----------------------------------------------------------------------------
 
     def _redirected(
-        self, key: Optional[str], deadline: float, attempt: Callable[[Client, bool], T],
+        self, key: str | None, deadline: float, attempt: Callable[[Client, bool], T],
         follow_ask: bool = True,
     ) -> T:
         """``attempt(client, asking)`` on the key's node, following MOVED (and ASK if
         ``follow_ask``) redirections; a lost node has the slot map asked again."""
-        asked: Optional[Client] = None
+        asked: Client | None = None
         for _ in range(MAX_REDIRECTIONS):
             client = asked or self.owner(key)
             try:
@@ -225,7 +226,7 @@ class ClusterClient:
         )
 
     def on_connection(
-        self, deadline: float, use: Callable[[Any], Any], key: Optional[str] = None
+        self, deadline: float, use: Callable[[Any], Any], key: str | None = None
     ) -> Any:
         """``use`` on a connection to ``key``'s node. A MOVED reply read there updates
         the map and is raised: the backend's :meth:`settled` tries again."""
@@ -247,7 +248,7 @@ class ClusterClient:
 
         return ask
 
-    def settled(self, attempt: Callable[[], T], key: str, timeout: Optional[float]) -> T:
+    def settled(self, attempt: Callable[[], T], key: str, timeout: float | None) -> T:
         """``attempt()`` (a whole push or pull of the table ``key`` is of), again once the
         slot it met in migration (:data:`IN_MOTION`) is no longer migrating, for at most
         ``timeout`` seconds (:data:`SETTLE_SECONDS` without one); and again at once

@@ -5,7 +5,7 @@ off the socket directly."""
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 from redis import exceptions as rx
 
@@ -83,7 +83,7 @@ def reply_error(line: bytes) -> BaseException:
     return rx.ResponseError(text)
 
 
-def reclassified(exc: rx.RedisError) -> Optional[BaseException]:
+def reclassified(exc: rx.RedisError) -> BaseException | None:
     """Errors redis-py reports as a plain ``ResponseError`` (or wrapped in a script
     error) that mean something specific."""
     text = str(exc)

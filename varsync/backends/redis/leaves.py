@@ -25,8 +25,9 @@ belong to leaves it does not need are received into scratch memory and dropped.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -63,7 +64,7 @@ class Place:
     offset: int
 
 
-def _token(where: str, text: Optional[str]) -> bytes:
+def _token(where: str, text: str | None) -> bytes:
     try:
         token = bytes.fromhex(text or "")
         if len(token) == 8:
@@ -82,9 +83,9 @@ def _digits(where: str, field: str, text: str) -> int:
     return int(text)
 
 
-def parse_segments(where: str, text: Optional[str]) -> Dict[int, Segment]:
+def parse_segments(where: str, text: str | None) -> dict[int, Segment]:
     """The head's ``segments``, by the version that wrote each."""
-    segments: Dict[int, Segment] = {}
+    segments: dict[int, Segment] = {}
     for item in (text or "").split(","):
         if not item:
             continue
@@ -102,7 +103,7 @@ def composed(head: Head) -> bool:
     return head.fmt == LEAF_FORMAT and (head.leaves or "").startswith(f"{head.version}|")
 
 
-def places_of(where: str, head: Head, specs: Sequence[Spec]) -> List[Place]:
+def places_of(where: str, head: Head, specs: Sequence[Spec]) -> list[Place]:
     """Where each leaf of the head's version lies, checked against ``specs``."""
     starts = np.cumsum([0] + [s.nbytes for s in specs]).tolist()
     expected = starts[-1]
@@ -143,13 +144,13 @@ def places_of(where: str, head: Head, specs: Sequence[Spec]) -> List[Place]:
 
 
 def _plan(
-    where: str, segment: Segment, wanted: List[Tuple[int, memoryview]]
-) -> Tuple[List[int], List[List[memoryview]]]:
+    where: str, segment: Segment, wanted: list[tuple[int, memoryview]]
+) -> tuple[list[int], list[list[memoryview]]]:
     """The chunks of ``segment`` covering ``wanted`` (``(offset, target)``, sorted), and
     for each the views its payload goes to: targets' slices, the rest into scratch."""
-    scratch: Optional[memoryview] = None
-    indices: List[int] = []
-    parts_of: List[List[memoryview]] = []
+    scratch: memoryview | None = None
+    indices: list[int] = []
+    parts_of: list[list[memoryview]] = []
     end = 0
     for offset, target in wanted:
         if offset < end:
@@ -162,7 +163,7 @@ def _plan(
                 continue
             start = chunk * segment.payload
             stop = min(segment.total, start + segment.payload)
-            parts: List[memoryview] = []
+            parts: list[memoryview] = []
             at = start
             while position < len(wanted) and wanted[position][0] < stop:
                 offset, target = wanted[position]
@@ -190,15 +191,15 @@ def _scratch(size: int) -> memoryview:
     return np.empty(size, np.uint8).data
 
 
-def _spans(payload: int, wanted: List[Tuple[int, memoryview]]) -> List[Tuple[int, int]]:
+def _spans(payload: int, wanted: list[tuple[int, memoryview]]) -> list[tuple[int, int]]:
     """The first and last chunk index of each non-empty wanted range."""
     return [(offset // payload, (offset + len(target) - 1) // payload) for offset, target in wanted]
 
 
 def fetch_whole(
-    backend: "RedisBackend", name: str, specs: Sequence[Spec], head: Head, chunk_prefix: str,
+    backend: RedisBackend, name: str, specs: Sequence[Spec], head: Head, chunk_prefix: str,
     deadline: float,
-) -> Optional[List[np.ndarray]]:
+) -> list[np.ndarray] | None:
     """A whole version's arrays (format 1), or ``None`` if one of its chunks is gone."""
     where = f"{backend._where(name)} version {head.version}"
     if head.data is None:
@@ -214,7 +215,7 @@ def fetch_whole(
         return wire.unpack_chunk(head.chunk, token, arrays, where)
     client = backend._read_client()
     with Prefaulted(fresh):
-        received: Optional[List[np.ndarray]] = client.on_connection(
+        received: list[np.ndarray] | None = client.on_connection(
             deadline,
             lambda conn: wire.receive_chunks(
                 conn, deadline, chunk_prefix, token, arrays, payload, chunks, where,
@@ -226,13 +227,13 @@ def fetch_whole(
 
 
 def _fetch(
-    backend: "RedisBackend", chunk_base: str, where: str, places: List[Place],
-    specs: Sequence[Spec], needed: List[int], deadline: float,
-) -> Optional[List[Optional[np.ndarray]]]:
+    backend: RedisBackend, chunk_base: str, where: str, places: list[Place],
+    specs: Sequence[Spec], needed: list[int], deadline: float,
+) -> list[np.ndarray | None] | None:
     """The arrays of the ``needed`` leaves (``None`` elsewhere), or ``None`` if a chunk of
     one of their segments is gone."""
     arrays, fresh = backend._pulled.arrays(specs, needed)
-    by_segment: Dict[int, Tuple[Segment, List[Tuple[int, memoryview]]]] = {}
+    by_segment: dict[int, tuple[Segment, list[tuple[int, memoryview]]]] = {}
     for index in needed:
         array = arrays[index]
         if array is None or array.nbytes == 0:
@@ -268,14 +269,14 @@ def _fetch(
 
 
 def read_leaves(
-    backend: "RedisBackend", name: str, newer_than: int, deadline: float,
-    specs: Sequence[Spec], every: bool = False, first: Optional[Head] = None,
+    backend: RedisBackend, name: str, newer_than: int, deadline: float,
+    specs: Sequence[Spec], every: bool = False, first: Head | None = None,
 ) -> LeafSnapshot:
     """``Backend.read_leaves`` (``every``: all leaves, for ``read``), inside the caller's
     error translation; ``first``: the head the caller read already."""
     chunk_base = backend._keys(name).chunks
     where = backend._where(name)
-    gone: Optional[int] = None
+    gone: int | None = None
     for _ in range(MAX_RESTARTS):
         head = first or backend._peek(name, newer_than, deadline)
         first = None
@@ -317,7 +318,7 @@ def read_leaves(
     )
 
 
-def leaf_versions(backend: "RedisBackend", name: str) -> Tuple[int, List[int]]:
+def leaf_versions(backend: RedisBackend, name: str) -> tuple[int, list[int]]:
     """``Backend.leaf_versions``: one ``HMGET``, inside the caller's error translation."""
     head = backend._head(name, "leaves")
     if head is not None:  # the primary's answer: a replica's may not go below it now
@@ -337,8 +338,8 @@ def leaf_versions(backend: "RedisBackend", name: str) -> Tuple[int, List[int]]:
 
 
 def write_leaves(
-    backend: "RedisBackend", name: str, leaves: Mapping[int, np.ndarray],
-    specs: Sequence[Spec], base: Optional[int],
+    backend: RedisBackend, name: str, leaves: Mapping[int, np.ndarray],
+    specs: Sequence[Spec], base: int | None,
 ) -> int:
     """``Backend.write_leaves``: the given leaves as one new segment (see the module)."""
     indices = sorted(leaves)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from varsync.backend import (
@@ -50,22 +51,22 @@ class Settings:
     tls: bool
     server: HostPort
     db: int
-    username: Optional[str]
-    password: Optional[str] = field(repr=False)
+    username: str | None
+    password: str | None = field(repr=False)
     prefix: str
     chunk_size: int
     keep: int
     retries: int
     recycle_from: int
     reuse_pulled: bool
-    connect_timeout: Optional[float]
-    socket_timeout: Optional[float]
-    ssl: Dict[str, Any] = field(repr=False)  # redis-py's ssl_* keyword arguments
-    replicas: Tuple[HostPort, ...] = ()  # given with ``replicas=``
-    sentinels: Tuple[HostPort, ...] = ()  # of a ``redis+sentinel://`` URL
+    connect_timeout: float | None
+    socket_timeout: float | None
+    ssl: dict[str, Any] = field(repr=False)  # redis-py's ssl_* keyword arguments
+    replicas: tuple[HostPort, ...] = ()  # given with ``replicas=``
+    sentinels: tuple[HostPort, ...] = ()  # of a ``redis+sentinel://`` URL
     service: str = ""  # the primary's name the sentinels monitor
     read_from: str = "primary"
-    cluster: Tuple[HostPort, ...] = ()  # of a ``redis+cluster://`` URL: its seed nodes
+    cluster: tuple[HostPort, ...] = ()  # of a ``redis+cluster://`` URL: its seed nodes
 
     @property
     def address(self) -> str:
@@ -78,7 +79,7 @@ class Settings:
             return f"{scheme}+sentinel://{hosts}/{self.service}/{self.db}"
         return f"{scheme}://{self.server.address}/{self.db}"
 
-    def described(self) -> Dict[str, Any]:
+    def described(self) -> dict[str, Any]:
         """The settings for ``describe_options``, without secrets."""
         return {
             "server": self.address, "username": self.username, "tls": self.tls,
@@ -92,7 +93,7 @@ class Settings:
 
 
 def parse_settings(
-    url: str, timeout: Optional[float], namespace: str, options: Dict[str, Any]
+    url: str, timeout: float | None, namespace: str, options: dict[str, Any]
 ) -> Settings:
     """The settings from ``url`` (with credentials; no query string) and ``options``
     (keyword arguments and the query string's). ``timeout`` is the default of
@@ -100,8 +101,8 @@ def parse_settings(
     refuse_unknown(options, OPTIONS, "redis")
     options = dict(options)
     scheme = url.partition("://")[0].lower()
-    sentinels: Tuple[HostPort, ...] = ()
-    cluster: Tuple[HostPort, ...] = ()
+    sentinels: tuple[HostPort, ...] = ()
+    cluster: tuple[HostPort, ...] = ()
     service = ""
     if scheme in CLUSTER_SCHEMES:
         credentials, hosts, path = _split_hosts(url)
@@ -202,7 +203,7 @@ def parse_settings(
     )
 
 
-def _split_hosts(url: str) -> Tuple[str, str, str]:
+def _split_hosts(url: str) -> tuple[str, str, str]:
     """A many-host URL's (``redis+sentinel://``, ``redis+cluster://``) credentials, its
     ``host:port[,host:port...]`` and its path after the first ``/``."""
     netloc, _, path = url.partition("://")[2].partition("/")
@@ -217,7 +218,7 @@ def _one_server_url(scheme: str, credentials: str, server: HostPort, path: str) 
     return f"{scheme.partition('+')[0]}://{userinfo}{server.address}/{path}"
 
 
-def parse_addresses(value: Any, what: str, default_port: int) -> Tuple[HostPort, ...]:
+def parse_addresses(value: Any, what: str, default_port: int) -> tuple[HostPort, ...]:
     """``host:port[,host:port...]`` (or a list of such strings) as addresses."""
     items = value.split(",") if isinstance(value, str) else list(value or ())
     addresses = []
@@ -254,7 +255,7 @@ def _database(path: str, option: Any) -> int:
     return db
 
 
-def _socket_timeout(name: str, value: Any) -> Optional[float]:
+def _socket_timeout(name: str, value: Any) -> float | None:
     """Seconds for a socket operation; at least 0.1 (0 would make the socket
     non-blocking), ``None`` for no bound."""
     seconds = parse_timeout(value, name)

@@ -12,7 +12,8 @@ import os
 import select
 import socket
 import time
-from typing import Any, Callable, Deque, Optional, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import Any, Callable, TypeVar
 
 import redis
 from redis import exceptions as rx
@@ -53,7 +54,7 @@ class Pool:
 
     def __init__(self, make: Callable[[], Any]) -> None:
         self._make = make
-        self._idle: Deque[Any] = collections.deque()
+        self._idle: collections.deque[Any] = collections.deque()
         self._forks = _forks
 
     def take(self) -> Any:
@@ -91,9 +92,9 @@ class Client:
     they multiplied, ``retries`` squared tries and pauses for a call with no deadline)."""
 
     def __init__(
-        self, settings: Settings, server: Optional[HostPort] = None,
-        before: Optional[Callable[[float], None]] = None,
-        failed: Optional[Callable[[BaseException], None]] = None,
+        self, settings: Settings, server: HostPort | None = None,
+        before: Callable[[float], None] | None = None,
+        failed: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.socket_timeout = settings.socket_timeout
         self.connect_timeout = settings.connect_timeout
@@ -174,13 +175,13 @@ class Client:
             return self.call("EVAL", script.text, *command, deadline=deadline, retry=retry,
                              asking=asking)
 
-    def asker(self, deadline: float) -> Optional[Callable[..., Any]]:
+    def asker(self, deadline: float) -> Callable[..., Any] | None:
         """How a bulk read follows an ASK redirection (:data:`.wire.Ask`): a server
         outside a Redis Cluster never answers one."""
         return None
 
     def on_connection(
-        self, deadline: float, use: Callable[[Any], Any], key: Optional[str] = None,
+        self, deadline: float, use: Callable[[Any], Any], key: str | None = None,
         reconnect: bool = True,
     ) -> Any:
         """``use(connection)`` on a pooled, connected connection whose every socket
@@ -231,7 +232,7 @@ class Client:
             if conn is not None:
                 self.pool.give_back(conn, clean)
 
-    def _bound(self, deadline: float) -> Optional[float]:
+    def _bound(self, deadline: float) -> float | None:
         """A socket operation's bound now: ``socket_timeout`` or what is left until
         ``deadline``, the shorter; past it, :class:`OutOfTime`."""
         left = remaining(deadline)
@@ -269,7 +270,7 @@ def _closed_or_dirty(conn: Any) -> bool:
         return True
 
 
-def _least(*seconds: Optional[float]) -> Optional[float]:
+def _least(*seconds: float | None) -> float | None:
     """The smallest of these bounds, ``None`` (no bound) being the largest."""
     bounds = [s for s in seconds if s is not None]
     return min(bounds) if bounds else None

@@ -21,8 +21,9 @@ import logging
 import mmap
 import sys
 import threading
+from collections.abc import Sequence
 from types import TracebackType
-from typing import Any, List, Optional, Sequence, Tuple, Type
+from typing import Any
 
 import numpy as np
 
@@ -34,11 +35,11 @@ _STEP = 2 << 20  # bytes populated per call: a stop waits for at most one of the
 _MADV_POPULATE_WRITE = 23
 _JOIN_SECONDS = 5.0  # past it the thread is left to finish (it writes nothing)
 
-_madvise: Optional[Any] = None
+_madvise: Any | None = None
 _usable = sys.platform.startswith("linux")
 
 
-def _populate_call() -> Optional[Any]:
+def _populate_call() -> Any | None:
     """libc's ``madvise``, or ``None`` where it cannot be had."""
     global _madvise, _usable
     if _madvise is None and _usable:
@@ -53,7 +54,7 @@ def _populate_call() -> Optional[Any]:
     return _madvise if _usable else None
 
 
-def _page_ranges(arrays: Sequence[np.ndarray]) -> List[Tuple[int, int]]:
+def _page_ranges(arrays: Sequence[np.ndarray]) -> list[tuple[int, int]]:
     """The whole pages inside each array's memory, as (start address, end address)."""
     page = mmap.PAGESIZE
     ranges = []
@@ -72,14 +73,14 @@ class Prefaulted:
     every page is in or the block ends (its thread is then stopped and joined)."""
 
     def __init__(self, arrays: Sequence[np.ndarray]) -> None:
-        self._ranges: List[Tuple[int, int]] = []
+        self._ranges: list[tuple[int, int]] = []
         self._arrays = list(arrays)  # alive while the thread runs, whatever the caller drops
         self._stop = False
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
         if sum(a.nbytes for a in self._arrays) >= PREFAULT_FROM and _populate_call():
             self._ranges = _page_ranges(self._arrays)
 
-    def __enter__(self) -> "Prefaulted":
+    def __enter__(self) -> Prefaulted:
         if self._ranges:
             self._thread = threading.Thread(
                 target=self._run, name="varsync-prefault", daemon=True)
@@ -87,8 +88,8 @@ class Prefaulted:
         return self
 
     def __exit__(
-        self, kind: Optional[Type[BaseException]], value: Optional[BaseException],
-        traceback: Optional[TracebackType],
+        self, kind: type[BaseException] | None, value: BaseException | None,
+        traceback: TracebackType | None,
     ) -> None:
         self._stop = True
         if self._thread is not None:

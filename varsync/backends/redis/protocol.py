@@ -13,8 +13,9 @@ import hashlib
 import importlib.resources
 import os
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Type
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 from redis import exceptions as rx
@@ -42,7 +43,7 @@ class Keys(NamedTuple):
     chunks: str  # the prefix of its chunks' keys: ``<chunks><token>:<index>``
 
 
-def keys_of(key_base: str, name: str, namespace: Optional[str] = None) -> Keys:
+def keys_of(key_base: str, name: str, namespace: str | None = None) -> Keys:
     """``namespace`` (given in a Redis Cluster): the namespace and the name in braces, a
     hash tag, so that every key of the table (chunks, registry) falls in one slot, one
     node holds it and one script changes it, and tables of the same name in different
@@ -81,12 +82,12 @@ def key_base_of(prefix: str, namespace: str) -> str:
 class Head:
     epoch: str
     version: int
-    data: Optional[str]
-    layout: Optional[str]
+    data: str | None
+    layout: str | None
     fmt: str = FORMAT
-    leaves: Optional[str] = None  # format 2: the leaf map, see :mod:`.leaves`
-    segments: Optional[str] = None  # the live segments, see :mod:`.leaves`
-    chunk: Optional[bytes] = None  # the one chunk of a small version, read with it (PEEK)
+    leaves: str | None = None  # format 2: the leaf map, see :mod:`.leaves`
+    segments: str | None = None  # the live segments, see :mod:`.leaves`
+    chunk: bytes | None = None  # the one chunk of a small version, read with it (PEEK)
 
 
 def text(value: Any) -> Any:
@@ -94,12 +95,12 @@ def text(value: Any) -> Any:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
-def is_epoch(epoch: Optional[str]) -> bool:
+def is_epoch(epoch: str | None) -> bool:
     """Whether ``epoch`` is one varsync writes (``fresh_token().hex()``)."""
     return epoch is not None and len(epoch) == 16 and all(c in "0123456789abcdef" for c in epoch)
 
 
-def check_format(where: str, fmt: Optional[str]) -> None:
+def check_format(where: str, fmt: str | None) -> None:
     """``where``: ``"table 'name' at <address>"``, for messages (as below)."""
     if fmt not in FORMATS:
         raise CorruptDataError(
@@ -110,7 +111,7 @@ def check_format(where: str, fmt: Optional[str]) -> None:
 
 def parse_head(
     where: str, key: str, raw: Sequence[Any], fields: Sequence[str]
-) -> Optional[Head]:
+) -> Head | None:
     """The head from ``HMGET key fmt epoch version *fields``, or ``None`` if its keys
     vanished."""
     fmt, epoch, version, *extra = (text(x) for x in raw)
@@ -135,7 +136,7 @@ def parse_head(
                 named.get("leaves"), named.get("segments"))
 
 
-def parse_layout(where: str, layout: Optional[str]) -> Tuple[int, int, int]:
+def parse_layout(where: str, layout: str | None) -> tuple[int, int, int]:
     """A head's ``layout``: total bytes, payload bytes per chunk, chunks."""
     try:
         total, chunk, chunks = (int(x) for x in str(layout).split(":"))
@@ -189,17 +190,17 @@ class Script:
     name: str
     text: str
     sha: str
-    replies: Type[Reply]
+    replies: type[Reply]
 
     @classmethod
-    def load(cls, name: str, replies: Type[Reply]) -> "Script":
+    def load(cls, name: str, replies: type[Reply]) -> Script:
         """The script ``scripts/<name>.lua`` of this package, with ``replies``."""
         body = (importlib.resources.files(__package__) / "scripts" / f"{name}.lua").read_text(
             encoding="utf-8")
         return cls.of(name, "\n" + body, replies)  # a blank line: the SHA it always had
 
     @classmethod
-    def of(cls, name: str, body: str, replies: Type[Reply]) -> "Script":
+    def of(cls, name: str, body: str, replies: type[Reply]) -> Script:
         members = list(replies)
         text = (
             f"local {', '.join(r.name for r in members)} = "
@@ -207,7 +208,7 @@ class Script:
         )
         return cls(name, text, hashlib.sha1(text.encode()).hexdigest(), replies)
 
-    def answer(self, raw: Any) -> Tuple[Any, List[Any]]:
+    def answer(self, raw: Any) -> tuple[Any, list[Any]]:
         """The reply's name (a member of :attr:`replies`) and the rest of it: from a
         table, or from one string of space-separated fields."""
         try:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -41,19 +41,19 @@ class PulledMemory:
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled and _COUNTED
         self._lock = threading.Lock()
-        self._buffers: List[np.ndarray] = []  # uint8, each referenced here once
-        self._last_pull: List[int] = []  # the number of the pull that last took each one
+        self._buffers: list[np.ndarray] = []  # uint8, each referenced here once
+        self._last_pull: list[int] = []  # the number of the pull that last took each one
         self._pulls = 0
 
     def arrays(
-        self, specs: Sequence[Spec], indices: Optional[Sequence[int]] = None
-    ) -> Tuple[List[Optional[np.ndarray]], List[np.ndarray]]:
+        self, specs: Sequence[Spec], indices: Sequence[int] | None = None
+    ) -> tuple[list[np.ndarray | None], list[np.ndarray]]:
         """Uninitialised arrays for ``specs`` (only at ``indices`` if given, ``None``
         elsewhere), and the ones among them whose memory is new (for the caller to fault
         in): one pull's worth."""
         wanted = range(len(specs)) if indices is None else indices
-        out: List[Optional[np.ndarray]] = [None] * len(specs)
-        fresh: List[np.ndarray] = []
+        out: list[np.ndarray | None] = [None] * len(specs)
+        fresh: list[np.ndarray] = []
         with self._lock:
             self._pulls += 1
             for index in wanted:
@@ -81,7 +81,7 @@ class PulledMemory:
     def __len__(self) -> int:
         return len(self._buffers)
 
-    def _idle(self, nbytes: int) -> Optional[np.ndarray]:
+    def _idle(self, nbytes: int) -> np.ndarray | None:
         """A kept buffer of ``nbytes`` that nothing else references, now this pull's."""
         buffers = self._buffers
         for position in range(len(buffers)):

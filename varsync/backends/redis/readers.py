@@ -16,7 +16,7 @@ written: reports never change a table's version. Entries of the earlier layout (
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable
 from urllib.parse import quote, unquote
 
 from varsync.backend import TableNotFoundError, current_deadline, remaining
@@ -41,18 +41,18 @@ class Listed(Reply):
 LIST = Script.load("list-readers", Listed)
 
 
-def reader_keys(head: str) -> Tuple[str, str]:
+def reader_keys(head: str) -> tuple[str, str]:
     """The registry's index and the prefix of its entries' keys, from the table's head
     key (``<table>:head``): in a Redis Cluster they keep the head's hash tag."""
     table = head[: -len(":head")] if head.endswith(":head") else head
     return table + ":readers:exp", table + ":reader:"
 
 
-def parse_listing(raw: Any) -> Dict[str, str]:
+def parse_listing(raw: Any) -> dict[str, str]:
     """The ``LIST`` script's reply as reader id -> record. A member that is not an id as
     :func:`quote` encodes it (written by something else) is skipped."""
     _, rest = LIST.answer(raw)
-    pairs: List[Any] = list(rest)
+    pairs: list[Any] = list(rest)
     out = {}
     for i in range(0, len(pairs) - 1, 2):
         member = text(pairs[i])
@@ -81,7 +81,7 @@ class ReaderRegistry:
         if reply is Reported.NO_TABLE:
             raise TableNotFoundError(f"no table {name!r} at {backend.address}")
 
-    def readers(self, name: str) -> Dict[str, str]:
+    def readers(self, name: str) -> dict[str, str]:
         backend: Any = self
         index, prefix = reader_keys(backend._keys(name).head)
         with backend._errors(f"listing the readers of table {name!r}"):

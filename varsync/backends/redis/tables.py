@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
 
 from varsync.backend import Histories, TableResetError
 
@@ -23,8 +22,8 @@ class Table:
     signature: str
     published: int = 0
     token: str = ""
-    in_doubt: Tuple[str, ...] = ()
-    leaf_count: Optional[int] = None  # leaves of its signature, once a call needed it
+    in_doubt: tuple[str, ...] = ()
+    leaf_count: int | None = None  # leaves of its signature, once a call needed it
     moved: bool = False  # the primary moved (a failover) since this writer last published
 
     def doubt(self, token: str) -> None:
@@ -54,10 +53,10 @@ class Known:
     def __init__(self, address: str) -> None:
         self._address = address
         self._histories = Histories()
-        self._tables: Dict[str, Table] = {}
+        self._tables: dict[str, Table] = {}
         self._lock = threading.Lock()
 
-    def get(self, name: str) -> Optional[Table]:
+    def get(self, name: str) -> Table | None:
         return self._tables.get(name)
 
     def remember(self, name: str, epoch: str, signature: str) -> Table:
@@ -71,7 +70,7 @@ class Known:
             self._histories.adopt(name, epoch)
             return table
 
-    def trusted(self, name: str) -> Optional[str]:
+    def trusted(self, name: str) -> str | None:
         """The epoch trusted for the table, ``None`` before any."""
         epoch = self._histories.trusted(name)
         return None if epoch is None else str(epoch)
@@ -98,7 +97,7 @@ class Known:
             table.published, table.token, table.in_doubt = version, token, ()
             table.moved = False
 
-    def check_same_signature(self, name: str, stored: Optional[str], table: Table) -> None:
+    def check_same_signature(self, name: str, stored: str | None, table: Table) -> None:
         """A table created again with another signature is not a new history a pull can
         follow (the reset error's advice) but a layout this container cannot decode."""
         if stored != table.signature:

@@ -22,7 +22,7 @@ import math
 import random
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar, Union
+from typing import Any, Callable, TypeVar, Union
 
 import redis
 from redis import exceptions as rx
@@ -66,9 +66,9 @@ class Floors:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._floors: Dict[str, Tuple[str, int]] = {}
+        self._floors: dict[str, tuple[str, int]] = {}
 
-    def get(self, name: str) -> Optional[Tuple[str, int]]:
+    def get(self, name: str) -> tuple[str, int] | None:
         """``(epoch, version)``: the highest version seen of table ``name``, or ``None``."""
         return self._floors.get(name)
 
@@ -92,8 +92,8 @@ class Topology:
         self._lock = threading.Lock()
         self._stale = False  # the primary may have moved: ask the sentinels again
         self._replica_since = 0.0  # monotonic time before which the replica is left alone
-        self.replica: Optional[Client] = None
-        self.cluster: Optional[ClusterClient] = None
+        self.replica: Client | None = None
+        self.cluster: ClusterClient | None = None
         self.primary: Requests
         if settings.cluster:  # each table's primary: its slot's (replicas= refused)
             self.primary = self.cluster = ClusterClient(settings, failed_over=moved)
@@ -116,7 +116,7 @@ class Topology:
 
     # -- reads -------------------------------------------------------------------------------
 
-    def reader(self) -> Optional[Client]:
+    def reader(self) -> Client | None:
         """The replica to read from now, or ``None``: read from the primary."""
         if self._settings.read_from != "replica" or time.monotonic() < self._replica_since:
             return None
@@ -138,7 +138,7 @@ class Topology:
             self.replica.close()
             self.replica = None
 
-    def _choose_replica(self, deadline: float) -> Optional[HostPort]:
+    def _choose_replica(self, deadline: float) -> HostPort | None:
         if self._settings.replicas:
             return random.choice(self._settings.replicas)
         try:
@@ -183,7 +183,7 @@ class Topology:
                 primary.move_to(server)
                 self._moved()
 
-    def _ask(self, deadline: float, *command: Any) -> List[Any]:
+    def _ask(self, deadline: float, *command: Any) -> list[Any]:
         """The first answer of a sentinel to ``command``, trying each in turn; the one
         that answered is tried first next time."""
         errors = []
@@ -219,7 +219,7 @@ class Topology:
             deadline, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self._settings.service)[:2]
         return HostPort(_text(host), int(port))
 
-    def _ask_replicas(self, deadline: float) -> List[HostPort]:
+    def _ask_replicas(self, deadline: float) -> list[HostPort]:
         """The replicas the sentinels see linked to the primary and not down."""
         try:
             entries = self._ask(deadline, "SENTINEL", "REPLICAS", self._settings.service)
@@ -272,7 +272,7 @@ class RoutedReads:
                 self._local.client = None
         return read()
 
-    def _vouch(self: Any, name: str, head: Optional[Head], held: int) -> None:
+    def _vouch(self: Any, name: str, head: Head | None, held: int) -> None:
         """On a replica: refuse (:class:`_AskPrimary`) a head that may be behind what this
         backend knows. A replica only lags its primary, so another epoch than the trusted
         one, a vanished table, or a version below one seen (or pushed) already, may be the

@@ -4,7 +4,7 @@ an ``XREAD BLOCK`` on the table's events stream that a push wakes."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from redis import exceptions as rx
 
@@ -21,7 +21,7 @@ class Waits:
     ``_trusted``, ``_routed``, ``_read_client``, ``_keys``, ``_errors``), which declares
     ``supports_blocking_wait``."""
 
-    def version_within(self: Any, name: str, timeout: Optional[float], held: int = 0) -> int:
+    def version_within(self: Any, name: str, timeout: float | None, held: int = 0) -> int:
         # The core's wait loop looks through this: the head's epoch is checked against the
         # version the caller holds (a version of another history is a reset, whatever its
         # number), and the look may outlast the wait's deadline by WAIT_GRACE.

@@ -17,7 +17,8 @@ import functools
 import math
 import socket
 import struct
-from typing import Any, Callable, Iterable, Iterator, List, NamedTuple, Optional, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 from redis import exceptions as rx
@@ -54,7 +55,7 @@ def checksum(parts: Sequence[memoryview]) -> int:
     return value
 
 
-def byte_views(arrays: Sequence[np.ndarray]) -> List[memoryview]:
+def byte_views(arrays: Sequence[np.ndarray]) -> list[memoryview]:
     """Each array's memory as a flat view of unsigned bytes: no copy of a C-contiguous
     one (another is copied first)."""
     views = []
@@ -66,10 +67,10 @@ def byte_views(arrays: Sequence[np.ndarray]) -> List[memoryview]:
     return views
 
 
-def chunk_parts(views: Sequence[memoryview], chunk: int) -> Iterator[List[memoryview]]:
+def chunk_parts(views: Sequence[memoryview], chunk: int) -> Iterator[list[memoryview]]:
     """The arrays' bytes back to back, cut into chunks: each chunk as the list of slices
     of the views it covers."""
-    parts: List[memoryview] = []
+    parts: list[memoryview] = []
     room = chunk
     for view in views:
         position, size = 0, len(view)
@@ -90,8 +91,8 @@ class Sent(NamedTuple):
     the reply to the command sent after the chunks (an error reply as an exception, not
     raised), or ``None`` if that command was not sent."""
 
-    error: Optional[BaseException]
-    reply: Optional[Any]
+    error: BaseException | None
+    reply: Any | None
 
 
 def send_chunks(
@@ -101,7 +102,7 @@ def send_chunks(
     arrays: Sequence[np.ndarray],
     payload: int,
     recycled: bool,
-    then: Optional[Callable[[], bytes]] = None,
+    then: Callable[[], bytes] | None = None,
 ) -> Sent:
     """Write every chunk of ``arrays`` (pipelined, straight from their memory) and read
     every reply, even after an error, so the connection stays usable.
@@ -120,7 +121,7 @@ def send_chunks(
     reply = b":" if recycled else b"+"  # SETRANGE answers the length, SET +OK
     wire = Wire(conn, math.inf)
     pending = 0
-    error: Optional[BaseException] = None
+    error: BaseException | None = None
     for index, parts in enumerate(chunk_parts(byte_views(arrays), payload)):
         nbytes = sum(len(p) for p in parts)
         crc = checksum(parts)
@@ -171,12 +172,12 @@ def receive_chunks(
     deadline: float,
     chunk_prefix: str,
     token: bytes,
-    arrays: List[np.ndarray],
+    arrays: list[np.ndarray],
     payload: int,
     chunks: int,
     where: str,
-    ask: Optional[Ask] = None,
-) -> Optional[List[np.ndarray]]:
+    ask: Ask | None = None,
+) -> list[np.ndarray] | None:
     """Read the ``chunks`` chunks under ``chunk_prefix`` into ``arrays`` (in flat order),
     checking each one's length, header and checksum; ``None`` if one is gone. ``where``
     names the version in messages (``"table 'name' at <address> version 3"``)."""
@@ -194,9 +195,9 @@ def receive_selected(
     chunk_prefix: str,
     token: bytes,
     indices: Sequence[int],
-    parts_of: Iterable[List[memoryview]],
+    parts_of: Iterable[list[memoryview]],
     where: str,
-    ask: Optional[Ask] = None,
+    ask: Ask | None = None,
 ) -> bool:
     """Read the chunks ``indices`` under ``chunk_prefix``, each whole into its list of
     ``parts_of`` (views whose lengths add up to its payload), checking each one's length,
@@ -212,7 +213,7 @@ def receive_selected(
         wire.flush()
         for index, parts in zip(indices, parts_of):
             wire.arm()
-            crc: Optional[int] = None
+            crc: int | None = None
             try:
                 length = wire.bulk_length()
             except rx.AskError as redirection:
@@ -241,7 +242,7 @@ def receive_selected(
 
 
 def _asked(
-    conn: Any, *, key: bytes, index: int, parts: List[memoryview], token: bytes, where: str,
+    conn: Any, *, key: bytes, index: int, parts: list[memoryview], token: bytes, where: str,
     deadline: float,
 ) -> bool:
     """One chunk read after ``ASKING``, on the node an ASK redirection named."""
@@ -261,7 +262,7 @@ def _asked(
 
 
 def _take(
-    wire: "Wire", length: int, index: int, parts: List[memoryview], token: bytes, where: str
+    wire: Wire, length: int, index: int, parts: list[memoryview], token: bytes, where: str
 ) -> int:
     """A chunk's bulk reply of ``length`` bytes, its header checked, into ``parts``;
     the checksum its header gives."""
@@ -273,7 +274,7 @@ def _take(
     return crc
 
 
-def _length_checked(length: int, index: int, parts: List[memoryview], where: str) -> int:
+def _length_checked(length: int, index: int, parts: list[memoryview], where: str) -> int:
     """The payload bytes of chunk ``index``, once its ``length`` stored bytes fit ``parts``."""
     nbytes = sum(len(p) for p in parts)
     if length != nbytes + HEADER.size:
@@ -295,8 +296,8 @@ def _header_checked(header: bytes, index: int, nbytes: int, token: bytes, where:
 
 
 def unpack_chunk(
-    stored: bytes, token: bytes, arrays: List[np.ndarray], where: str
-) -> List[np.ndarray]:
+    stored: bytes, token: bytes, arrays: list[np.ndarray], where: str
+) -> list[np.ndarray]:
     """A version of one chunk, read already (its bytes ``stored``, see the peek script),
     into ``arrays``, checked as :func:`receive_chunks` checks each chunk it receives."""
     views = byte_views(arrays)
@@ -310,7 +311,7 @@ def unpack_chunk(
     return arrays
 
 
-def _check(parts: List[memoryview], crc: int, where: str, index: int) -> None:
+def _check(parts: list[memoryview], crc: int, where: str, index: int) -> None:
     if checksum(parts) != crc:
         raise CorruptDataError(
             f"{where} chunk {index} fails its checksum: the stored bytes were changed")
@@ -438,7 +439,7 @@ class Wire:
         if self.exactly(2) != b"\r\n":
             raise rx.InvalidResponse("a bulk reply did not end with CRLF")
 
-    def bulk_length(self) -> Optional[int]:
+    def bulk_length(self) -> int | None:
         """The length of the next bulk reply; ``None`` for a nil (missing key)."""
         line = self.line()
         if line[:1] == b"$":
@@ -467,7 +468,7 @@ class Wire:
             return line[1:].decode("utf-8", "replace")
         return reply_error(line)
 
-    def status(self, kind: bytes = b"+") -> Optional[BaseException]:
+    def status(self, kind: bytes = b"+") -> BaseException | None:
         """The next reply: ``None`` if it is of ``kind`` (``+`` a status such as OK, ``:``
         an integer), else its error (not raised)."""
         line = self.line()

@@ -34,6 +34,5 @@ from __future__ import annotations
 # MissingDependencyError that names the extra to install (.engine).
 from varsync.backends.reverb.backend import MAX_PUSH_BYTES, ReverbBackend
 from varsync.backends.reverb.tables import HOW_TO_CONFIGURE, check_table_info
-from varsync.backends.reverb.tables import age_seconds as _age_seconds  # noqa: F401 (tests)
 
 __all__ = ["ReverbBackend", "MAX_PUSH_BYTES", "HOW_TO_CONFIGURE", "check_table_info"]

@@ -8,7 +8,9 @@ import math
 import socket
 import threading
 import time
-from typing import Any, ContextManager, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Any
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -80,7 +82,7 @@ class ReverbBackend(Backend):
     max_push_bytes = MAX_PUSH_BYTES
     supported_ml_dtypes = STORED_ML_DTYPES
 
-    def __init__(self, url: str, *, timeout: Optional[float], namespace: str, **options: Any):
+    def __init__(self, url: str, *, timeout: float | None, namespace: str, **options: Any):
         refuse_unknown(options, _OPTIONS, "reverb")
         #: Seconds to wait for a server that does not answer yet (None: no bound).
         self.wait_for_server = parse_wait_for_server(options.pop("wait_for_server", False))
@@ -94,7 +96,7 @@ class ReverbBackend(Backend):
             )
         self.address = server.address
         self._endpoint = (server.host, server.port)
-        self._writers: Dict[str, Any] = {}
+        self._writers: dict[str, Any] = {}
         self._writer_lock = threading.Lock()
         self._incarnations = Incarnations()
         self._sampler = SamplingPool(self.address)
@@ -128,19 +130,19 @@ class ReverbBackend(Backend):
             ) from exc
 
     @property
-    def _idle_workers(self) -> List[Any]:
+    def _idle_workers(self) -> list[Any]:
         """The warm sampling threads (for tests)."""
         return self._sampler.idle
 
     # -- requests --------------------------------------------------------------------
 
-    def _server_info(self, timeout: Optional[float] = None) -> Dict[str, Any]:
+    def _server_info(self, timeout: float | None = None) -> dict[str, Any]:
         """Every table's info by server table name, as ``schema_pb2.TableInfo`` protos;
         bounded by ``timeout`` (default: the container's). One table's: :meth:`_info`."""
         infos = (schema_pb2.TableInfo.FromString(blob) for blob in self._info_blobs(timeout))
         return {info.name: info for info in infos}
 
-    def _info_blobs(self, timeout: Optional[float]) -> List[bytes]:
+    def _info_blobs(self, timeout: float | None) -> list[bytes]:
         """Every table's info, serialized: Reverb's ServerInfo answer, bounded by
         ``timeout`` (default: the container's; Reverb takes whole seconds, 0 meaning no
         bound). Reverb has no request for one table's info: every call answers them all.
@@ -156,7 +158,7 @@ class ReverbBackend(Backend):
         for attempt in range(_INFO_ATTEMPTS):
             left = None if limit is None else limit - (time.monotonic() - started)
             try:
-                blobs: List[bytes] = self._client._client.ServerInfo(
+                blobs: list[bytes] = self._client._client.ServerInfo(
                     0 if left is None else max(1, math.ceil(left))
                 )
                 return blobs
@@ -174,17 +176,17 @@ class ReverbBackend(Backend):
                 time.sleep(pause)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    def _translated(self, doing: str) -> ContextManager[None]:
+    def _translated(self, doing: str) -> AbstractContextManager[None]:
         return translated(self.address, doing)
 
     def _table_name(self, name: str) -> str:
         return f"{self.namespace}/{name}" if self.namespace else name
 
-    def _info(self, name: str, timeout: Optional[float] = None) -> Optional[Any]:
+    def _info(self, name: str, timeout: float | None = None) -> Any | None:
         """Table ``name``'s info, the others' not decoded; ``None`` if it has none."""
         return _one_info(self._info_blobs(timeout), self._table_name(name))
 
-    def _checked_info(self, name: str, timeout: Optional[float] = None) -> Any:
+    def _checked_info(self, name: str, timeout: float | None = None) -> Any:
         info = self._info(name, timeout)
         if info is None:
             raise TableNotFoundError(
@@ -195,7 +197,7 @@ class ReverbBackend(Backend):
 
     # -- tables ----------------------------------------------------------------------
 
-    def signature(self, name: str) -> Optional[str]:
+    def signature(self, name: str) -> str | None:
         info = self._info(name)
         if info is None:
             return None
@@ -218,13 +220,13 @@ class ReverbBackend(Backend):
             )
         return stored
 
-    def tables(self) -> List[str]:
+    def tables(self) -> list[str]:
         prefix = f"{self.namespace}/" if self.namespace else ""
         return sorted(
             n[len(prefix):] for n in self._server_info() if n.startswith(prefix) and n != prefix
         )
 
-    def details(self, name: str) -> Dict[str, Any]:
+    def details(self, name: str) -> dict[str, Any]:
         info = self._checked_info(name)
         return {
             "address": self.address,
@@ -337,13 +339,13 @@ class ReverbBackend(Backend):
             )
 
     def read(
-        self, name: str, newer_than: int, timeout: Optional[float], specs: Sequence[Spec]
+        self, name: str, newer_than: int, timeout: float | None, specs: Sequence[Spec]
     ) -> Snapshot:
         # ``specs`` go unused: a sample asks for the dtypes of the server's signature as it
         # is now, which a container's cached specs may no longer be.
         deadline = deadline_after(timeout)
 
-        def left() -> Optional[float]:  # every request within what is left of the call
+        def left() -> float | None:  # every request within what is left of the call
             seconds = remaining(deadline)
             return None if math.isinf(seconds) else max(seconds, 0.001)
 
@@ -382,7 +384,7 @@ class ReverbBackend(Backend):
         # before its sample, never older (docs/guarantees.md, Reverb).
         return sampled_as, arrays
 
-    def version_within(self, name: str, timeout: Optional[float], held: int = 0) -> int:
+    def version_within(self, name: str, timeout: float | None, held: int = 0) -> int:
         # The core's wait loop looks through this (with the default block, a sleep: Reverb
         # has no change notification, so the core polls). A restarted server whose count
         # is at or past ``held`` looks like no change or a newer version; only the server's
@@ -396,7 +398,7 @@ class ReverbBackend(Backend):
             self._check_same_server(name, info, asked_at, held)
         return version_of(info)
 
-    def _sample(self, info: Any, timeout: Optional[float]) -> Tuple[List[np.ndarray], float]:
+    def _sample(self, info: Any, timeout: float | None) -> tuple[list[np.ndarray], float]:
         """The table's single item and its priority; :class:`PullTimeoutError` after
         ``timeout`` (``None``: the backend's), the sample abandoned (see :mod:`.sampling`)."""
         limit = self.timeout if timeout is None else timeout
@@ -419,7 +421,7 @@ class ReverbBackend(Backend):
         # its connection, and wait out that connection's reconnect backoff.
         self._client = None
 
-    def describe_options(self) -> Dict[str, Any]:
+    def describe_options(self) -> dict[str, Any]:
         return {
             "timeout": self.timeout,
             "namespace": self.namespace,
@@ -428,7 +430,7 @@ class ReverbBackend(Backend):
         }
 
 
-def _one_info(blobs: List[bytes], table: str) -> Optional[Any]:
+def _one_info(blobs: list[bytes], table: str) -> Any | None:
     """``table``'s info among ServerInfo's serialized ones, the others not decoded (a blob
     holds its table's name as it is, UTF-8 bytes); ``None`` if it has none."""
     needle = table.encode()
@@ -440,7 +442,7 @@ def _one_info(blobs: List[bytes], table: str) -> Optional[Any]:
     return None
 
 
-def _milliseconds(timeout: Optional[float]) -> Optional[int]:
+def _milliseconds(timeout: float | None) -> int | None:
     """A timeout as Reverb's flush takes it: whole milliseconds in a C int, or no bound."""
     if timeout is None or timeout * 1000 > 2**31 - 1:  # over 24 days: no bound
         return None
@@ -450,7 +452,5 @@ def _milliseconds(timeout: Optional[float]) -> Optional[int]:
 def _close_quietly(writer: Any) -> None:
     if writer is None:
         return
-    try:
+    with contextlib.suppress(Exception):  # a writer whose server is gone: not the cause
         writer.close()
-    except Exception:  # closing a writer whose server is gone must not mask the cause
-        pass

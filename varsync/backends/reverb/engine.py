@@ -3,7 +3,7 @@ and the one place their exceptions become varsync's."""
 
 from __future__ import annotations
 
-from typing import ContextManager
+from contextlib import AbstractContextManager
 
 try:
     import reverb
@@ -39,7 +39,7 @@ _ERRORS: ErrorMap = {
 DRIVER_ERRORS = tuple(_ERRORS)
 
 
-def translated(address: str, doing: str) -> ContextManager[None]:
+def translated(address: str, doing: str) -> AbstractContextManager[None]:
     """Reverb's exceptions inside as :class:`~varsync.BackendConnectionError`, naming the
     server's ``address`` and what the client was ``doing``."""
     return translate_errors(_ERRORS, _where(address, doing))

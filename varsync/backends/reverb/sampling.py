@@ -29,12 +29,13 @@ the one TF-Agents' own pushes use, which stores the tensors' dtypes as they are
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import queue
 import threading
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable
 
 import numpy as np
 
@@ -52,7 +53,7 @@ PYBIND_MAX_BYTES = 4 << 20
 STREAM_MAX_BYTES = 1 << 20
 #: Kept samplers a forked child inherited: never freed (freeing one waits for its
 #: threads, which the child does not have).
-_ORPHANS: List[Any] = []
+_ORPHANS: list[Any] = []
 #: Numbers for TensorFlow-side clients' shared names, unique in the process.
 _CLIENT_NUMBERS = itertools.count()
 
@@ -63,10 +64,10 @@ class SamplingPool:
     def __init__(self, address: str) -> None:
         self.address = address
         #: Warm workers, waiting for a pull.
-        self.idle: List[_Worker] = []
+        self.idle: list[_Worker] = []
         # (server table, signature proto) -> (TensorFlow client handle, dtypes, by pybind,
         # from a kept sampler); see _client
-        self._clients: Dict[Tuple[str, bytes], Tuple[Any, List[Any], bool, bool]] = {}
+        self._clients: dict[tuple[str, bytes], tuple[Any, list[Any], bool, bool]] = {}
         self._streams = _Streams()
         self._lock = threading.Lock()
         self._pid = os.getpid()
@@ -77,8 +78,8 @@ class SamplingPool:
         ).atexit = False
 
     def sample(
-        self, info: Any, limit: Optional[float], client: Any
-    ) -> Optional[Tuple[List[np.ndarray], float]]:
+        self, info: Any, limit: float | None, client: Any
+    ) -> tuple[list[np.ndarray], float] | None:
         """The single item of ``info``'s table, as arrays, and its priority; ``None`` if
         the sample took longer than ``limit`` seconds (``None``: no bound) and was
         abandoned. ``client``: the backend's ``reverb.Client``, whose pybind sampler takes
@@ -104,7 +105,7 @@ class SamplingPool:
         return result if finished else None
 
     def insert(
-        self, info: Any, arrays: List[np.ndarray], priority: float, limit: Optional[float]
+        self, info: Any, arrays: list[np.ndarray], priority: float, limit: float | None
     ) -> bool:
         """Insert ``arrays`` as one item of ``info``'s table with Reverb's
         TensorFlow op, as TF-Agents does; ``False`` if the insert took longer than
@@ -122,11 +123,11 @@ class SamplingPool:
         return finished
 
     def _on_a_worker(
-        self, fn: Callable[[], Any], limit: Optional[float], doing: str
-    ) -> Tuple[bool, Any]:
+        self, fn: Callable[[], Any], limit: float | None, doing: str
+    ) -> tuple[bool, Any]:
         """``(True, fn())`` run on a warm worker, or ``(False, None)`` once ``limit``
         seconds pass (the worker is then abandoned); ``fn``'s error, translated."""
-        worker: Optional[_Worker] = None
+        worker: _Worker | None = None
         try:
             with self._lock:
                 if self._pid != os.getpid():  # a forked child has none of the threads
@@ -166,7 +167,7 @@ class SamplingPool:
         run that is gone)."""
         self._streams.forget(table)
 
-    def _client(self, info: Any) -> Tuple[Any, List[Any], bool, bool]:
+    def _client(self, info: Any) -> tuple[Any, list[Any], bool, bool]:
         """A TensorFlow-side Reverb client for sampling ``info``'s table, the dtypes of
         the table's columns in flat order, whether its items go by the pybind sampler
         (at most ``PYBIND_MAX_BYTES``, and only numpy's own dtypes: it has no others), and
@@ -217,16 +218,14 @@ def _destroy_quietly(handle: Any) -> None:
     the sockets the fault tests see closed late). Sharing clients between backends would
     bound their number, but a client reused after its server restarted waits out its
     channel's backoff: a pull right after a restart timed out."""
-    try:
+    with contextlib.suppress(Exception):  # best effort, at close
         tf.raw_ops.DestroyResourceOp(resource=handle, ignore_lookup_error=True)
-    except Exception:  # pragma: no cover - best effort, at close
-        pass
 
 
 def _release(
-    workers: List["_Worker"],
-    clients: Dict[Any, Tuple[Any, List[Any], bool, bool]],
-    streams: "_Streams",
+    workers: list[_Worker],
+    clients: dict[Any, tuple[Any, list[Any], bool, bool]],
+    streams: _Streams,
 ) -> None:
     """Retire idle sampling workers, free sampling clients (emptying both) and close the
     kept samplers."""
@@ -243,11 +242,11 @@ class _Streams:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._idle: Dict[str, List[Any]] = {}
+        self._idle: dict[str, list[Any]] = {}
         self._pid = os.getpid()
         self._closed = False
 
-    def sampling(self, table: str, pybind: Any) -> Callable[[], Tuple[List[np.ndarray], float]]:
+    def sampling(self, table: str, pybind: Any) -> Callable[[], tuple[list[np.ndarray], float]]:
         """A sample of ``table`` to run on a worker: from a kept sampler (its sample taken
         ahead dropped) or a new one, kept again once it sampled."""
         with self._lock:
@@ -255,7 +254,7 @@ class _Streams:
             kept = self._idle.get(table)
             sampler = kept.pop() if kept else None
 
-        def sample() -> Tuple[List[np.ndarray], float]:  # holds nothing of the pool
+        def sample() -> tuple[list[np.ndarray], float]:  # holds nothing of the pool
             if sampler is None:
                 opened = pybind.NewSampler(table, -1, 1)  # no end, one sample ahead
             else:
@@ -293,7 +292,7 @@ class _Streams:
             self._pid = os.getpid()
 
 
-def _taken(sampler: Any) -> Tuple[List[np.ndarray], float]:
+def _taken(sampler: Any) -> tuple[list[np.ndarray], float]:
     """The next sample of a pybind sampler: its columns' single rows and its priority."""
     # key, probability, table size, priority, times sampled; the columns
     sampled = sampler.GetNextTrajectory()
@@ -311,7 +310,7 @@ class _Call:
         self.done = threading.Lock()
         self.done.acquire()
         self.result: Any = None
-        self.error: Optional[BaseException] = None
+        self.error: BaseException | None = None
 
 
 class _Worker:
@@ -324,7 +323,7 @@ class _Worker:
     """
 
     def __init__(self, name: str) -> None:
-        calls: "queue.SimpleQueue[Optional[_Call]]" = queue.SimpleQueue()
+        calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         self._calls = calls
         self._retire = weakref.finalize(self, calls.put, None)
         threading.Thread(target=_run, args=(calls,), name=name, daemon=True).start()
@@ -339,7 +338,7 @@ class _Worker:
         self._retire()  # once: a later collection of this object adds nothing
 
 
-def _run(calls: "queue.SimpleQueue[Optional[_Call]]") -> None:
+def _run(calls: queue.SimpleQueue[_Call | None]) -> None:
     """A worker's thread: run each call until told to stop."""
     while True:
         call = calls.get()

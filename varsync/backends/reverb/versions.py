@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
 
 from varsync.backend import ConcurrentPushError
 from varsync.backends.reverb.tables import age_seconds, insert_count
@@ -42,11 +42,11 @@ class Incarnations:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         # key -> (latest start time of the server, insert count, when that was answered)
-        self._seen: Dict[Tuple[str, str], Tuple[float, int, float]] = {}
+        self._seen: dict[tuple[str, str], tuple[float, int, float]] = {}
 
     def restarted(
-        self, key: Tuple[str, str], info: Any, asked_at: float, remember: bool = True
-    ) -> Optional[str]:
+        self, key: tuple[str, str], info: Any, asked_at: float, remember: bool = True
+    ) -> str | None:
         """How ``info`` shows the server behind ``key`` is not the run last remembered
         for it (``None``: it is the same, or this is the first look): its insert count
         went down, or its table worker started later. ``info`` was asked for at
