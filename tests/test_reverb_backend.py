@@ -32,6 +32,9 @@ class TestReverbConformance(ConformanceTests):
     # and 33 per 132 interrupted pulls in full test runs, not yet explained. Counted, with
     # this larger bound, rather than not at all.
     LEAK_ALLOWANCE = 40
+    # gRPC, under Reverb's client, cannot be used across fork: a forked child's first call
+    # hangs, and the parent's next one may time out (docs/reverb.md: connect in the child).
+    FORK_SAFE = False
 
     @pytest.fixture
     def server_address(self):

@@ -14,11 +14,13 @@ shows, and a ``new_history`` fixture (``reference_leaves.start_new_history``: th
 rows deleted); its outcome is read from ``--junitxml``.
 
 Each reference runs the whole suite and must pass it, skipping exactly the tests of the
-abilities it does not declare. The broken variants run in one subprocess, a test class
-each, with ``-k`` selecting for each class the tests that must catch its defect
-(``CAUGHT_BY``): every one of them must fail, so this module also says which tests catch
-which defect. No ``-x``: every selected test must run to fail. (A variant the suite fails
-only now and then is not here: ``broken_leaves.NOT_ALWAYS_CAUGHT`` names it, a gap.)
+abilities it does not declare, and failing exactly the tests of its known gaps
+(``REFERENCE_GAPS``: ``vsqlite://`` keeps no epoch). The broken variants run in one
+subprocess, a test class each, with ``-k`` selecting for each class the tests that must
+catch its defect (``CAUGHT_BY``): every one of them must fail, so this module also says
+which tests catch which defect. No ``-x``: every selected test must run to fail. (A
+variant the suite fails only now and then is not here: ``broken_leaves.NOT_ALWAYS_CAUGHT``
+names it, a gap.)
 """
 
 from __future__ import annotations
@@ -47,12 +49,19 @@ PER_TEST_TIMEOUT = 60
 #: written to catch its defect.)
 CAUGHT_BY: Dict[str, List[str]] = {
     "vsqlite-ignores-namespace": ["test_namespaces_isolate_tables_versions_and_data"],
+    "vsqlite-creates-in-two-steps": [
+        "test_two_processes_creating_one_table_at_once_end_with_one_signature"
+    ],
     "vsqlite-slow-nothing-newer": ["test_nothing_newer_is_answered_without_waiting_for_a_push"],
+    "vsqlite-reads-to-say-nothing-newer": [
+        "test_nothing_newer_costs_the_same_whatever_the_size_of_the_table"
+    ],
     "vsqlite-shared-connection": ["test_one_container_shared_by_eight_threads_pushing_and_pulling"],
     "vsqlite-torn-writes": [
         "test_readers_never_see_a_mix_of_two_versions",
         "test_one_container_shared_by_eight_threads_pushing_and_pulling",
     ],
+    "vsqlite-torn-chunks": ["test_readers_never_see_a_mix_of_a_value_of_several_megabytes"],
     "vsqlite-skips-versions": ["test_one_container_shared_by_eight_threads_pushing_and_pulling"],
     "vsqlite-gives-up-early": ["test_a_wait_never_gives_up_before_its_timeout"],
     "vsqlite-ignores-timeout": ["test_a_wait_never_gives_up_before_its_timeout"],
@@ -66,6 +75,9 @@ CAUGHT_BY: Dict[str, List[str]] = {
     "vsqlite-process-local": [
         "test_another_process_sees_a_push_exactly_when_the_store_is_shared",
         "test_persistent_tables_outlive_the_process_that_wrote_them",
+    ],
+    "vsqlite-closes-in-forked-child": [
+        "test_a_container_used_before_a_fork_works_in_the_child_and_after"
     ],
     # the leaf-version reference's variants (mutants.broken_leaves)
     "vsqlite-leaves-ignores-base": [
@@ -86,20 +98,34 @@ CAUGHT_BY: Dict[str, List[str]] = {
         "test_a_reader_never_assembles_leaves_from_two_histories"
     ],
     "vsqlite-leaves-torn-reads": ["test_readers_of_partial_pushes_never_see_a_mix"],
+    "vsqlite-leaves-whole-reads-skip-epoch": [
+        "test_a_whole_version_reader_learns_of_a_new_history_at_its_own_version"
+    ],
 }
 
 #: The tests no server, fault proxy or blocking wait can run against SQLite, which skip
-#: for both references: no host:port (proxy), no server process, no blocking wait; and,
+#: for both references: no host:port (proxy), no server process to pause or restart, no
+#: blocking wait; and,
 #: as backends of the 0.1 protocol's ``supported_ml_dtypes``, no ML dtypes declared (it
 #: defaults to none: an old backend claims nothing it was never tested for).
 ENGINE_SKIPS = [
     "test_a_blocking_wait_makes_no_requests_while_it_waits",
     "test_a_call_never_outlives_its_timeout_when_replies_stop",
     "test_a_paused_server_never_holds_a_call_past_its_timeout",
+    "test_a_paused_server_never_holds_a_call_past_the_containers_timeout",
     "test_every_declared_ml_dtype_round_trips_bit_exactly",
     "test_lost_pull_replies_raise_or_return_one_whole_version",
     "test_lost_push_replies_never_lose_or_mix_published_data",
+    "test_persistent_tables_outlive_a_server_restart",
 ]
+
+#: The tests ``vsqlite://`` fails: rules its author did not follow, gaps of the reference
+#: that this module names rather than hides. It keeps no epoch (it was written to the
+#: protocol before histories), so a table it lost (``new_history``) and made again up to
+#: the version a reader holds is, to it, the same table: the reader hears "nothing
+#: newer". An epoch per created table, checked in ``read`` through ``Histories`` as
+#: ``vsqlite-leaves://`` does, would close it (``tests/mutants/reference.py``).
+REFERENCE_GAPS = ["test_a_whole_version_reader_learns_of_a_new_history_at_its_own_version"]
 
 #: The tests of the reader registry (``supports_reader_registry``), which neither
 #: reference declares.
@@ -210,17 +236,21 @@ def _outcomes(report: Path) -> Outcomes:
     return found
 
 
-def _passes_the_whole_suite(directory: Path, scheme: str) -> List[str]:
-    """Run the whole suite against ``scheme``://, check nothing failed; the tests skipped."""
+def _passes_the_whole_suite(
+    directory: Path, scheme: str, gaps: Iterable[str] = ()
+) -> List[str]:
+    """Run the whole suite against ``scheme``://, check nothing failed but its named
+    ``gaps``; the tests skipped."""
     outcomes, output = run_suite(directory, [scheme])
     failed = sorted(test for (_, test), got in outcomes.items() if got == "failed")
-    assert failed == [], output
-    assert output.startswith("exit code 0"), output
+    assert failed == sorted(gaps), output
+    assert output.startswith("exit code 1" if gaps else "exit code 0"), output
     return sorted(test for (_, test), got in outcomes.items() if got == "skipped")
 
 
 def test_the_reference_backend_passes_the_whole_suite(tmp_path: Path) -> None:
-    skipped = _passes_the_whole_suite(tmp_path, REFERENCE_SCHEME)
+    """All of it but its named gaps, which it must still fail (a fixed reference says so)."""
+    skipped = _passes_the_whole_suite(tmp_path, REFERENCE_SCHEME, REFERENCE_GAPS)
     assert skipped == sorted(ENGINE_SKIPS + READER_REGISTRY_SKIPS + LEAF_VERSION_SKIPS)
 
 

@@ -5,9 +5,12 @@ might write them. The conformance suite must fail every one of them
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import os
 import sqlite3
 import time
+import weakref
 from typing import Dict, Iterator, List, Optional, Sequence, Type
 
 import numpy as np
@@ -26,6 +29,25 @@ class IgnoresNamespace(SqliteBackend):
         return ""
 
 
+class CreatesInTwoSteps(SqliteBackend):
+    """``create_table`` looks for the table, then inserts it, in two transactions: two
+    processes creating a table at once may both find none, and the second insert
+    replaces the first; both calls "succeed", with their own signatures."""
+
+    def create_table(self, name: str, signature: str, specs: Sequence[Spec]) -> str:
+        stored = self.signature(name)
+        if stored is not None:
+            return stored
+        flat = json.dumps([{"dtype": s.dtype.name, "shape": list(s.shape)} for s in specs])
+        with self._connection() as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO tables (namespace, name, signature, specs) "
+                "VALUES (?, ?, ?, ?)",
+                (self._ns, name, signature, flat),
+            )
+        return signature
+
+
 class SlowToSayNothingChanged(SqliteBackend):
     """``read`` with nothing newer blocks for 3 s before answering (the protocol says: at
     once), and answers what it saw before blocking."""
@@ -35,6 +57,26 @@ class SlowToSayNothingChanged(SqliteBackend):
         if arrays is None:
             time.sleep(3)
         return version, arrays
+
+
+class ReadsTheDataToSayNothingChanged(SqliteBackend):
+    """``read`` fetches the current version with its data, then compares versions: an
+    answer of "nothing newer" costs the transfer of the whole table (at once, though)."""
+
+    def read(self, name: str, newer_than: int, timeout: Optional[float]) -> Snapshot:
+        with self._connection() as conn:
+            rows = conn.execute(
+                "SELECT t.version, d.payload FROM tables t JOIN data d ON d.namespace = "
+                "t.namespace AND d.name = t.name AND d.version = t.version "
+                "WHERE t.namespace = ? AND t.name = ?",
+                (self._ns, name),
+            ).fetchall()
+        if not rows:  # nothing pushed yet (or the table is gone): as the reference does
+            return super().read(name, newer_than, timeout)
+        version, payload = rows[0]
+        if version <= newer_than:
+            return int(version), None
+        return int(version), self._arrays(name, bytes(payload))
 
 
 class SharedConnection(SqliteBackend):
@@ -103,6 +145,55 @@ class TornWrites(SqliteBackend):
         return version, arrays
 
 
+class TornChunks(SqliteBackend):
+    """A value over 1 MiB is kept in rows of 1 MiB, written and then read one statement at
+    a time, outside one transaction; smaller values stay whole in one row. A reader of a
+    large value can get chunks of two versions."""
+
+    CHUNK = 2**20
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        with self._connection() as conn:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS chunks (namespace TEXT, name TEXT, chunk INTEGER,"
+                " payload BLOB, PRIMARY KEY (namespace, name, chunk))"
+            )
+
+    def write(self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]) -> int:
+        payload = b"".join(array.tobytes() for array in arrays)
+        if len(payload) <= self.CHUNK:
+            return super().write(name, arrays, specs)
+        with self._connection() as conn:
+            for start in range(0, len(payload), self.CHUNK):
+                conn.execute(
+                    "INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, ?)",
+                    (self._ns, name, start // self.CHUNK, payload[start:start + self.CHUNK]),
+                )
+        # the version, and an empty row saying "in chunks", in one transaction
+        return super().write(name, [], specs)
+
+    def read(self, name: str, newer_than: int, timeout: Optional[float]) -> Snapshot:
+        version, arrays = super().read(name, newer_than, timeout)
+        if arrays is not None or version <= newer_than:
+            return version, arrays
+        size = sum(s.nbytes for s in self._flat_specs(name))
+        chunks = []
+        with self._connection() as conn:
+            for index in range(-(-size // self.CHUNK)):
+                (payload,), = conn.execute(
+                    "SELECT payload FROM chunks WHERE namespace = ? AND name = ? AND chunk = ?",
+                    (self._ns, name, index),
+                ).fetchall()
+                chunks.append(bytes(payload))
+        return version, super()._arrays(name, b"".join(chunks))
+
+    def _arrays(self, name: str, payload: bytes) -> List[np.ndarray]:
+        if not payload:  # in chunks (or of no bytes at all): read() gathers them
+            return None  # type: ignore[return-value]
+        return super()._arrays(name, payload)
+
+
 class SkipsVersions(SqliteBackend):
     """Now and then a push adds 2 to the version (from 7 to 9, 17 to 19, ...)."""
 
@@ -161,11 +252,32 @@ class ProcessLocal(SqliteBackend):
         super().__init__(f"{url}.pid{os.getpid()}", **kwargs)  # type: ignore[arg-type]
 
 
+class ClosesInAForkedChild(SqliteBackend):
+    """Resets its state in a forked child by closing itself (``os.register_at_fork``),
+    where plugins.md says to drop what was inherited and connect anew: a container used
+    before a fork refuses every call in the child. (Keeping the parent's idle SQLite
+    connections, as the reference does, works: SQLite minds only a connection holding a
+    lock or a transaction across the fork, which the pool never lends out.)"""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        os.register_at_fork(after_in_child=functools.partial(_close, weakref.ref(self)))
+
+
+def _close(backend: "weakref.ref[SqliteBackend]") -> None:
+    alive = backend()
+    if alive is not None:
+        alive.close()
+
+
 VARIANTS: Dict[str, Type[SqliteBackend]] = {
     "vsqlite-ignores-namespace": IgnoresNamespace,
+    "vsqlite-creates-in-two-steps": CreatesInTwoSteps,
     "vsqlite-slow-nothing-newer": SlowToSayNothingChanged,
+    "vsqlite-reads-to-say-nothing-newer": ReadsTheDataToSayNothingChanged,
     "vsqlite-shared-connection": SharedConnection,
     "vsqlite-torn-writes": TornWrites,
+    "vsqlite-torn-chunks": TornChunks,
     "vsqlite-skips-versions": SkipsVersions,
     "vsqlite-gives-up-early": GivesUpEarly,
     "vsqlite-ignores-timeout": IgnoresTimeout,
@@ -174,5 +286,6 @@ VARIANTS: Dict[str, Type[SqliteBackend]] = {
     "vsqlite-leaks-connections": LeaksConnections,
     "vsqlite-overstates-push-limit": OverstatesPushLimit,
     "vsqlite-process-local": ProcessLocal,
+    "vsqlite-closes-in-forked-child": ClosesInAForkedChild,
 }
 """Scheme -> broken variant."""

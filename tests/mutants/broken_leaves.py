@@ -76,6 +76,29 @@ class ForgetsHistoryOf(SqliteLeafBackend):
     history_of = Backend.history_of
 
 
+class ChecksTheEpochOnLeafReadsOnly(SqliteLeafBackend):
+    """Checks the epoch in ``read_leaves`` but not in ``read``, which adopts whatever epoch
+    it sees as if the caller held nothing: a reader of whole versions compares numbers
+    alone, and when the table is made again and pushed back to the version it holds,
+    hears "nothing newer" while it holds the old history's value."""
+
+    def _read(self, name: str, newer_than: int, every: bool) -> LeafSnapshot:
+        if not every:
+            return super()._read(name, newer_than, every)
+        specs = self._flat_specs(name)
+        with self._connection() as conn:
+            conn.execute("BEGIN")
+            try:
+                version, epoch, numbers = self._head(conn, name)
+                self._check_history(name, epoch, 0, version)  # held: "nothing", always
+                if version <= newer_than:
+                    return version, None, None
+                rows = self._rows(conn, name, 0)
+            finally:
+                conn.rollback()
+        return version, numbers, self._arrays_of(name, version, numbers, 0, rows, specs)
+
+
 class ComposesOutsideTheTransaction(SqliteLeafBackend):
     """``write_leaves`` reads the head in one transaction and writes the new version in
     another: of two writers' partial pushes at once, one overwrites the other's."""
@@ -148,6 +171,7 @@ LEAF_VARIANTS: Dict[str, Type[SqliteLeafBackend]] = {
     "vsqlite-leaves-keeps-recent-only": KeepsRecentVersionsOnly,
     "vsqlite-leaves-forgets-history-of": ForgetsHistoryOf,
     "vsqlite-leaves-torn-reads": TornLeafReads,
+    "vsqlite-leaves-whole-reads-skip-epoch": ChecksTheEpochOnLeafReadsOnly,
 }
 """Scheme -> broken variant."""
 

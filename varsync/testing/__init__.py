@@ -21,6 +21,9 @@ Optional fixtures to override:
 - ``make_tables``: a function ``make(tables) -> url`` that brings tables ``{name:
   signature}`` into being and returns the URL to connect to; override it when clients
   cannot create tables (as with Reverb, whose tables are fixed when the server starts).
+- ``server_pid``, ``server_address``, ``url_via``, ``new_history``, ``restart_server``:
+  how to pause, reach through a proxy, lose or restart the store's server (``None``, or
+  no address, skips the tests that need it); see docs/conformance.md.
 
 The mixins (:class:`TableTests`, :class:`RoundTripTests`, ...) can also be used alone.
 The suite is registered as a pytest plugin (entry point ``pytest11``), so nothing else

@@ -3,11 +3,13 @@
 - ``max_push_bytes``: a push over it raises :class:`~varsync.ItemTooLargeError` and
   changes nothing (with an over-size array that costs no memory: a sparse file mapped
   read-only); where the limit is at most 64 MiB, a push of exactly the limit goes through.
-- ``persistent``: tables and values outlive the process that wrote them.
+- ``persistent``: tables and values outlive the process that wrote them, and a restart
+  of the server (where the ``restart_server`` fixture can make one).
 - ``supports_blocking_wait``: a blocked wait makes no requests through the protocol
   while it waits (it is woken, not polling), and the push wakes it.
 - ``shared_across_processes``: another process sees a push made here, or, where the flag
-  is ``False``, does not.
+  is ``False``, does not; a container used before a ``fork`` works in the child, at the
+  same time as in the parent, and in the parent after.
 
 And for every backend: tables and values outlive the container that made them.
 """
@@ -15,8 +17,11 @@ And for every backend: tables and values outlive the container that made them.
 from __future__ import annotations
 
 import multiprocessing
+import os
+import time
+import warnings
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Tuple, Type
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
 import numpy as np
 import pytest
@@ -35,6 +40,10 @@ LARGEST_PUSH_MADE = 64 * 2**20
 POLLS_ALLOWED = 2
 #: The protocol's methods a polling wait would call.
 POLLED_METHODS = ("version", "version_within", "read", "signature", "tables", "details")
+#: Pushes (each followed by a pull) a forked child makes through the inherited container.
+FORKED_PUSHES = 30
+#: How long the forked child may take (it imports nothing: a second or two is typical).
+FORKED_SECONDS = 30.0
 
 Sighting = Tuple[str, Any, Any]
 
@@ -89,6 +98,12 @@ def _in_a_child(target: Callable[..., None], *args: Any) -> Sighting:
 
 class CapabilityTests(_Base):
     """What each declared capability flag promises."""
+
+    #: Whether a container made before ``fork`` works in the child (docs/plugins.md, "Fork
+    #: safety"). ``False`` only where the engine's own client library cannot be used
+    #: across a fork at all (gRPC, Reverb's: its channels hang in the child), and the
+    #: backend's docs tell users to connect in the child: the fork test then skips.
+    FORK_SAFE = True
 
     # -- max_push_bytes --------------------------------------------------------------------
 
@@ -164,6 +179,37 @@ class CapabilityTests(_Base):
         assert later.version() == 1
         assert_bit_equal(later.pull(), filled(SMALL, 6))
 
+    @pytest.fixture
+    def restart_server(self) -> Optional[Callable[[str], None]]:
+        """``restart_server(url)``: stop the server behind ``url`` (one ``make_tables``
+        returned) and start it again on the same address and storage, returning once it
+        serves again; ``None`` (the default: no server, or none the tests may restart)
+        skips the restart test. Only a ``persistent`` backend's test calls it."""
+        return None
+
+    def test_persistent_tables_outlive_a_server_restart(
+        self, make_tables: TableMaker, connect: Any, backend_cls: Type[Backend],
+        restart_server: Optional[Callable[[str], None]],
+    ) -> None:
+        """``persistent`` promises tables that outlive server restarts: after one, a new
+        container sees the table, its version and value, and the next push continues the
+        numbering."""
+        if not backend_cls.persistent:
+            pytest.skip("backend is not persistent")
+        if restart_server is None:
+            pytest.skip("no server to restart (the restart_server fixture gives none)")
+        url = make_tables({"variables": SMALL})
+        before = connect(url)
+        before.push(filled(SMALL, 1))
+        assert before.push(filled(SMALL, 2)) == 2
+        before.close()
+        restart_server(url)
+        later = connect(url)
+        assert "variables" in later.tables(), "the table did not outlive the server's restart"
+        assert later.version() == 2
+        assert_bit_equal(later.pull(), filled(SMALL, 2))
+        assert later.push(filled(SMALL, 3)) == 3
+
     # -- supports_blocking_wait ------------------------------------------------------------
 
     def test_a_blocking_wait_makes_no_requests_while_it_waits(
@@ -220,6 +266,66 @@ class CapabilityTests(_Base):
                 "a backend declaring shared_across_processes=False: another process saw this "
                 f"process's push ({sighting}); declare it shared"
             )
+
+    def test_a_container_used_before_a_fork_works_in_the_child_and_after(
+        self, make_tables: TableMaker, connect: Any, backend_cls: Type[Backend]
+    ) -> None:
+        """A container that pushed and pulled, then ``fork`` (multiprocessing's ``fork``
+        start method, a server forking workers): the child pushes and pulls through the
+        same container object while the parent pulls through it too, and neither sees
+        an error, a mix or the other's replies; the parent then sees the child's pushes
+        and goes on. (The child must not use the parent's connections: see plugins.md,
+        "Fork safety".)"""
+        if not backend_cls.shared_across_processes:
+            pytest.skip("backend is not shared across processes: a child's pushes stay its own")
+        if not hasattr(os, "fork"):
+            pytest.skip("no os.fork on this platform")
+        if not self.FORK_SAFE:
+            pytest.skip("FORK_SAFE = False: the engine's client cannot be used across a fork")
+        url = make_tables({"variables": SMALL})
+        container = connect(url)
+        assert container.push(filled(SMALL, 1)) == 1
+        assert_bit_equal(container.pull(), filled(SMALL, 1))
+        context = multiprocessing.get_context("fork")
+        receive, send = context.Pipe(duplex=False)
+
+        def child() -> None:  # in the forked child: the parent's container object
+            try:
+                for number in range(2, FORKED_PUSHES + 2):
+                    version = container.push(filled(SMALL, number))
+                    assert version == number, f"push {number} returned version {version}"
+                    pulled = check_consistent(container.pull())
+                    assert pulled == number, f"after push {number} the child pulled {pulled}"
+                send.send("ok")
+            except BaseException as exc:  # reported to the parent, which fails the test
+                send.send(f"{type(exc).__name__}: {exc}")
+                raise
+
+        process = context.Process(target=child)
+        with warnings.catch_warnings():  # Python 3.12+ warns of a fork with threads running
+            warnings.simplefilter("ignore", DeprecationWarning)
+            process.start()
+        seen: List[int] = []
+        try:
+            deadline = time.monotonic() + FORKED_SECONDS
+            while not receive.poll(0) and process.is_alive() and time.monotonic() < deadline:
+                seen.append(check_consistent(container.pull()))  # meanwhile, in the parent
+            report = receive.recv() if receive.poll(max(deadline - time.monotonic(), 0)) \
+                else "no report"
+            process.join(max(deadline - time.monotonic(), 1))
+        finally:
+            if process.is_alive():
+                process.kill()
+                process.join()
+        assert (report, process.exitcode) == ("ok", 0), (
+            f"the forked child reported {report!r} and exited with {process.exitcode}"
+        )
+        assert seen == sorted(seen), f"the parent's pulls went back: {seen}"
+        last = FORKED_PUSHES + 1
+        assert container.version() == last, "the parent does not see the child's pushes"
+        assert_bit_equal(container.pull(), filled(SMALL, last))
+        assert container.push(filled(SMALL, last + 1)) == last + 1
+        assert_bit_equal(connect(url).pull(), filled(SMALL, last + 1))
 
 
 def _counted(method: Callable[..., Any], name: str, calls: List[str]) -> Callable[..., Any]:

@@ -1,5 +1,6 @@
 """Concurrency: readers in threads never observe a mix of two versions while a writer,
-in this process or another, pushes."""
+in this process or another, pushes: nests of ~70 KB, and a value of several megabytes,
+which an engine may store in several chunks (rows, keys, messages)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,14 @@ from varsync.testing._base import CONSISTENCY, TableMaker, _Base
 from varsync.testing.values import check_consistent, filled
 
 __all__ = ["ConcurrencyTests"]
+
+#: A value of 8 MiB over a few leaves: engines store one this size in several chunks, and a
+#: read that gathers them one request at a time can mix two versions.
+MEGABYTES = {
+    "a": varsync.Spec((1024, 1024), "float32"),
+    "b": [varsync.Spec((512, 1024), "float32"), varsync.Spec((256, 1024), "float64")],
+    "step": varsync.Spec((), "int64"),
+}
 
 
 def _write_versions(url: str, options: Dict[str, Any], table: str, start: int, count: int,
@@ -34,6 +43,9 @@ class ConcurrencyTests(_Base):
 
     PUSHES = 150
     READERS = 3
+    #: Pushes of the :data:`MEGABYTES` value, and the readers of each new version.
+    LARGE_PUSHES = 24
+    LARGE_READERS = 2
 
     def _read_until(
         self, container: Any, stop: threading.Event, final: List[int], problems: List[str]
@@ -69,35 +81,38 @@ class ConcurrencyTests(_Base):
             problems.append("a reader saw no version at all while the writer pushed")
         return last_version, last_number
 
-    def _run_readers(self, url: str, connect: Any, writer: Callable[[], int]) -> List[str]:
-        """Run :attr:`READERS` reader threads while ``writer()`` pushes and returns its last
-        push's version; the problems they saw, including a reader whose last version is not
-        that final one or whose last value is not the last push's."""
+    def _run_readers(self, url: str, connect: Any, writer: Callable[[], int],
+                     pushes: int = 0, readers: int = 0) -> List[str]:
+        """Run ``readers`` reader threads (default :attr:`READERS`) while ``writer()``
+        pushes ``pushes`` values (default :attr:`PUSHES`), numbered from 1, and returns its
+        last push's version; the problems they saw, including a reader whose last version
+        is not that final one or whose last value is not the last push's."""
+        pushes, readers = pushes or self.PUSHES, readers or self.READERS
         problems: List[str] = []
         last_seen: List[Tuple[int, int]] = []
         final: List[int] = []
         stop = threading.Event()
-        readers = [
+        threads = [
             threading.Thread(
                 target=self._guard, args=(connect(url), stop, final, problems, last_seen)
             )
-            for _ in range(self.READERS)
+            for _ in range(readers)
         ]
-        for thread in readers:
+        for thread in threads:
             thread.start()
         try:
             final.append(writer())
         finally:
             stop.set()
-            for thread in readers:
+            for thread in threads:
                 thread.join(90)
-        assert not any(t.is_alive() for t in readers), "a reader did not finish"
+        assert not any(t.is_alive() for t in threads), "a reader did not finish"
         problems += [
             f"a reader's last version was {seen}, not the writer's last push's {final[0]}"
             for seen, _ in last_seen if seen != final[0]
         ] + [
-            f"a reader's last value was push {number}'s, not the last push's ({self.PUSHES})"
-            for seen, number in last_seen if seen == final[0] and number != self.PUSHES
+            f"a reader's last value was push {number}'s, not the last push's ({pushes})"
+            for seen, number in last_seen if seen == final[0] and number != pushes
         ]
         return problems
 
@@ -125,6 +140,44 @@ class ConcurrencyTests(_Base):
 
         assert self._run_readers(url, connect, write) == []
         assert check_consistent(writer.pull()) == self.PUSHES
+
+    def test_readers_never_see_a_mix_of_a_value_of_several_megabytes(
+        self, make_tables: TableMaker, connect: Any
+    ) -> None:
+        """The same with a value of 8 MiB (:data:`MEGABYTES`), which an engine may keep in
+        several chunks: a version is published, and read, whole or not at all. Besides the
+        readers of each new version, one more pulls again and again, so that its reads
+        also fall while the writer is storing the next version's chunks."""
+        url = make_tables({"variables": MEGABYTES})
+        writer, puller = connect(url), connect(url)
+        pulled: List[int] = []
+        problems: List[str] = []
+        stop = threading.Event()
+
+        def pull_again_and_again() -> None:
+            try:
+                while not stop.is_set():
+                    pulled.append(check_consistent(puller.pull(timeout=60)))
+            except BaseException as exc:  # reported below
+                problems.append(f"{type(exc).__name__}: {exc}")
+
+        def write() -> int:
+            pulling = threading.Thread(target=pull_again_and_again)
+            pulling.start()
+            try:
+                versions = [writer.push(filled(MEGABYTES, number))
+                            for number in range(1, self.LARGE_PUSHES + 1)]
+            finally:
+                stop.set()
+                pulling.join(90)
+            assert not pulling.is_alive(), "the pulling thread did not finish"
+            return versions[-1]
+
+        problems += self._run_readers(url, connect, write, self.LARGE_PUSHES,
+                                      self.LARGE_READERS)
+        assert problems == []
+        assert pulled, "the pulling thread pulled nothing"
+        assert check_consistent(writer.pull()) == self.LARGE_PUSHES
 
     def test_readers_never_see_a_mix_while_another_process_writes(
         self, make_tables: TableMaker, connect: Any, connect_options: Dict[str, Any],

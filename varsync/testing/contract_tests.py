@@ -9,9 +9,11 @@ The checks are about behaviour: what a call returned and what had happened by th
 
 from __future__ import annotations
 
+import statistics
 import sys
 import threading
 import time
+import tracemalloc
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
@@ -47,6 +49,12 @@ SCHEDULED_PUSH_DELAY = 2.0
 #: The GIL's switch interval while threads share one container (the default is 5 ms).
 SWITCH_INTERVAL = 2e-5
 
+#: How much slower than on a tiny table a "nothing newer" answer on a large one may be, as
+#: a median of the same rounds: a ratio and a margin loose enough for a loaded machine,
+#: tight enough for an answer that reads the data (64 MiB take tens of milliseconds).
+NOTHING_NEWER_RATIO = 10
+NOTHING_NEWER_MARGIN = 0.020
+
 #: A wait's timeout in the "never gives up early" test, and the clock reads' tolerance.
 WAIT_TIMEOUT = 0.3
 CLOCK_TOLERANCE = 0.005
@@ -58,6 +66,10 @@ class ContractTests(_Base):
 
     THREADS = 8  # half push, half pull, through one container
     PUSHES_PER_THREAD = 25
+    #: The large table of the "nothing newer" cost test (or ``max_push_bytes`` if less),
+    #: and how many rounds of calls it times.
+    LARGE_TABLE_BYTES = 64 * 2**20
+    NOTHING_NEWER_ROUNDS = 15
 
     @pytest.fixture
     def other_namespace(self, url: str, connect_options: Dict[str, Any]) -> str:
@@ -162,6 +174,43 @@ class ContractTests(_Base):
         assert answered_before_the_push, (
             f"answering 'nothing newer' took past the push scheduled {SCHEDULED_PUSH_DELAY:g}"
             " s later: these calls must answer at once, without waiting"
+        )
+
+    def test_nothing_newer_costs_the_same_whatever_the_size_of_the_table(
+        self, make_tables: TableMaker, connect: Any, backend_cls: Type[Backend]
+    ) -> None:
+        """``pull_if_newer(current)`` answers from the version alone, never the data. Two
+        measures of one container's answers on a large table (:attr:`LARGE_TABLE_BYTES`)
+        and a tiny one: the Python memory a call allocates (an answer that fetched the
+        data allocates its size), and the median time of calls made in the same rounds
+        (an engine reading into memory Python does not trace takes the transfer's time:
+        the large table's median may be at most NOTHING_NEWER_RATIO times the tiny's,
+        plus NOTHING_NEWER_MARGIN; no bound on either alone)."""
+        size = min(self.LARGE_TABLE_BYTES, backend_cls.max_push_bytes or self.LARGE_TABLE_BYTES)
+        large = {"large": varsync.Spec((size,), "uint8")}
+        container = connect(make_tables({"large": large, "small": SMALL}))
+        at = {"large": container.push({"large": np.full(size, 7, np.uint8)}, table="large"),
+              "small": container.push(filled(SMALL, 1), table="small")}
+        answers = {name: (lambda name=name: container.pull_if_newer(at[name], name))
+                   for name in ("large", "small")}
+        assert [answer() for answer in answers.values()] == [None, None]  # warmed up
+        allocated = {name: _allocated_by(answer) for name, answer in answers.items()}
+        assert allocated["large"] < size // 8, (
+            f"answering 'nothing newer' on a table of {size} bytes allocated "
+            f"{allocated['large']} bytes (on a tiny table: {allocated['small']}): it read "
+            "the data; compare versions first"
+        )
+        took: Dict[str, List[float]] = {name: [] for name in answers}
+        for index in range(self.NOTHING_NEWER_ROUNDS):
+            for name in sorted(answers, reverse=bool(index % 2)):  # either first, in turn
+                started = time.perf_counter()
+                assert answers[name]() is None
+                took[name].append(time.perf_counter() - started)
+        median = {name: statistics.median(times) for name, times in took.items()}
+        assert median["large"] <= median["small"] * NOTHING_NEWER_RATIO + NOTHING_NEWER_MARGIN, (
+            f"answering 'nothing newer' took a median {median['large'] * 1e3:.1f} ms on a "
+            f"table of {size} bytes, {median['small'] * 1e3:.2f} ms on a tiny one (same "
+            "rounds): the answer costs the table's size; compare versions first"
         )
 
     # -- one container, many threads ---------------------------------------------------------
@@ -344,3 +393,19 @@ class ContractTests(_Base):
             f"a closed container still holds these (before, after): {kept}; descriptors new "
             f"since: {sorted(t for fd, t in fd_targets().items() if fds_before.get(fd) != t)[:20]}"
         )
+
+
+def _allocated_by(call: Callable[[], Any]) -> int:
+    """The most Python memory (bytes, :mod:`tracemalloc`) in use during ``call()`` beyond
+    what was in use before it; tracing is started for the call unless it is on already."""
+    tracing = tracemalloc.is_tracing()
+    if not tracing:
+        tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        call()
+        return tracemalloc.get_traced_memory()[1] - before
+    finally:
+        if not tracing:
+            tracemalloc.stop()

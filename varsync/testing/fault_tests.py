@@ -435,6 +435,68 @@ class FaultTests(_Base):
         assert check_consistent(container.pull(timeout=20)) == 1
         assert container.push(filled(CONSISTENCY, 2)) == version + 1
 
+    def test_a_paused_server_never_holds_a_call_past_the_containers_timeout(
+        self, make_tables: TableMaker, connect: Any, server_pid: Any
+    ) -> None:
+        """Calls that take no timeout of their own (``push``, ``version``, ``table_info``)
+        or are given none (``pull()``) are bounded by the container's: each, on a
+        container of its own connected with ``timeout=2``, raises within 2 s (+ SLACK)
+        of the server being paused. They run at once, on threads, so the test takes one
+        timeout, not four."""
+        if server_pid is None:
+            pytest.skip("no server process to pause (the server_pid fixture gives none)")
+        url = make_tables({"variables": CONSISTENCY})
+        if callable(server_pid):
+            server_pid = server_pid(url)
+        assert server_pid != os.getpid(), "server_pid must name another process"
+        timeout = 2.0
+        names = ["push", "pull()", "version()", "table_info()"]
+        containers = {name: connect(url, timeout=timeout) for name in names}
+        version = containers["push"].push(filled(CONSISTENCY, 1))
+        for container in containers.values():  # connected, the table known: warmed up
+            container.pull()
+            container.table_info()
+        calls: Dict[str, Callable[[], Any]] = {
+            "push": lambda: containers["push"].push(filled(CONSISTENCY, 2)),
+            "pull()": lambda: containers["pull()"].pull(),
+            "version()": lambda: containers["version()"].version(),
+            "table_info()": lambda: containers["table_info()"].table_info(),
+        }
+        outcomes: Dict[str, Tuple[float, str]] = {}
+
+        def timed(name: str) -> None:
+            started = time.monotonic()
+            try:
+                got = call_within(timeout + SLACK, calls[name])
+                outcome = f"returned {got!r:.60}"
+            except TRANSIENT as exc:
+                outcome = f"raised {type(exc).__name__}"
+            except BaseException as exc:  # reported below
+                outcome = f"unexpected {type(exc).__name__}: {exc}"
+            outcomes[name] = (time.monotonic() - started, outcome)
+
+        threads = [threading.Thread(target=timed, args=(name,)) for name in names]
+        os.kill(server_pid, signal.SIGSTOP)
+        try:
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout + 2 * SLACK)
+        finally:
+            os.kill(server_pid, signal.SIGCONT)
+        late = {name: f"{took:.1f} s, {outcome}" for name, (took, outcome) in outcomes.items()
+                if took >= timeout + SLACK or not outcome.startswith("raised")}
+        assert len(outcomes) == len(names) and not late, (
+            f"on a paused server, with the container's timeout {timeout:g} s, these did not "
+            f"raise one of {[e.__name__ for e in TRANSIENT]} within {timeout + SLACK:g} s: "
+            f"{late or sorted(set(names) - set(outcomes))}"
+        )
+        # The push may have reached the server before it stopped: one whole version, the
+        # first push's or the second's, and pushes go on after it.
+        got = call_within(CHECK_SECONDS, lambda: containers["pull()"].pull_if_newer(0, timeout=20))
+        assert got is not None and check_consistent(got[1]) in (1, 2)
+        assert containers["push"].push(filled(CONSISTENCY, 3)) > max(version, got[0])
+
     def _each_call_ends_within_its_timeout(self, container: Any, version: int) -> None:
         calls = {
             "pull(timeout=1)": lambda: container.pull(timeout=1),

@@ -4,14 +4,14 @@ their timeout."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable, Optional
 
 import pytest
 
 import varsync
 from varsync.testing._base import BLOCKED_SECONDS, SMALL, TableMaker, _Base, _wait_codes
 from varsync.testing.blocking import BlockingCall
-from varsync.testing.values import assert_bit_equal, filled
+from varsync.testing.values import assert_bit_equal, check_consistent, filled
 
 __all__ = ["VersionTests"]
 
@@ -66,6 +66,39 @@ class VersionTests(_Base):
             with pytest.raises(varsync.TableResetError, match="version 1"):
                 call()
         assert store.pull_if_newer(0)[0] == 1
+
+    def test_a_whole_version_reader_learns_of_a_new_history_at_its_own_version(
+        self, make_tables: TableMaker, connect: Callable[..., Any],
+        new_history: Optional[Callable[[str, str], None]],
+    ) -> None:
+        """A reader holding version 3, pulled whole (no ``held=``), of a table the store
+        then loses: the table made again and pushed back to version 3 holds another value
+        under the same number. ``pull_if_newer(3)`` raises TableResetError or returns the
+        new value; never None, which would claim the reader holds the current value."""
+        if new_history is None:
+            pytest.skip("no new_history fixture: the suite cannot restart this backend's history")
+        url = make_tables({"variables": SMALL})
+        reader, writer = connect(url), connect(url)
+        for number in (1, 2, 3):
+            writer.push(filled(SMALL, number))
+        version, values = reader.pull_if_newer(0)
+        assert (version, check_consistent(values)) == (3, 3)
+        new_history(url, "variables")
+        again = connect(url)
+        again.create_table("variables", SMALL)
+        for number in (11, 12, 13):
+            again.push(filled(SMALL, number))
+        assert again.version() == 3
+        try:
+            answer = reader.pull_if_newer(3)
+        except varsync.TableResetError:
+            answer = reader.pull_if_newer(0)
+            assert answer is not None, "after TableResetError, pull_if_newer(0) gave nothing"
+        assert answer is not None, (
+            "a reader holding version 3 of the old history was told nothing is newer than "
+            "version 3 of the new one: whole reads must check the history (epoch) too"
+        )
+        assert check_consistent(answer[1]) == 13
 
     def test_pull_of_an_empty_table_times_out(self, store: Any) -> None:
         started = time.monotonic()
