@@ -5,7 +5,8 @@ a waiter is waiting."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Type
+from collections.abc import Iterator, Mapping
+from typing import Any, Callable
 
 import pytest
 
@@ -35,7 +36,7 @@ CONSISTENCY = {
 }
 
 
-def _wait_codes(container: Any) -> List[Any]:
+def _wait_codes(container: Any) -> list[Any]:
     """The code of the container's backend's ``wait``: a thread running it is waiting.
     (A ``wait`` without Python code: the container's calls that make it, instead.)"""
     code = code_of(type(container.backend).wait)
@@ -61,19 +62,19 @@ class _Base:
         )
 
     @pytest.fixture
-    def connect_options(self) -> Dict[str, Any]:
+    def connect_options(self) -> dict[str, Any]:
         return {}
 
     @pytest.fixture
-    def backend_cls(self, url: str, connect_options: Dict[str, Any]) -> Type[Backend]:
+    def backend_cls(self, url: str, connect_options: dict[str, Any]) -> type[Backend]:
         return backend_class(resolve(url, dict(connect_options)).scheme)
 
     @pytest.fixture
     def connect(
-        self, connect_options: Dict[str, Any]
+        self, connect_options: dict[str, Any]
     ) -> Iterator[Callable[..., varsync.VariableContainer]]:
         """``connect(url, **more_options)``: a container, closed at teardown."""
-        made: List[varsync.VariableContainer] = []
+        made: list[varsync.VariableContainer] = []
 
         def _connect(url: str, **more: Any) -> varsync.VariableContainer:
             container = varsync.connect(url, **{**connect_options, **more})
@@ -85,7 +86,7 @@ class _Base:
             container.close()
 
     @pytest.fixture
-    def new_history(self) -> Optional[Callable[[str, str], None]]:
+    def new_history(self) -> Callable[[str, str], None] | None:
         """``new_history(url, table)``: make the store lose the table (its data deleted, as
         a server restarted without persistence, or a store removed), so that creating it
         again starts a new history; ``None`` (the default) skips the tests that need it."""
@@ -93,7 +94,7 @@ class _Base:
 
     @pytest.fixture
     def make_tables(
-        self, url: str, connect: Callable[..., Any], backend_cls: Type[Backend]
+        self, url: str, connect: Callable[..., Any], backend_cls: type[Backend]
     ) -> TableMaker:
         """``make({name: signature}) -> url`` with those tables created there."""
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from types import CodeType
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable
 
 __all__ = ["BlockingCall", "code_of"]
 
@@ -21,7 +22,7 @@ __all__ = ["BlockingCall", "code_of"]
 PATIENCE = 30.0
 
 
-def code_of(function: Any) -> Optional[CodeType]:
+def code_of(function: Any) -> CodeType | None:
     """The code object running when ``function`` (a function or method) is called, or
     ``None`` for one without Python code (a builtin)."""
     function = getattr(function, "__func__", function)
@@ -33,7 +34,7 @@ class BlockingCall:
 
     def __init__(self, fn: Callable[[], Any], what: str) -> None:
         self.what = what
-        self._outcome: List[Any] = []
+        self._outcome: list[Any] = []
         self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True,
                                         name="varsync-blocking-call")
         self._thread.start()
@@ -48,7 +49,7 @@ class BlockingCall:
         ok, value = self._outcome[0]
         return f"returned {value!r}" if ok else f"raised {type(value).__name__}: {value}"
 
-    def wait_until_inside(self, codes: Sequence[Optional[CodeType]]) -> None:
+    def wait_until_inside(self, codes: Sequence[CodeType | None]) -> None:
         """Return once the thread is running one of ``codes`` (e.g. the backend's
         ``wait``); fail if the call ends first, or if it never gets there."""
         wanted = {code for code in codes if code is not None}

@@ -21,7 +21,7 @@ import os
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple, Type
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -45,10 +45,10 @@ FORKED_PUSHES = 30
 #: How long the forked child may take (it imports nothing: a second or two is typical).
 FORKED_SECONDS = 30.0
 
-Sighting = Tuple[str, Any, Any]
+Sighting = tuple[str, Any, Any]
 
 
-def _look_from_another_process(url: str, options: Dict[str, Any], results: Any) -> None:
+def _look_from_another_process(url: str, options: dict[str, Any], results: Any) -> None:
     """Child process: report what a container here sees of table ``variables``:
     ``("no table", tables, None)``, ``("table", version, number)`` or ``("error", ...)``."""
     try:
@@ -65,7 +65,7 @@ def _look_from_another_process(url: str, options: Dict[str, Any], results: Any) 
 
 
 def _create_and_push(
-    url: str, options: Dict[str, Any], create: bool, number: int, results: Any
+    url: str, options: dict[str, Any], create: bool, number: int, results: Any
 ) -> None:
     """Child process: (create table ``variables`` and) push ``number``, then exit;
     report ``("pushed", version, None)`` or ``("error", ...)``."""
@@ -108,7 +108,7 @@ class CapabilityTests(_Base):
     # -- max_push_bytes --------------------------------------------------------------------
 
     def test_a_push_over_max_push_bytes_is_refused_and_changes_nothing(
-        self, make_tables: TableMaker, connect: Any, backend_cls: Type[Backend], tmp_path: Path
+        self, make_tables: TableMaker, connect: Any, backend_cls: type[Backend], tmp_path: Path
     ) -> None:
         limit = backend_cls.max_push_bytes
         if limit is None:
@@ -127,10 +127,11 @@ class CapabilityTests(_Base):
         finally:
             del big
         assert isinstance(caught.value, ValueError)
-        assert container.version() == 0 and container.pull_if_newer(0) is None
+        assert container.version() == 0
+        assert container.pull_if_newer(0) is None
 
     def test_a_push_of_exactly_max_push_bytes_goes_through(
-        self, make_tables: TableMaker, connect: Any, backend_cls: Type[Backend]
+        self, make_tables: TableMaker, connect: Any, backend_cls: type[Backend]
     ) -> None:
         limit = backend_cls.max_push_bytes
         if limit is None:
@@ -146,8 +147,8 @@ class CapabilityTests(_Base):
     # -- persistence -----------------------------------------------------------------------
 
     def test_tables_and_values_outlive_the_container_that_made_them(
-        self, url: str, make_tables: TableMaker, connect: Any, connect_options: Dict[str, Any],
-        backend_cls: Type[Backend],
+        self, url: str, make_tables: TableMaker, connect: Any, connect_options: dict[str, Any],
+        backend_cls: type[Backend],
     ) -> None:
         if backend_cls.supports_create_table:
             with varsync.connect(url, **connect_options) as first:
@@ -163,8 +164,8 @@ class CapabilityTests(_Base):
         assert_bit_equal(later.pull(), filled(SMALL, 4))
 
     def test_persistent_tables_outlive_the_process_that_wrote_them(
-        self, url: str, make_tables: TableMaker, connect: Any, connect_options: Dict[str, Any],
-        backend_cls: Type[Backend],
+        self, url: str, make_tables: TableMaker, connect: Any, connect_options: dict[str, Any],
+        backend_cls: type[Backend],
     ) -> None:
         if not backend_cls.persistent:
             pytest.skip("backend is not persistent")
@@ -180,7 +181,7 @@ class CapabilityTests(_Base):
         assert_bit_equal(later.pull(), filled(SMALL, 6))
 
     @pytest.fixture
-    def restart_server(self) -> Optional[Callable[[str], None]]:
+    def restart_server(self) -> Callable[[str], None] | None:
         """``restart_server(url)``: stop the server behind ``url`` (one ``make_tables``
         returned) and start it again on the same address and storage, returning once it
         serves again; ``None`` (the default: no server, or none the tests may restart)
@@ -188,8 +189,8 @@ class CapabilityTests(_Base):
         return None
 
     def test_persistent_tables_outlive_a_server_restart(
-        self, make_tables: TableMaker, connect: Any, backend_cls: Type[Backend],
-        restart_server: Optional[Callable[[str], None]],
+        self, make_tables: TableMaker, connect: Any, backend_cls: type[Backend],
+        restart_server: Callable[[str], None] | None,
     ) -> None:
         """``persistent`` promises tables that outlive server restarts: after one, a new
         container sees the table, its version and value, and the next push continues the
@@ -213,14 +214,14 @@ class CapabilityTests(_Base):
     # -- supports_blocking_wait ------------------------------------------------------------
 
     def test_a_blocking_wait_makes_no_requests_while_it_waits(
-        self, make_tables: TableMaker, connect: Any, backend_cls: Type[Backend]
+        self, make_tables: TableMaker, connect: Any, backend_cls: type[Backend]
     ) -> None:
         if not backend_cls.supports_blocking_wait:
             pytest.skip("backend does not declare supports_blocking_wait")
         url = make_tables({"variables": SMALL})
         reader, writer = connect(url), connect(url)
         writer.push(filled(SMALL, 1))
-        calls: List[str] = []
+        calls: list[str] = []
         backend = reader.backend
         for name in POLLED_METHODS:  # count the protocol calls of the reader's backend
             method = getattr(backend, name)
@@ -250,8 +251,8 @@ class CapabilityTests(_Base):
     # -- shared_across_processes -----------------------------------------------------------
 
     def test_another_process_sees_a_push_exactly_when_the_store_is_shared(
-        self, make_tables: TableMaker, connect: Any, connect_options: Dict[str, Any],
-        backend_cls: Type[Backend],
+        self, make_tables: TableMaker, connect: Any, connect_options: dict[str, Any],
+        backend_cls: type[Backend],
     ) -> None:
         url = make_tables({"variables": SMALL})
         connect(url).push(filled(SMALL, 7))
@@ -268,7 +269,7 @@ class CapabilityTests(_Base):
             )
 
     def test_a_container_used_before_a_fork_works_in_the_child_and_after(
-        self, make_tables: TableMaker, connect: Any, backend_cls: Type[Backend]
+        self, make_tables: TableMaker, connect: Any, backend_cls: type[Backend]
     ) -> None:
         """A container that pushed and pulled, then ``fork`` (multiprocessing's ``fork``
         start method, a server forking workers): the child pushes and pulls through the
@@ -305,7 +306,7 @@ class CapabilityTests(_Base):
         with warnings.catch_warnings():  # Python 3.12+ warns of a fork with threads running
             warnings.simplefilter("ignore", DeprecationWarning)
             process.start()
-        seen: List[int] = []
+        seen: list[int] = []
         try:
             deadline = time.monotonic() + FORKED_SECONDS
             while not receive.poll(0) and process.is_alive() and time.monotonic() < deadline:
@@ -328,7 +329,7 @@ class CapabilityTests(_Base):
         assert_bit_equal(connect(url).pull(), filled(SMALL, last + 1))
 
 
-def _counted(method: Callable[..., Any], name: str, calls: List[str]) -> Callable[..., Any]:
+def _counted(method: Callable[..., Any], name: str, calls: list[str]) -> Callable[..., Any]:
     def counted(*args: Any, **kwargs: Any) -> Any:
         calls.append(name)
         return method(*args, **kwargs)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import multiprocessing
 import threading
 import time
-from typing import Any, Callable, Dict, List, Tuple, Type
+from typing import Any, Callable
 
 import pytest
 
@@ -27,7 +27,7 @@ MEGABYTES = {
 }
 
 
-def _write_versions(url: str, options: Dict[str, Any], table: str, start: int, count: int,
+def _write_versions(url: str, options: dict[str, Any], table: str, start: int, count: int,
                     last: Any = None) -> None:
     """Child process: push ``count`` consistent nests (the numbers after ``start``); the
     last push's version goes into ``last`` (a shared ``multiprocessing.Value``) if given."""
@@ -48,8 +48,8 @@ class ConcurrencyTests(_Base):
     LARGE_READERS = 2
 
     def _read_until(
-        self, container: Any, stop: threading.Event, final: List[int], problems: List[str]
-    ) -> Tuple[int, int]:
+        self, container: Any, stop: threading.Event, final: list[int], problems: list[str]
+    ) -> tuple[int, int]:
         """Pull every new version until ``stop`` is set and the writer's last version
         (``final``, once the writer has finished) has been seen; return the last version
         seen and the number of the push its value came from (0, 0 if none was). A backend
@@ -82,15 +82,15 @@ class ConcurrencyTests(_Base):
         return last_version, last_number
 
     def _run_readers(self, url: str, connect: Any, writer: Callable[[], int],
-                     pushes: int = 0, readers: int = 0) -> List[str]:
+                     pushes: int = 0, readers: int = 0) -> list[str]:
         """Run ``readers`` reader threads (default :attr:`READERS`) while ``writer()``
         pushes ``pushes`` values (default :attr:`PUSHES`), numbered from 1, and returns its
         last push's version; the problems they saw, including a reader whose last version
         is not that final one or whose last value is not the last push's."""
         pushes, readers = pushes or self.PUSHES, readers or self.READERS
-        problems: List[str] = []
-        last_seen: List[Tuple[int, int]] = []
-        final: List[int] = []
+        problems: list[str] = []
+        last_seen: list[tuple[int, int]] = []
+        final: list[int] = []
         stop = threading.Event()
         threads = [
             threading.Thread(
@@ -117,8 +117,8 @@ class ConcurrencyTests(_Base):
         return problems
 
     def _guard(
-        self, container: Any, stop: threading.Event, final: List[int], problems: List[str],
-        last_seen: List[Tuple[int, int]],
+        self, container: Any, stop: threading.Event, final: list[int], problems: list[str],
+        last_seen: list[tuple[int, int]],
     ) -> None:
         try:
             last_seen.append(self._read_until(container, stop, final, problems))
@@ -150,8 +150,8 @@ class ConcurrencyTests(_Base):
         also fall while the writer is storing the next version's chunks."""
         url = make_tables({"variables": MEGABYTES})
         writer, puller = connect(url), connect(url)
-        pulled: List[int] = []
-        problems: List[str] = []
+        pulled: list[int] = []
+        problems: list[str] = []
         stop = threading.Event()
 
         def pull_again_and_again() -> None:
@@ -180,8 +180,8 @@ class ConcurrencyTests(_Base):
         assert check_consistent(writer.pull()) == self.LARGE_PUSHES
 
     def test_readers_never_see_a_mix_while_another_process_writes(
-        self, make_tables: TableMaker, connect: Any, connect_options: Dict[str, Any],
-        backend_cls: Type[Backend],
+        self, make_tables: TableMaker, connect: Any, connect_options: dict[str, Any],
+        backend_cls: type[Backend],
     ) -> None:
         if not backend_cls.shared_across_processes:
             pytest.skip("backend is not shared across processes")

@@ -15,7 +15,7 @@ import threading
 import time
 import tracemalloc
 import uuid
-from typing import Any, Callable, Dict, List, Optional, Tuple, Type
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -72,7 +72,7 @@ class ContractTests(_Base):
     NOTHING_NEWER_ROUNDS = 15
 
     @pytest.fixture
-    def other_namespace(self, url: str, connect_options: Dict[str, Any]) -> str:
+    def other_namespace(self, url: str, connect_options: dict[str, Any]) -> str:
         """A second namespace on the store of ``url``, fresh and empty: by default the URL's
         own namespace plus a unique suffix. Override it if your store must clean up
         namespaces it did not make."""
@@ -84,12 +84,12 @@ class ContractTests(_Base):
     def leak_counts(self) -> Callable[[], Counts]:
         """Counts of backend-specific resources (server-side connections, ...) that a
         closed container must give back; the same hook as :class:`FaultTests`'."""
-        return lambda: {}
+        return dict
 
     # -- namespaces ------------------------------------------------------------------------
 
     def test_namespaces_isolate_tables_versions_and_data(
-        self, url: str, make_tables: TableMaker, connect: Any, backend_cls: Type[Backend],
+        self, url: str, make_tables: TableMaker, connect: Any, backend_cls: type[Backend],
         other_namespace: str,
     ) -> None:
         if not backend_cls.supports_create_table:
@@ -119,7 +119,8 @@ class ContractTests(_Base):
         assert varsync.flatten(fresh_b.signature()) == varsync.flatten(OTHER)
         assert_bit_equal(fresh_a.pull(), filled(SMALL, 2))
         assert_bit_equal(fresh_b.pull(), {"x": np.arange(4, dtype=np.int32)})
-        assert fresh_a.version() == 2 and fresh_b.version() == 1
+        assert fresh_a.version() == 2
+        assert fresh_b.version() == 1
 
     def _sees_nothing(self, container: Any, namespace: str) -> None:
         assert container.tables() == [], (
@@ -177,7 +178,7 @@ class ContractTests(_Base):
         )
 
     def test_nothing_newer_costs_the_same_whatever_the_size_of_the_table(
-        self, make_tables: TableMaker, connect: Any, backend_cls: Type[Backend]
+        self, make_tables: TableMaker, connect: Any, backend_cls: type[Backend]
     ) -> None:
         """``pull_if_newer(current)`` answers from the version alone, never the data. Two
         measures of one container's answers on a large table (:attr:`LARGE_TABLE_BYTES`)
@@ -200,7 +201,7 @@ class ContractTests(_Base):
             f"{allocated['large']} bytes (on a tiny table: {allocated['small']}): it read "
             "the data; compare versions first"
         )
-        took: Dict[str, List[float]] = {name: [] for name in answers}
+        took: dict[str, list[float]] = {name: [] for name in answers}
         for index in range(self.NOTHING_NEWER_ROUNDS):
             for name in sorted(answers, reverse=bool(index % 2)):  # either first, in turn
                 started = time.perf_counter()
@@ -216,15 +217,15 @@ class ContractTests(_Base):
     # -- one container, many threads ---------------------------------------------------------
 
     def test_one_container_shared_by_eight_threads_pushing_and_pulling(
-        self, make_tables: TableMaker, connect: Any, backend_cls: Type[Backend]
+        self, make_tables: TableMaker, connect: Any, backend_cls: type[Backend]
     ) -> None:
         container = connect(make_tables({"variables": SHARED}))
         pushers = self.THREADS // 2
         start = threading.Barrier(self.THREADS)
         done = threading.Event()
-        pushed: Dict[int, List[Optional[int]]] = {}  # pusher -> versions its pushes returned
-        seen: List[Tuple[int, int]] = []  # (version, number) pulled
-        problems: List[str] = []
+        pushed: dict[int, list[int | None]] = {}  # pusher -> versions its pushes returned
+        seen: list[tuple[int, int]] = []  # (version, number) pulled
+        problems: list[str] = []
 
         def push(pusher: int) -> None:
             versions = pushed.setdefault(pusher, [])
@@ -360,7 +361,7 @@ class ContractTests(_Base):
                 raise AssertionError(f"{what} on a closed container did not raise")
 
     def test_a_closed_container_holds_no_connection_or_thread(
-        self, make_tables: TableMaker, connect: Any, connect_options: Dict[str, Any],
+        self, make_tables: TableMaker, connect: Any, connect_options: dict[str, Any],
         leak_counts: Callable[[], Counts],
     ) -> None:
         url = make_tables({"variables": SMALL, "warm_up": SMALL})

@@ -23,7 +23,8 @@ import signal
 import statistics
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple, Type
+from collections.abc import Iterator
+from typing import Any, Callable
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -50,18 +51,18 @@ CHECK_SECONDS = 30.0
 #: Errors a call may raise when the network or the server fails under it.
 TRANSIENT = (varsync.BackendConnectionError, varsync.PullTimeoutError)
 
-Counts = Dict[str, int]
+Counts = dict[str, int]
 
 
 class _History:
     """What one writer pushed and saw, to check every later observation against."""
 
     def __init__(self) -> None:
-        self.returned: List[int] = []
-        self.held: Tuple[int, int] = (0, 0)  # (version, number) last seen in the table
+        self.returned: list[int] = []
+        self.held: tuple[int, int] = (0, 0)  # (version, number) last seen in the table
         self.pushed = 0  # the number of the last push tried
 
-    def pushed_as(self, version: Optional[int]) -> None:
+    def pushed_as(self, version: int | None) -> None:
         if version is None:
             return
         assert version not in self.returned, f"version {version} was returned twice"
@@ -99,7 +100,7 @@ class _CallTimes:
     MEASURE_EVERY = 10
 
     def __init__(self, fn: Callable[[], Any]) -> None:
-        self.recent: List[float] = []
+        self.recent: list[float] = []
         self.calls = 0
         for _ in range(self.KEPT):
             self._timed(fn)
@@ -110,7 +111,7 @@ class _CallTimes:
         self.recent = (self.recent + [time.perf_counter() - started])[-self.KEPT:]
         return result
 
-    def interrupted(self, interrupter: Interrupter, fn: Callable[[], Any]) -> Tuple[bool, Any]:
+    def interrupted(self, interrupter: Interrupter, fn: Callable[[], Any]) -> tuple[bool, Any]:
         """``interrupter.call(fn, delay)``, the delay drawn from 0 to 1.2 times the typical
         duration; or, one call in ten, ``(True, fn())`` timed."""
         self.calls += 1
@@ -130,12 +131,12 @@ def _interrupt_rounds(rounds: int, interrupter: Interrupter) -> Iterator[int]:
         yield index
 
 
-def _write_and_report(url: str, options: Dict[str, Any], first: int, count: int,
+def _write_and_report(url: str, options: dict[str, Any], first: int, count: int,
                       start: Any, results: Any) -> None:
     """Child process: once every writer is ready (``start``, a barrier), push ``count``
     consistent nests numbered from ``first``; report the version each push returned
     (``None`` for a ConcurrentPushError)."""
-    versions: List[Optional[int]] = []
+    versions: list[int | None] = []
     try:
         with varsync.connect(url, **options) as container:
             container.version()  # connected, imports done: the pushes will overlap
@@ -171,12 +172,12 @@ class FaultTests(_Base):
         return None
 
     @pytest.fixture
-    def server_address(self) -> Callable[[str], Optional[Tuple[str, int]]]:
+    def server_address(self) -> Callable[[str], tuple[str, int] | None]:
         """``server_address(url)``: ``(host, port)`` of the server behind a URL that
         ``make_tables`` returned, for the proxy tests; ``None`` (by default, where the URL
         names no port) skips them."""
 
-        def address(url: str) -> Optional[Tuple[str, int]]:
+        def address(url: str) -> tuple[str, int] | None:
             parts = urlsplit(url)
             try:
                 port = parts.port
@@ -205,12 +206,12 @@ class FaultTests(_Base):
     def leak_counts(self) -> Callable[[], Counts]:
         """Counts of backend-specific resources that must not grow with faults (files,
         server-side connections, ...), added to the suite's own fd and thread counts."""
-        return lambda: {}
+        return dict
 
     # -- helpers ---------------------------------------------------------------------------
 
     def _assert_no_leaks(self, before: Counts, leak_counts: Callable[[], Counts],
-                         faults: int, fds_before: Dict[int, str]) -> None:
+                         faults: int, fds_before: dict[int, str]) -> None:
         """Nothing grew with the faults: a few of anything may be pooled or cached (a
         reconnection, a worker thread), one per fault may not. What other threads of a
         long test session open and close meanwhile is given a moment to settle."""
@@ -225,7 +226,7 @@ class FaultTests(_Base):
             f"descriptors new since: {sorted(new.values())[:20]}"
         )
 
-    def _baseline(self, leak_counts: Callable[[], Counts]) -> Tuple[Counts, Dict[int, str]]:
+    def _baseline(self, leak_counts: Callable[[], Counts]) -> tuple[Counts, dict[int, str]]:
         return resource_counts(leak_counts), fd_targets()
 
     def _proxy(self, server_address: Callable[[str], Any], url: str) -> Proxy:
@@ -278,7 +279,7 @@ class FaultTests(_Base):
         before, fds_before = self._baseline(leak_counts)
         with Interrupter(seed=12) as interrupter:
             for index in _interrupt_rounds(self.INTERRUPTS, interrupter):
-                calls: List[Callable[[], Any]] = [
+                calls: list[Callable[[], Any]] = [
                     reader.pull, lambda: reader.pull_if_newer(0)
                 ]
                 done, got = times.interrupted(interrupter, calls[index % 2])
@@ -314,7 +315,7 @@ class FaultTests(_Base):
         # The store still wakes a waiter, and still times one out.
         with pytest.raises(varsync.PullTimeoutError):
             call_within(CHECK_SECONDS, lambda: reader.wait_for(version, timeout=0.2))
-        woke: List[int] = []
+        woke: list[int] = []
         waiter = threading.Thread(target=lambda: woke.append(reader.wait_for(version, timeout=20)))
         waiter.start()
         writer.push(filled(CONSISTENCY, 2))
@@ -456,13 +457,13 @@ class FaultTests(_Base):
         for container in containers.values():  # connected, the table known: warmed up
             container.pull()
             container.table_info()
-        calls: Dict[str, Callable[[], Any]] = {
+        calls: dict[str, Callable[[], Any]] = {
             "push": lambda: containers["push"].push(filled(CONSISTENCY, 2)),
             "pull()": lambda: containers["pull()"].pull(),
             "version()": lambda: containers["version()"].version(),
             "table_info()": lambda: containers["table_info()"].table_info(),
         }
-        outcomes: Dict[str, Tuple[float, str]] = {}
+        outcomes: dict[str, tuple[float, str]] = {}
 
         def timed(name: str) -> None:
             started = time.monotonic()
@@ -494,7 +495,8 @@ class FaultTests(_Base):
         # The push may have reached the server before it stopped: one whole version, the
         # first push's or the second's, and pushes go on after it.
         got = call_within(CHECK_SECONDS, lambda: containers["pull()"].pull_if_newer(0, timeout=20))
-        assert got is not None and check_consistent(got[1]) in (1, 2)
+        assert got is not None
+        assert check_consistent(got[1]) in (1, 2)
         assert containers["push"].push(filled(CONSISTENCY, 3)) > max(version, got[0])
 
     def _each_call_ends_within_its_timeout(self, container: Any, version: int) -> None:
@@ -520,8 +522,8 @@ class FaultTests(_Base):
     # -- two writers -----------------------------------------------------------------------
 
     def test_two_writer_processes_never_get_the_same_version(
-        self, make_tables: TableMaker, connect: Any, connect_options: Dict[str, Any],
-        backend_cls: Type[Backend],
+        self, make_tables: TableMaker, connect: Any, connect_options: dict[str, Any],
+        backend_cls: type[Backend],
     ) -> None:
         if not backend_cls.shared_across_processes:
             pytest.skip("backend is not shared across processes")
@@ -536,7 +538,7 @@ class FaultTests(_Base):
             for first in (1, 1001)
         ]
         reader = connect(url)
-        problems: List[str] = []
+        problems: list[str] = []
         stop = threading.Event()
 
         def read() -> None:
@@ -565,7 +567,7 @@ class FaultTests(_Base):
                     process.kill()
                     process.join()
         assert problems == []
-        returned: List[int] = []
+        returned: list[int] = []
         for first, versions, error in reports:
             assert error is None, f"writer {first}: {error}"
             given = [v for v in versions if v is not None]
@@ -574,7 +576,7 @@ class FaultTests(_Base):
                 assert len(given) == count, "a push raised ConcurrentPushError on a backend " \
                     "that declares supports_concurrent_writers"
             returned += given
-        duplicates: Set[int] = {v for v in returned if returned.count(v) > 1}
+        duplicates: set[int] = {v for v in returned if returned.count(v) > 1}
         assert not duplicates, f"versions returned to both writers: {sorted(duplicates)[:10]}"
         assert reader.version() == 2 * count, "a push was lost or counted twice"
         assert max(returned, default=0) <= 2 * count

@@ -19,6 +19,7 @@ Both are public so that a backend author can aim them at engine-specific cases t
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import random
@@ -26,7 +27,7 @@ import signal
 import socket
 import threading
 import time
-from typing import Any, Callable, Dict, List, Tuple, TypeVar
+from typing import Any, Callable, TypeVar
 
 __all__ = [
     "Interrupter", "Proxy", "open_fds", "settled_fds", "settle", "resource_counts", "grown",
@@ -55,15 +56,15 @@ def settle(measure: Callable[[], T], settled: Callable[[T], bool], seconds: floa
         time.sleep(pause)  # re-measure: not a stand-in for synchronisation
 
 
-def resource_counts(extra: Callable[[], Dict[str, int]] = dict) -> Dict[str, int]:
+def resource_counts(extra: Callable[[], dict[str, int]] = dict) -> dict[str, int]:
     """Open fds and live threads of this process (after a garbage collection), plus what
     ``extra()`` counts (server connections, files, ...)."""
     gc.collect()
     return {"open fds": open_fds(), "threads": threading.active_count(), **extra()}
 
 
-def grown(before: Dict[str, int], after: Dict[str, int],
-          allowance: int = 0) -> Dict[str, Tuple[int, int]]:
+def grown(before: dict[str, int], after: dict[str, int],
+          allowance: int = 0) -> dict[str, tuple[int, int]]:
     """``{name: (before, after)}`` of the counts that grew by more than ``allowance``."""
     return {k: (before.get(k, 0), v) for k, v in after.items() if v > before.get(k, 0) + allowance}
 
@@ -79,14 +80,12 @@ def settled_fds(at_most: int, seconds: float = 2.0) -> int:
     return settle(count, lambda n: n <= at_most, seconds)
 
 
-def fd_targets() -> "Dict[int, str]":
+def fd_targets() -> dict[int, str]:
     """What each open file descriptor points at (``socket:[…]``, a path, …)."""
     targets = {}
     for name in os.listdir("/proc/self/fd"):
-        try:
+        with contextlib.suppress(OSError):  # closed meanwhile
             targets[int(name)] = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:  # closed meanwhile
-            pass
     return targets
 
 
@@ -94,7 +93,7 @@ def call_within(seconds: float, fn: Callable[[], Any]) -> Any:
     """``fn()`` on a daemon thread; its result, or its exception re-raised. If it runs
     longer than ``seconds``, :class:`AssertionError`: the call hung (a lock left held, a
     wait that ignores its timeout). The hung thread is left behind, as it must be."""
-    outcome: List[Any] = []
+    outcome: list[Any] = []
 
     def run() -> None:
         try:
@@ -130,10 +129,10 @@ class Interrupter:
         self.fired = 0
         self._armed = False
         self._previous: Any = None
-        self._previous_timer: Tuple[float, float] = (0.0, 0.0)
+        self._previous_timer: tuple[float, float] = (0.0, 0.0)
         self._entered = 0.0
 
-    def __enter__(self) -> "Interrupter":
+    def __enter__(self) -> Interrupter:
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError("an Interrupter works from the main thread only")
         self._entered = time.monotonic()
@@ -159,7 +158,7 @@ class Interrupter:
         self._armed = False  # read by the handler, which runs in this (the main) thread
         signal.setitimer(signal.ITIMER_REAL, 0)
 
-    def call(self, fn: Callable[[], Any], after: float) -> Tuple[bool, Any]:
+    def call(self, fn: Callable[[], Any], after: float) -> tuple[bool, Any]:
         """``(True, fn())``, or ``(False, None)`` if the interrupt due ``after`` seconds
         from now came first. The interrupt is disarmed when this returns, however it ends,
         so it can never escape into the caller's own code."""
@@ -191,7 +190,7 @@ class Proxy:
     """
 
     def __init__(self, host: str, port: int, listen_port: int = 0) -> None:
-        self.target: Tuple[str, int] = (host, port)
+        self.target: tuple[str, int] = (host, port)
         self.lost = 0
         self._listener = socket.create_server(("127.0.0.1", listen_port))
         self._listener.settimeout(0.2)  # accept() looks at _closed this often
@@ -201,13 +200,13 @@ class Proxy:
         self._loss = 0.0
         self._random = random.Random(0)
         self._delay = 0.0
-        self._open: List[socket.socket] = []
-        self._threads: List[threading.Thread] = []
+        self._open: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []
         self._closed = threading.Event()
         self._accepter = threading.Thread(target=self._accept, name="varsync-proxy", daemon=True)
         self._accepter.start()
 
-    def __enter__(self) -> "Proxy":
+    def __enter__(self) -> Proxy:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -277,7 +276,7 @@ class Proxy:
             self._threads = [t for t in self._threads if t.is_alive()]
 
     def _pump(self, source: socket.socket, sink: socket.socket, replies: bool,
-              pair: Tuple[socket.socket, socket.socket], asked: threading.Event) -> None:
+              pair: tuple[socket.socket, socket.socket], asked: threading.Event) -> None:
         try:
             while not self._closed.is_set():
                 data = source.recv(1 << 16)
@@ -306,8 +305,6 @@ class Proxy:
 
 
 def _close(sock: socket.socket) -> None:
-    try:
+    with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
     sock.close()

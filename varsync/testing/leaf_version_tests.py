@@ -17,7 +17,8 @@ from __future__ import annotations
 import multiprocessing
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Type
+from collections.abc import Sequence
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -48,7 +49,7 @@ def _nest(numbers: Sequence[int]) -> Any:
     )
 
 
-def _numbers(values: Any) -> List[int]:
+def _numbers(values: Any) -> list[int]:
     """The number each leaf of a :func:`_nest` holds; fails on a leaf holding two."""
     out = []
     for path, leaf in zip(LEAVES, varsync.flatten(values)):
@@ -64,11 +65,11 @@ def _leaf(index: int, number: int) -> np.ndarray:
 
 
 #: The writer's schedule for the mixing tests: push ``k`` changes these leaves.
-def _schedule(k: int) -> List[int]:
+def _schedule(k: int) -> list[int]:
     return [k % 4, 4] if k % 5 else [0, 1, 2, 3, 4]
 
 
-def _expected(version: int) -> List[int]:
+def _expected(version: int) -> list[int]:
     """Each leaf's number at ``version`` of the schedule (push 1 is whole: version 1)."""
     numbers = [1] * 5
     for k in range(2, version + 1):
@@ -77,7 +78,7 @@ def _expected(version: int) -> List[int]:
     return numbers
 
 
-def _write_schedule(url: str, options: Dict[str, Any], table: str, count: int) -> None:
+def _write_schedule(url: str, options: dict[str, Any], table: str, count: int) -> None:
     """Process or thread: push 1 whole, then pushes 2..count by :func:`_schedule`."""
     with varsync.connect(url, **options) as container:
         container.push(_nest([1] * 5), table=table)
@@ -86,7 +87,7 @@ def _write_schedule(url: str, options: Dict[str, Any], table: str, count: int) -
 
 
 def _write_one_leaf(
-    url: str, options: Dict[str, Any], index: int, count: int, start: Any
+    url: str, options: dict[str, Any], index: int, count: int, start: Any
 ) -> None:
     """Process or thread: once every writer is ready (``start``, a barrier), push leaf
     ``index`` alone with the numbers 1..count."""
@@ -118,7 +119,7 @@ class LeafVersionTests(_Base):
         return connect(delta_url)
 
     @staticmethod
-    def _needs_leaf_versions(backend_cls: Type[Backend]) -> None:
+    def _needs_leaf_versions(backend_cls: type[Backend]) -> None:
         if not backend_cls.supports_leaf_versions:
             pytest.skip("backend does not declare supports_leaf_versions")
 
@@ -157,7 +158,8 @@ class LeafVersionTests(_Base):
             delta.push_leaves({("a",): _leaf(0, 2), ("b", 0): np.zeros(999, np.float32)})
         with pytest.raises(varsync.SignatureMismatchError, match="dtype"):
             delta.push_leaves({("c",): np.zeros(4096, np.float64)})
-        assert delta.version() == 1 and _numbers(delta.pull()) == [1] * 5
+        assert delta.version() == 1
+        assert _numbers(delta.pull()) == [1] * 5
 
     def test_push_leaves_into_an_empty_table_is_refused(self, delta: Any) -> None:
         with pytest.raises(varsync.TableNotFoundError, match="first push gives every leaf"):
@@ -175,7 +177,8 @@ class LeafVersionTests(_Base):
         delta.push_leaves({("c",): _leaf(3, 2)})
         delta.push_leaves({("a",): _leaf(0, 3)})
         version, values = delta.pull_if_newer(version, held=held)
-        assert version == 3 and _numbers(values) == [3, 1, 1, 2, 1]
+        assert version == 3
+        assert _numbers(values) == [3, 1, 1, 2, 1]
         assert delta.pull_if_newer(version, held=values) is None
         assert_bit_equal(values, delta.pull())
 
@@ -184,14 +187,17 @@ class LeafVersionTests(_Base):
     ) -> None:
         delta.push(_nest([1] * 5))
         targets = _nest([0] * 5)
-        assert delta.update(targets) == 1 and _numbers(targets) == [1] * 5
+        assert delta.update(targets) == 1
+        assert _numbers(targets) == [1] * 5
         delta.push_leaves({("b", 0): _leaf(1, 2)})
         delta.push_leaves({("step",): _leaf(4, 3)})
-        assert delta.update(targets) == 3 and _numbers(targets) == [1, 2, 1, 1, 3]
-        assert delta.update(targets) == 3 and _numbers(targets) == [1, 2, 1, 1, 3]
+        assert delta.update(targets) == 3
+        assert _numbers(targets) == [1, 2, 1, 1, 3]
+        assert delta.update(targets) == 3
+        assert _numbers(targets) == [1, 2, 1, 1, 3]
 
     def test_leaf_versions_without_the_ability_is_a_clear_error(
-        self, delta: Any, backend_cls: Type[Backend]
+        self, delta: Any, backend_cls: type[Backend]
     ) -> None:
         if backend_cls.supports_leaf_versions:
             pytest.skip("backend declares supports_leaf_versions")
@@ -202,7 +208,7 @@ class LeafVersionTests(_Base):
     # -- the ability --------------------------------------------------------------------------
 
     def test_leaf_versions_say_where_each_leaf_last_changed(
-        self, delta: Any, backend_cls: Type[Backend]
+        self, delta: Any, backend_cls: type[Backend]
     ) -> None:
         self._needs_leaf_versions(backend_cls)
         assert delta.leaf_versions() == (0, _as_nest([0] * 5))
@@ -214,7 +220,7 @@ class LeafVersionTests(_Base):
         assert delta.leaf_versions() == (4, _as_nest([4] * 5))
 
     def test_a_push_does_not_send_leaves_identical_to_its_last(
-        self, delta: Any, backend_cls: Type[Backend]
+        self, delta: Any, backend_cls: type[Backend]
     ) -> None:
         self._needs_leaf_versions(backend_cls)
         for step in range(1, 4):
@@ -240,7 +246,7 @@ class LeafVersionTests(_Base):
         assert delta.leaf_versions() == (version, _as_nest([version] * 5))
 
     def test_a_small_leaf_that_stops_changing_is_skipped_from_its_first_repeat(
-        self, delta: Any, backend_cls: Type[Backend]
+        self, delta: Any, backend_cls: type[Backend]
     ) -> None:
         self._needs_leaf_versions(backend_cls)
         delta.push(_nest([1] * 5))
@@ -250,7 +256,7 @@ class LeafVersionTests(_Base):
 
     def test_a_push_after_another_writers_sends_every_leaf(
         self, delta: Any, connect: Callable[..., Any], delta_url: str,
-        backend_cls: Type[Backend],
+        backend_cls: type[Backend],
     ) -> None:
         self._needs_leaf_versions(backend_cls)
         mine = _nest([1] * 5)
@@ -262,7 +268,7 @@ class LeafVersionTests(_Base):
         assert_bit_equal(delta.pull(), mine)
 
     def test_write_leaves_refuses_a_base_that_is_not_current(
-        self, delta: Any, backend_cls: Type[Backend]
+        self, delta: Any, backend_cls: type[Backend]
     ) -> None:
         self._needs_leaf_versions(backend_cls)
         backend, specs = delta.backend, varsync.flatten(DELTA)
@@ -271,12 +277,13 @@ class LeafVersionTests(_Base):
         delta.push(_nest([1] * 5))
         delta.push_leaves({("a",): _leaf(0, 2)})
         assert backend.write_leaves("variables", {3: _leaf(3, 5)}, specs, 1) == 0
-        assert delta.version() == 2 and _numbers(delta.pull()) == [2, 1, 1, 1, 1]
+        assert delta.version() == 2
+        assert _numbers(delta.pull()) == [2, 1, 1, 1, 1]
         assert backend.write_leaves("variables", {3: _leaf(3, 5)}, specs, 2) == 3
         assert _numbers(delta.pull()) == [2, 1, 1, 5, 1]
 
     def test_read_leaves_returns_the_union_of_what_changed_since(
-        self, delta: Any, backend_cls: Type[Backend]
+        self, delta: Any, backend_cls: type[Backend]
     ) -> None:
         self._needs_leaf_versions(backend_cls)
         backend, specs = delta.backend, varsync.flatten(DELTA)
@@ -285,7 +292,8 @@ class LeafVersionTests(_Base):
         delta.push_leaves({("c",): _leaf(3, 3)})
         delta.push_leaves({("a",): _leaf(0, 4)})
         version, leaf_versions, arrays = backend.read_leaves("variables", 1, None, specs)
-        assert version == 4 and list(leaf_versions) == [4, 1, 1, 3, 1]
+        assert version == 4
+        assert list(leaf_versions) == [4, 1, 1, 3, 1]
         assert [a is not None for a in arrays] == [True, False, False, True, False]
         assert_bit_equal(arrays[0], _leaf(0, 4))
         assert_bit_equal(arrays[3], _leaf(3, 3))
@@ -299,21 +307,24 @@ class LeafVersionTests(_Base):
 
     def test_pull_if_newer_given_held_reuses_the_held_unchanged_leaves(
         self, delta: Any, connect: Callable[..., Any], delta_url: str,
-        backend_cls: Type[Backend],
+        backend_cls: type[Backend],
     ) -> None:
         self._needs_leaf_versions(backend_cls)
         delta.push(_nest([1] * 5))
         version, held = delta.pull_if_newer(0)
         delta.push_leaves({("c",): _leaf(3, 2)})
         version, values = delta.pull_if_newer(version, held=held)
-        assert values["a"] is held["a"] and values["b"][1] is held["b"][1]
-        assert values["c"] is not held["c"] and _numbers(values) == [1, 1, 1, 2, 1]
+        assert values["a"] is held["a"]
+        assert values["b"][1] is held["b"][1]
+        assert values["c"] is not held["c"]
+        assert _numbers(values) == [1, 1, 1, 2, 1]
         # a version this container did not hand out: every leaf is fetched
         _, fresh = connect(delta_url).pull_if_newer(1, held=held)
-        assert fresh["a"] is not held["a"] and _numbers(fresh) == [1, 1, 1, 2, 1]
+        assert fresh["a"] is not held["a"]
+        assert _numbers(fresh) == [1, 1, 1, 2, 1]
 
     def test_update_assigns_only_the_leaves_changed_since_its_last(
-        self, delta: Any, backend_cls: Type[Backend]
+        self, delta: Any, backend_cls: type[Backend]
     ) -> None:
         self._needs_leaf_versions(backend_cls)
         delta.push(_nest([1] * 5))
@@ -321,18 +332,21 @@ class LeafVersionTests(_Base):
         delta.update(targets)
         targets["a"][...] = -1  # not varsync's: a delta update leaves unchanged leaves be
         delta.push_leaves({("c",): _leaf(3, 2)})
-        assert delta.update(targets) == 2 and _numbers(targets) == [-1, 1, 1, 2, 1]
+        assert delta.update(targets) == 2
+        assert _numbers(targets) == [-1, 1, 1, 2, 1]
         targets["b"][0][...] = -1
-        assert delta.update(targets) == 2 and _numbers(targets) == [-1, -1, 1, 2, 1]
+        assert delta.update(targets) == 2
+        assert _numbers(targets) == [-1, -1, 1, 2, 1]
         assert delta.update(targets, delta_only=False) == 2
         assert _numbers(targets) == [1, 1, 1, 2, 1]
         # other variables of the same structure are updated whole
         others = _nest([0] * 5)
-        assert delta.update(others) == 2 and _numbers(others) == [1, 1, 1, 2, 1]
+        assert delta.update(others) == 2
+        assert _numbers(others) == [1, 1, 1, 2, 1]
 
     def test_a_leaf_unchanged_for_many_versions_stays_readable(
         self, make_tables: TableMaker, connect: Callable[..., Any],
-        backend_cls: Type[Backend],
+        backend_cls: type[Backend],
     ) -> None:
         self._needs_leaf_versions(backend_cls)
         signature = {"frozen": varsync.Spec((1024,), "float32"), "step": varsync.Spec((), "int64")}
@@ -348,13 +362,14 @@ class LeafVersionTests(_Base):
         assert_bit_equal(fresh["frozen"], frozen)
         assert int(fresh["step"]) == self.RETAINED_VERSIONS
         version, values = reader.pull_if_newer(version, table="small", held=held)
-        assert version == self.RETAINED_VERSIONS + 1 and int(values["step"]) == version - 1
+        assert version == self.RETAINED_VERSIONS + 1
+        assert int(values["step"]) == version - 1
         assert values["frozen"] is held["frozen"]
         assert writer.leaf_versions("small") == (version, {"frozen": 1, "step": version})
 
     def test_partial_pushes_from_two_writers_lose_no_leaf(
         self, delta: Any, delta_url: str, connect: Callable[..., Any],
-        connect_options: Dict[str, Any], backend_cls: Type[Backend],
+        connect_options: dict[str, Any], backend_cls: type[Backend],
     ) -> None:
         """Two writers (processes where shared), started together, push one leaf each;
         a reader checks that no version ever takes a leaf back to an older number (what
@@ -371,7 +386,7 @@ class LeafVersionTests(_Base):
             kind(target=_write_one_leaf, args=(delta_url, dict(connect_options), i, count, start))
             for i in (0, 3)
         ]
-        problems: List[str] = []
+        problems: list[str] = []
         done = threading.Event()
 
         def watch() -> None:
@@ -412,12 +427,12 @@ class LeafVersionTests(_Base):
 
     def test_readers_of_partial_pushes_never_see_a_mix(
         self, delta: Any, delta_url: str, connect: Callable[..., Any],
-        connect_options: Dict[str, Any], backend_cls: Type[Backend],
+        connect_options: dict[str, Any], backend_cls: type[Backend],
     ) -> None:
         """A writer (another process where the store is shared) pushes some leaves at a
         time; readers pulling with ``held=`` and updating in place check every version
         they get against the writer's schedule."""
-        problems: List[str] = []
+        problems: list[str] = []
         stop = threading.Event()
 
         def read(container: Any, updating: bool) -> None:
@@ -482,7 +497,7 @@ class LeafVersionTests(_Base):
 
     def test_a_reader_never_assembles_leaves_from_two_histories(
         self, delta: Any, delta_url: str, connect: Callable[..., Any],
-        new_history: Optional[Callable[[str, str], None]], backend_cls: Type[Backend],
+        new_history: Callable[[str, str], None] | None, backend_cls: type[Backend],
     ) -> None:
         if new_history is None:
             pytest.skip("no new_history fixture: the suite cannot restart this backend's history")
@@ -506,8 +521,10 @@ class LeafVersionTests(_Base):
             answer = delta.pull_if_newer(version, held=held)
         except varsync.TableResetError:
             answer = delta.pull_if_newer(0)
-        assert answer is not None and _numbers(answer[1]) == expected
-        assert delta.update(targets) == 4 and _numbers(targets) == expected
+        assert answer is not None
+        assert _numbers(answer[1]) == expected
+        assert delta.update(targets) == 4
+        assert _numbers(targets) == expected
 
 
 def _as_nest(numbers: Sequence[int]) -> Any:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import multiprocessing
 import time
-from typing import Any, Callable, Dict, Optional, Type
+from typing import Any, Callable
 
 import pytest
 
@@ -18,7 +18,7 @@ from varsync.testing.values import filled
 __all__ = ["ReaderRegistryTests"]
 
 
-def _read_as(url: str, options: Dict[str, Any], reader: str, seconds: float) -> None:
+def _read_as(url: str, options: dict[str, Any], reader: str, seconds: float) -> None:
     """Process: report as ``reader``, pull the latest version, hold on for ``seconds``."""
     with varsync.connect(url, **options) as container:
         container.report_as(reader, ttl=30)
@@ -42,12 +42,12 @@ class ReaderRegistryTests(_Base):
         return connect(registry_url)
 
     @staticmethod
-    def _needs_reader_registry(backend_cls: Type[Backend]) -> None:
+    def _needs_reader_registry(backend_cls: type[Backend]) -> None:
         if not backend_cls.supports_reader_registry:
             pytest.skip("backend does not declare supports_reader_registry")
 
     def test_without_a_registry_the_calls_say_so(
-        self, store: Any, backend_cls: Type[Backend]
+        self, store: Any, backend_cls: type[Backend]
     ) -> None:
         if backend_cls.supports_reader_registry:
             pytest.skip("backend declares supports_reader_registry")
@@ -60,7 +60,7 @@ class ReaderRegistryTests(_Base):
 
     def test_readers_report_the_version_they_hold(
         self, learner: Any, connect: Callable[..., Any], registry_url: str,
-        backend_cls: Type[Backend],
+        backend_cls: type[Backend],
     ) -> None:
         self._needs_reader_registry(backend_cls)
         store, url = learner, registry_url
@@ -84,12 +84,13 @@ class ReaderRegistryTests(_Base):
             time.sleep(0.01)
         assert versions == {"actor-0": 2, "actor-1": 1, "actor-2": 1}
         info = {r.reader: r for r in store.readers()}
-        assert info["actor-1"].lag(store.version()) == 1 and info["actor-0"].lag(2) == 0
+        assert info["actor-1"].lag(store.version()) == 1
+        assert info["actor-0"].lag(2) == 0
         assert all(r.host and r.pid > 0 and r.reported <= r.expires for r in info.values())
 
     def test_a_reader_that_stops_expires(
         self, learner: Any, connect: Callable[..., Any], registry_url: str,
-        backend_cls: Type[Backend],
+        backend_cls: type[Backend],
     ) -> None:
         self._needs_reader_registry(backend_cls)
         store, url = learner, registry_url
@@ -109,7 +110,7 @@ class ReaderRegistryTests(_Base):
 
     def test_wait_for_readers_times_out_naming_who_holds_what(
         self, learner: Any, connect: Callable[..., Any], registry_url: str,
-        backend_cls: Type[Backend],
+        backend_cls: type[Backend],
     ) -> None:
         self._needs_reader_registry(backend_cls)
         store, url = learner, registry_url
@@ -128,7 +129,7 @@ class ReaderRegistryTests(_Base):
 
     def test_a_report_of_an_earlier_history_is_never_counted(
         self, learner: Any, connect: Callable[..., Any], registry_url: str,
-        new_history: Optional[Callable[[str, str], None]], backend_cls: Type[Backend],
+        new_history: Callable[[str, str], None] | None, backend_cls: type[Backend],
     ) -> None:
         """A reader holding version 3 of a table whose store then lost it: the table made
         again and pushed past 3 is another history, and the reader holds none of it.
@@ -162,8 +163,8 @@ class ReaderRegistryTests(_Base):
         assert [r.version for r in store.readers()] == [5]
 
     def test_a_learner_waits_for_readers_in_other_processes(
-        self, learner: Any, registry_url: str, connect_options: Dict[str, Any],
-        backend_cls: Type[Backend],
+        self, learner: Any, registry_url: str, connect_options: dict[str, Any],
+        backend_cls: type[Backend],
     ) -> None:
         self._needs_reader_registry(backend_cls)
         if not backend_cls.shared_across_processes:

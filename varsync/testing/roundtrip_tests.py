@@ -4,7 +4,8 @@ changing what was pushed nor what was pulled changes the table."""
 from __future__ import annotations
 
 import collections
-from typing import Any, Dict, List, Type
+import contextlib
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ __all__ = ["RoundTripTests", "DTYPE_VALUES", "Point", "ml_dtype_values"]
 Point = collections.namedtuple("Point", ["x", "y"])
 
 #: Every dtype a TF-Agents user pushes, with values that stress bit-exactness.
-DTYPE_VALUES: Dict[str, List[Any]] = {
+DTYPE_VALUES: dict[str, list[Any]] = {
     "bool": [True, False, True],
     "int8": [-128, 127, 0, -1],
     "int16": [-32768, 32767, 0, -1],
@@ -38,7 +39,7 @@ DTYPE_VALUES: Dict[str, List[Any]] = {
 }
 
 
-def ml_dtype_values(name: str) -> Dict[str, np.ndarray]:
+def ml_dtype_values(name: str) -> dict[str, np.ndarray]:
     """Values of one of :data:`~varsync.spec.ML_DTYPE_NAMES` that stress bit-exactness:
     every bit pattern of the dtype (every NaN payload, both zeros and infinities, every
     subnormal) in a 2-d array, a 0-d array and an empty one."""
@@ -63,7 +64,7 @@ class RoundTripTests(_Base):
         assert_bit_equal(container.pull(), values)
 
     def test_every_declared_ml_dtype_round_trips_bit_exactly(
-        self, make_tables: TableMaker, connect: Any, backend_cls: Type[Backend]
+        self, make_tables: TableMaker, connect: Any, backend_cls: type[Backend]
     ) -> None:
         declared = backend_cls.supported_ml_dtypes
         unknown = sorted(set(declared) - set(ML_DTYPE_NAMES))
@@ -104,7 +105,8 @@ class RoundTripTests(_Base):
         values = {"policy": [np.ones((3, 2), np.float32), np.ones(2, np.float32)], "train_step": 12}
         store.push(values)
         pulled = store.pull()
-        assert pulled["train_step"].dtype == np.int64 and int(pulled["train_step"]) == 12
+        assert pulled["train_step"].dtype == np.int64
+        assert int(pulled["train_step"]) == 12
 
     def test_non_contiguous_and_big_endian_inputs_round_trip(
         self, make_tables: TableMaker, connect: Any
@@ -134,10 +136,13 @@ class RoundTripTests(_Base):
         container = connect(make_tables({"variables": values}))
         container.push(values)
         pulled = container.pull()
-        assert isinstance(pulled, dict) and sorted(pulled) == ["a", "b", "c"]
-        assert isinstance(pulled["b"], list) and isinstance(pulled["b"][1], tuple)
+        assert isinstance(pulled, dict)
+        assert sorted(pulled) == ["a", "b", "c"]
+        assert isinstance(pulled["b"], list)
+        assert isinstance(pulled["b"][1], tuple)
         point = pulled["a"]["y"]
-        assert type(point).__name__ == "Point" and point._fields == ("x", "y")
+        assert type(point).__name__ == "Point"
+        assert point._fields == ("x", "y")
         assert isinstance(point.y, list)
         assert pulled["c"] == ()
         assert_bit_equal(pulled, values)
@@ -163,7 +168,7 @@ class RoundTripTests(_Base):
             if leaf.flags.writeable:
                 leaf[...] = 9
             else:
-                with pytest.raises(ValueError):
+                with pytest.raises(ValueError, match="read-only"):
                     leaf[...] = 9
         assert_bit_equal(store.pull(), filled(SMALL, 4))
 
@@ -172,10 +177,8 @@ class RoundTripTests(_Base):
         for leaf in varsync.flatten(store.pull()):
             array: Any = leaf
             while isinstance(array, np.ndarray):  # the leaf, then every array it views
-                try:
+                with contextlib.suppress(ValueError):  # refused: as for memory the store shares
                     array.flags.writeable = True
-                except ValueError:
-                    pass  # refused: as it should be for memory the store shares
                 if array.flags.writeable:
                     array.reshape(-1).view(np.uint8)[...] = 0x5A
                 array = array.base
@@ -195,7 +198,8 @@ class RoundTripTests(_Base):
         targets["train_step"] = np.zeros((), np.int32)  # wrong dtype, last in flat order
         with pytest.raises(varsync.SignatureMismatchError):
             store.update(targets)
-        assert not targets["policy"][0].any() and not targets["policy"][1].any()
+        assert not targets["policy"][0].any()
+        assert not targets["policy"][1].any()
 
     def test_large_nest_round_trips(self, make_tables: TableMaker, connect: Any) -> None:
         rng = np.random.default_rng(0)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import importlib
 import warnings
-from typing import Any, Dict
+from typing import Any
 
 #: Old name -> (module it lives in now, where to import it from instead).
-_MOVED: Dict[str, tuple] = {
+_MOVED: dict[str, tuple] = {
     "TableTests": ("varsync.testing.table_tests", "varsync.testing"),
     "RoundTripTests": ("varsync.testing.roundtrip_tests", "varsync.testing"),
     "ValidationTests": ("varsync.testing.validation_tests", "varsync.testing"),

@@ -7,7 +7,7 @@ import multiprocessing
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Tuple, Type
+from typing import Any
 
 import numpy as np
 import pytest
@@ -38,10 +38,10 @@ RACE_SPIN = 0.002
 
 #: What a racer reports of one create_table: ``("created", shape)`` with the shape of the
 #: signature returned, ``("exists", None)`` for TableExistsError, ``("error", text)``.
-Outcome = Tuple[str, Any]
+Outcome = tuple[str, Any]
 
 
-def _race_signature(round_: int, racer: int) -> Dict[str, varsync.Spec]:
+def _race_signature(round_: int, racer: int) -> dict[str, varsync.Spec]:
     """The signature racer ``racer`` asks for in round ``round_``."""
     return {"x": varsync.Spec((2,) if round_ % 4 == 0 else (3 + racer,), "float32")}
 
@@ -57,15 +57,15 @@ def _at(instant: float) -> None:
         pass
 
 
-def _create_in_rounds(url: str, options: Dict[str, Any], process: int, barrier: Any,
+def _create_in_rounds(url: str, options: dict[str, Any], process: int, barrier: Any,
                       start: Any, results: Any) -> None:
     """Child process: :data:`RACERS_PER_PROCESS` threads, each with a container of its own,
     create table ``race<round>`` at each round's instant; report ``{racer: [outcome per
     round]}`` and an error or ``None``. ``barrier``: every racer connected; ``start``: a
     shared double, the first round's instant, which one racer sets between two waits."""
     sys.setswitchinterval(1e-5)  # the threads' calls interleave, not take turns
-    outcomes: Dict[int, List[Outcome]] = {}
-    errors: List[str] = []
+    outcomes: dict[int, list[Outcome]] = {}
+    errors: list[str] = []
     here = threading.Barrier(RACERS_PER_PROCESS)
 
     def race(racer: int, container: Any) -> None:
@@ -121,7 +121,7 @@ class TableTests(_Base):
         assert varsync.flatten(info.signature) == varsync.flatten(SMALL)
 
     @pytest.fixture
-    def created_by_client(self, url: str, connect: Any, backend_cls: Type[Backend]) -> Any:
+    def created_by_client(self, url: str, connect: Any, backend_cls: type[Backend]) -> Any:
         """A container with table ``t`` created by ``create_table`` (skips where clients
         cannot create tables)."""
         if not backend_cls.supports_create_table:
@@ -161,7 +161,8 @@ class TableTests(_Base):
             with pytest.raises(varsync.TableNotFoundError) as caught:
                 call()
             assert isinstance(caught.value, KeyError)
-            assert "missing" in str(caught.value) and "variables" in str(caught.value)
+            assert "missing" in str(caught.value)
+            assert "variables" in str(caught.value)
 
     def test_tables_are_independent(self, make_tables: TableMaker, connect: Any) -> None:
         container = connect(make_tables({"a": SMALL, "b": {"x": varsync.Spec((4,), "int32")}}))
@@ -174,8 +175,8 @@ class TableTests(_Base):
         assert_bit_equal(container.pull("b"), {"x": np.arange(4, dtype=np.int32)})
 
     def test_two_processes_creating_one_table_at_once_end_with_one_signature(
-        self, url: str, connect: Any, connect_options: Dict[str, Any],
-        backend_cls: Type[Backend],
+        self, url: str, connect: Any, connect_options: dict[str, Any],
+        backend_cls: type[Backend],
     ) -> None:
         """``create_table`` is atomic across processes and threads. Racers (two processes,
         two threads each) create the same tables at the same instants: asking
@@ -208,7 +209,7 @@ class TableTests(_Base):
         assert [error for _, _, error in reports] == [None, None]
         outcomes = {racer: got for _, by_racer, _ in reports for racer, got in by_racer.items()}
         stored = connect(url)
-        problems: List[str] = []
+        problems: list[str] = []
         for round_ in range(RACE_ROUNDS):
             got = {racer: outcomes[racer][round_] for racer in sorted(outcomes)}
             held = tuple(varsync.flatten(stored.signature(f"race{round_}"))[0].shape)

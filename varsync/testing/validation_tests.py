@@ -60,4 +60,5 @@ class ValidationTests(_Base):
             store.push(self.BAD_PUSHES["wrong dtype"])
         message = str(caught.value)
         assert "['policy'][0]" in message
-        assert "float32" in message and "float64" in message
+        assert "float32" in message
+        assert "float64" in message

@@ -4,7 +4,7 @@ their timeout."""
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import pytest
 
@@ -69,7 +69,7 @@ class VersionTests(_Base):
 
     def test_a_whole_version_reader_learns_of_a_new_history_at_its_own_version(
         self, make_tables: TableMaker, connect: Callable[..., Any],
-        new_history: Optional[Callable[[str, str], None]],
+        new_history: Callable[[str, str], None] | None,
     ) -> None:
         """A reader holding version 3, pulled whole (no ``held=``), of a table the store
         then loses: the table made again and pushed back to version 3 holds another value
