@@ -14,9 +14,9 @@ layers, weight and bias), ``nbytes`` in all (100 MB in ``make bench``: 25 layers
   ``update(module)``, on the same redis-server.
 - ``torchrl``: TorchRL's own ``SharedMemWeightSyncScheme`` and
   ``MultiProcessWeightSyncScheme`` against varsync's ``VarsyncWeightSyncScheme`` over shm://,
-  the sender side here, the receivers in one spawned worker process (:func:`torchrl`):
-  from ``send`` until the worker's policy holds the new weights. Skipped, with the reason,
-  where torchrl does not import.
+  unconfirmed and confirmed, the sender side here, the receivers in one spawned worker
+  process (:func:`torchrl`): from ``send`` until the worker's policy holds the new weights.
+  Skipped, with the reason, where torchrl does not import.
 - ``jax shm``: the learner pushes the tree once per round (untimed); the actor's
   ``store.pull(like=tree)`` against ``jax.device_put`` of the same tree of numpy arrays, both
   until ``jax.block_until_ready``.
@@ -278,7 +278,8 @@ def torchrl_slot() -> Optional[str]:
 #: The contenders of the torchrl part: (contender, TorchRL's scheme class or None).
 TORCHRL_SCHEMES = (("torchrl SharedMem", "SharedMemWeightSyncScheme"),
                    ("torchrl MultiProcess", "MultiProcessWeightSyncScheme"),
-                   ("varsync shm://", None))
+                   ("varsync shm://", None),
+                   ("varsync shm://, confirmed", None))
 TORCHRL_WAIT = 120.0  # seconds, the bound of every wait on a worker
 
 
@@ -292,8 +293,11 @@ def torchrl(plan: Frameworks) -> Dict[Tuple[str, str], List[float]]:
     varsync's, with ``background=False``, applies in ``receive()`` and the worker
     acknowledges on a queue. Timed: from ``send`` until the worker's policy holds the new
     weights. TorchRL's ``send`` (sync=True, its default) returns on the worker's
-    acknowledgement; varsync's returns once the push is stored, then the trainer waits for
-    the worker's (timed apart: "send", "until the worker applied")."""
+    acknowledgement; varsync's unconfirmed one (``varsync shm://``) returns once the push is
+    stored, then the trainer waits for the worker's (timed apart: "send", "until the worker
+    applied"); its confirmed one (``varsync shm://, confirmed``: ``sync=True``, its
+    default, with ``num_workers=1``) returns once the worker's background thread applied
+    the version and reported it in the reader registry, as a collector's would."""
     import queue
 
     import torch
@@ -310,10 +314,14 @@ def torchrl(plan: Frameworks) -> Dict[Tuple[str, str], List[float]]:
     worker = None
     try:
         for contender, cls in TORCHRL_SCHEMES:
-            if cls is None:
+            if contender == "varsync shm://":
                 scheme = VarsyncWeightSyncScheme(f"shm://{name}", "policy", background=False,
                                                  timeout=TORCHRL_WAIT)
                 scheme.init_on_sender(model_id="policy", model=trainer)
+            elif cls is None:
+                scheme = VarsyncWeightSyncScheme(f"shm://{name}-confirmed", "policy",
+                                                 timeout=TORCHRL_WAIT)
+                scheme.init_on_sender(model_id="policy", model=trainer, num_workers=1)
             else:
                 scheme = getattr(weight_update, cls)()
                 scheme.init_on_sender(model_id="policy", model=policy(plan, 2),
@@ -353,6 +361,7 @@ def torchrl(plan: Frameworks) -> Dict[Tuple[str, str], List[float]]:
             [("torchrl MultiProcess", "send", send("torchrl MultiProcess"))],
             [("varsync shm://", "send", send("varsync shm://")),
              ("varsync shm://", "until the worker applied", reply)],
+            [("varsync shm://, confirmed", "send", send("varsync shm://, confirmed"))],
         ]
         samples = in_rounds(turns, plan.rounds, plan.warm, train_step)
         expected = _digest(trainer)
@@ -379,6 +388,7 @@ def torchrl(plan: Frameworks) -> Dict[Tuple[str, str], List[float]]:
             q.close()
             q.cancel_join_thread()
         varsync_shm.remove_store(name)
+        varsync_shm.remove_store(f"{name}-confirmed")
 
 
 def _digest(module: Any) -> List[float]:
@@ -388,9 +398,10 @@ def _digest(module: Any) -> List[float]:
 def _torchrl_worker(schemes: Dict[str, Any], plan: Frameworks, commands: Any,
                     replies: Any) -> None:
     """A collector's worker, reduced to its weight sync: the receiver side of each scheme,
-    each for a policy of its own. varsync's scheme (``background=False``) applies each
-    newer version in ``receive`` here and answers its version; TorchRL's apply in their
-    background threads and acknowledge through their own queues. ``commands``:
+    each for a policy of its own. varsync's unconfirmed scheme (``background=False``)
+    applies each newer version in ``receive`` here and answers its version; TorchRL's and
+    varsync's confirmed one apply in their background threads and acknowledge, through
+    their own queues or the reader registry. ``commands``:
     ("digest", contender): answer that policy's per-tensor sums; ("stop", None)."""
     import queue
 
@@ -399,7 +410,7 @@ def _torchrl_worker(schemes: Dict[str, Any], plan: Frameworks, commands: Any,
     for contender, scheme in schemes.items():
         scheme.init_on_receiver(model_id="policy", model=models[contender], worker_idx=0)
         scheme.connect(worker_idx=0)
-        if type(scheme).__name__ == "VarsyncWeightSyncScheme":
+        if type(scheme).__name__ == "VarsyncWeightSyncScheme" and not scheme.background:
             applying.append(scheme)
     replies.put("ready")
     deadline = time.monotonic() + 3600

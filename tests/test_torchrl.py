@@ -1,15 +1,17 @@
 """varsync.integrations.torchrl: TorchRL collectors take their policy weights from a
 varsync URL, through TorchRL's own extension point (a WeightSyncScheme subclass).
 
-Real collectors on TorchRL's PendulumEnv (pure torch, no gym): a single-process
-``Collector`` receiving over memory://, and a ``MultiSyncCollector`` whose spawned
-workers receive over shm:// and redis://. A policy's action is a linear function of the
-observation, so each collected batch shows which weights produced it.
+Real collectors on TorchRL's PendulumEnv (pure torch, no gym): single-process
+``Collector``s receiving over memory://, and ``MultiSyncCollector`` and
+``MultiAsyncCollector`` whose spawned workers receive over shm:// and redis://. A policy's
+action is a linear function of the observation, or (tests/torchrl_helpers.py) a constant
+that names the version of its weights, so each collected frame shows which weights
+produced it.
 """
 
 from __future__ import annotations
 
-import itertools
+import gc
 import logging
 import os
 import pathlib
@@ -33,8 +35,15 @@ import torch  # noqa: E402
 from tensordict import TensorDict  # noqa: E402
 from tensordict.nn import TensorDictModule  # noqa: E402
 from torchrl._utils import logger as torchrl_logger  # noqa: E402
-from torchrl.collectors import Collector, MultiSyncCollector  # noqa: E402
+from torchrl.collectors import Collector, MultiAsyncCollector, MultiSyncCollector  # noqa: E402
 from torchrl.envs import PendulumEnv  # noqa: E402
+from torchrl_helpers import (  # noqa: E402
+    acted_versions,
+    make_version_policy,
+    old_then_new,
+    set_version,
+    stale_frames,
+)
 
 import varsync  # noqa: E402
 from varsync.integrations.torchrl import VarsyncWeightSyncScheme  # noqa: E402
@@ -75,27 +84,6 @@ def acted_by(policy: TensorDictModule, batch: Any) -> bool:
     return torch.allclose(batch["action"], expected, atol=1e-6)
 
 
-def each_step_acted_by_one_of(batch: Any, *policies: TensorDictModule) -> bool:
-    with torch.no_grad():
-        close = [
-            torch.isclose(batch["action"], p.module(batch["th"], batch["thdot"]), atol=1e-6)
-            for p in policies
-        ]
-    return bool(torch.stack(close).any(0).all())
-
-
-def tensor_by_tensor_mixes(old: TensorDictModule, new: TensorDictModule) -> list[TensorDictModule]:
-    """Every policy whose each tensor is ``old``'s or ``new``'s: what a worker runs while
-    the background thread copies an update one tensor after another (the module doc)."""
-    old_state, new_state = old.state_dict(), new.state_dict()
-    mixes = []
-    for choice in itertools.product((old_state, new_state), repeat=len(old_state)):
-        mix = make_policy(0)
-        mix.load_state_dict({k: state[k] for k, state in zip(old_state, choice)})
-        mixes.append(mix)
-    return mixes
-
-
 def eventually(check: Callable[[], bool], within: float = 10.0) -> bool:
     deadline = time.monotonic() + within
     while not check():
@@ -105,18 +93,36 @@ def eventually(check: Callable[[], bool], within: float = 10.0) -> bool:
     return True
 
 
-def publisher_for(url: str, policy: torch.nn.Module, **options: Any) -> VarsyncWeightSyncScheme:
+def publisher_for(
+    url: str, policy: torch.nn.Module, workers: int = 0, **options: Any
+) -> VarsyncWeightSyncScheme:
     scheme = VarsyncWeightSyncScheme(url, "policy", **options)
-    scheme.init_on_sender(model=policy)
+    scheme.init_on_sender(model=policy, num_workers=workers)
     scheme.connect()
     return scheme
 
 
-def collector_for(url: str, policy: TensorDictModule, **options: Any) -> Collector:
+def collector_for(
+    url: str, policy: TensorDictModule, worker_idx: Any = None, **options: Any
+) -> Collector:
     return Collector(
-        PendulumEnv(), policy, frames_per_batch=8, total_frames=-1,
+        PendulumEnv(), policy, frames_per_batch=8, total_frames=-1, worker_idx=worker_idx,
+        track_policy_version=True,
         weight_recv_schemes={"policy": VarsyncWeightSyncScheme(url, "policy", **options)},
     )
+
+
+def shut(*collectors: Any) -> None:
+    """Collectors, then their receiving schemes (Collector.shutdown leaves them running)."""
+    for collector in collectors:
+        collector.shutdown()
+        for scheme in getattr(collector, "_receiver_schemes", {}).values():
+            scheme.shutdown()
+
+
+def frame_versions(batch: Any) -> torch.Tensor:
+    """The policy version each frame was tagged with (the collector's PolicyVersion)."""
+    return batch["next", "policy_version"]
 
 
 def memory_url() -> str:
@@ -222,6 +228,126 @@ def test_send_takes_a_module_a_tensordict_or_a_state_dict() -> None:
         publisher.shutdown()
 
 
+# -- confirmed sends (TorchRL's default): in one process, receivers as workers 0 and 1 -----
+
+
+def test_send_returns_once_every_worker_applied_the_version() -> None:
+    url = memory_url()
+    trainer = make_version_policy(0)
+    publisher = publisher_for(url, trainer, workers=2)
+    actors = [make_version_policy(9), make_version_policy(9)]
+    collectors = [collector_for(url, actor, worker_idx=i) for i, actor in enumerate(actors)]
+    try:
+        for version in range(1, 6):
+            set_version(trainer, version)
+            assert publisher.send() == version + 1  # table version 1: the first weights
+            # no waiting here: send returned after both workers applied it
+            assert all(same_weights(actor, trainer) for actor in actors)
+            for collector in collectors:
+                batch = next(iter(collector))
+                assert stale_frames(batch, version) == 0
+                # the collector's policy version was bumped before the worker reported
+                assert (frame_versions(batch) == version).all()
+        with varsync.connect(url) as store:
+            held = {r.reader: r.version for r in store.readers("policy")}
+        assert held == {"policy-worker-0": 6, "policy-worker-1": 6}
+    finally:
+        shut(*collectors)
+        publisher.shutdown()
+
+
+def test_a_worker_that_does_not_confirm_is_named_when_send_times_out() -> None:
+    url = memory_url()
+    trainer = make_version_policy(0)
+    publisher = publisher_for(url, trainer, workers=2, timeout=1.0)
+    actor = make_version_policy(9)
+    present = collector_for(url, actor, worker_idx=0)
+    stranger = collector_for(url, make_version_policy(9))  # reports, but is no worker of it
+    try:
+        set_version(trainer, 1)
+        with pytest.raises(varsync.PullTimeoutError) as raised:
+            publisher.send()
+        message = str(raised.value)
+        assert "1 of the 2 workers did not confirm version 2" in message
+        assert "policy-worker-1 (no report)" in message
+        assert "policy-worker-0" not in message
+        assert "sync=False" in message
+        with varsync.connect(url) as store:
+            assert store.version("policy") == 2  # published all the same
+        assert same_weights(actor, trainer)
+    finally:
+        shut(present, stranger)
+        publisher.shutdown()
+
+
+def test_without_sync_send_returns_once_the_push_is_stored() -> None:
+    url = memory_url()
+    trainer = make_version_policy(0)
+    # two workers announced, none there: a confirmed send would time out after 30 s
+    publisher = publisher_for(url, trainer, workers=2, sync=False)
+    try:
+        set_version(trainer, 1)
+        assert publisher.send() == 2
+        with varsync.connect(url) as store:
+            assert store.version("policy") == 2
+    finally:
+        publisher.shutdown()
+
+
+def test_confirmed_sends_that_could_never_be_confirmed_are_refused() -> None:
+    class TwoWorkerCollector:  # what the scheme reads of a multi-process collector
+        num_workers = 2
+        policy = make_version_policy(0)
+
+    scheme = VarsyncWeightSyncScheme(memory_url(), "policy", background=False)
+    with pytest.raises(varsync.ConfigurationError, match="sync=False with background=False"):
+        scheme.init_on_sender(model_id="policy", context=TwoWorkerCollector())
+    VarsyncWeightSyncScheme(memory_url(), "policy", background=False, sync=False).init_on_sender(
+        model_id="policy", context=TwoWorkerCollector())
+
+
+# -- what the sender is given ----------------------------------------------------------------
+
+
+def test_the_sender_keeps_the_model_it_was_given() -> None:
+    url = memory_url()
+    scheme = VarsyncWeightSyncScheme(url, "policy")
+    scheme.init_on_sender(model=make_version_policy(3), model_id="policy")
+    gc.collect()  # TorchRL's base class holds the model by weak reference only
+    scheme.connect()
+    try:
+        assert scheme.send() == 2
+        with varsync.connect(url) as store:
+            pulled = store.pull("policy")
+        assert float(pulled["module.weight"][0]) == pytest.approx(0.03)
+    finally:
+        scheme.shutdown()
+
+
+def test_weights_per_worker_are_refused_saying_what_to_do_instead() -> None:
+    url = memory_url()
+    trainer = make_version_policy(0)
+    publisher = publisher_for(url, trainer)
+    try:
+        with pytest.raises(varsync.ConfigurationError, match=r"weights per worker.*\[0, 1\].*"
+                           "one set of weights for all of them"):
+            publisher.send({0: trainer.state_dict(), 1: trainer.state_dict()})
+        with pytest.raises(varsync.ConfigurationError, match="params_map"):
+            VarsyncWeightSyncScheme(url, "policy").init_on_sender(
+                params_map={0: TensorDict.from_module(trainer)})
+
+        class TwoFactories:  # a collector given one policy factory per worker
+            num_workers = 2
+            policy = None
+            policy_factory = [make_version_policy, lambda: make_version_policy(1)]
+
+        with pytest.raises(varsync.ConfigurationError, match="2 factories"):
+            VarsyncWeightSyncScheme(memory_url(), "policy").init_on_sender(
+                model_id="policy", context=TwoFactories())
+    finally:
+        publisher.shutdown()
+
+
 # -- timeouts and misuse -------------------------------------------------------------------
 
 
@@ -259,48 +385,122 @@ def test_bad_arguments_are_refused() -> None:
         VarsyncWeightSyncScheme("memory://x", timeout=0)
 
 
-# -- several processes: a MultiSyncCollector's spawned workers ------------------------------
+# -- several processes: the spawned workers of MultiSync and MultiAsync collectors ----------
+#
+# Each test starts two workers (about 10 s on 2 cores), so each checks several things.
+# The policy acts weight + offset (a parameter and a buffer): every frame names the
+# version that acted, and a frame acted between two versions' tensors names none.
+
+FRAMES = 200  # per batch, 100 per worker: the reproduction of issue 37
 
 
 @pytest.fixture(params=["shm", "redis"])
 def shared_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
     if request.param == "shm":
-        pytest.importorskip("varsync_shm", reason="shm:// needs varsync_shm")
-        # under the test's own directory, removed with it (not a store left in /dev/shm)
-        return f"shm://torchrl-{uuid.uuid4().hex[:12]}?root={tmp_path}"
+        return shm_url(tmp_path)
     return request.getfixturevalue("redis_namespace")()
 
 
-def test_a_multiprocess_collector_follows_the_trainer(shared_url: str) -> None:
-    # shm://: two workers read one push; redis://: one worker (spawning one costs ~15 s).
-    workers = 2 if shared_url.startswith("shm://") else 1
-    trainer = make_policy(0)
+def shm_url(tmp_path: Any) -> str:
+    pytest.importorskip("varsync_shm", reason="shm:// needs varsync_shm")
+    # under the test's own directory, removed with it (not a store left in /dev/shm)
+    return f"shm://torchrl-{uuid.uuid4().hex[:12]}?root={tmp_path}"
+
+
+def test_after_a_confirmed_update_the_next_batch_holds_no_stale_frame(shared_url: str) -> None:
+    trainer = make_version_policy(0)
     scheme = VarsyncWeightSyncScheme(shared_url, "policy")
     collector = MultiSyncCollector(
-        [PendulumEnv] * workers, trainer, frames_per_batch=8 * workers, total_frames=-1,
-        weight_sync_schemes={"policy": scheme},
+        [PendulumEnv] * 2, trainer, frames_per_batch=FRAMES, total_frames=-1,
+        track_policy_version=True, weight_sync_schemes={"policy": scheme},
     )
     try:
         batches = iter(collector)
-        assert scheme.version == 1  # published before the workers started
-        assert acted_by(trainer, next(batches))  # stateless workers got version 1
-        before = make_policy(0)
-        train_step(trainer)
-        collector.update_policy_weights_(trainer)
-        assert scheme.version == 2
-        with varsync.connect(shared_url) as store:
-            assert store.version("policy") == 2
-        # Batches collected before the workers applied version 2 may still come.
-        for _ in range(50):
+        assert stale_frames(next(batches), 0) == 0  # the stateless workers got version 1
+        for version in range(1, 6):
+            set_version(trainer, version)
+            collector.update_policy_weights_(trainer)  # returns once both workers applied it
             batch = next(batches)
-            if acted_by(trainer, batch):
-                break
-            # each step ran old or new weights, tensor by tensor (a step between the
-            # weight's copy and the bias's runs one of each)
-            assert each_step_acted_by_one_of(batch, *tensor_by_tensor_mixes(before, trainer))
-        else:
-            pytest.fail("the workers never collected with the published weights")
-        assert all(acted_by(trainer, next(batches)) for _ in range(2))
+            assert batch.numel() == FRAMES
+            assert stale_frames(batch, version) == 0, acted_versions(batch, range(version + 1))
+            assert (frame_versions(batch) == version).all()  # each worker bumped once
+        # the workers' policy versions (and policies) as saved, restored after an update
+        saved = collector.state_dict()
+        assert [saved[f"worker{i}"]["policy_version"] for i in range(2)] == [5, 5]
+        set_version(trainer, 6)
+        collector.update_policy_weights_(trainer)
+        assert (frame_versions(next(batches)) == 6).all()
+        collector.load_state_dict(saved)
+        batch = next(batches)
+        assert (frame_versions(batch) == 5).all() and stale_frames(batch, 5) == 0
+        set_version(trainer, 7)
+        collector.update_policy_weights_(trainer)
+        batch = next(batches)
+        assert (frame_versions(batch) == 6).all() and stale_frames(batch, 7) == 0
+    finally:
+        collector.shutdown()
+        scheme.shutdown()
+
+
+def test_a_multi_async_collector_made_by_a_policy_factory_follows_confirmed_updates(
+    tmp_path: Any,
+) -> None:
+    url = shm_url(tmp_path)
+    trainer = make_version_policy(0)
+    scheme = VarsyncWeightSyncScheme(url, "policy")
+    collector = MultiAsyncCollector(  # no policy: the scheme publishes one of the factory's
+        [PendulumEnv] * 2, policy_factory=make_version_policy, frames_per_batch=FRAMES // 2,
+        total_frames=-1, weight_sync_schemes={"policy": scheme},
+    )
+    try:
+        batches = iter(collector)
+        assert stale_frames(next(batches), 0) == 0
+        for version in range(1, 4):
+            set_version(trainer, version)
+            collector.update_policy_weights_(trainer)
+            # Per worker (a worker's frames carry one trajectory id: Pendulum never ends
+            # one), the batch it was collecting when the update was confirmed, or had
+            # queued, may begin with frames of the version before (at first, the factory's
+            # policy: version 0's weights); every batch it starts after is of this one.
+            delivered: dict[int, int] = {}
+            for _ in range(40):
+                batch = next(batches)
+                worker = int(batch["collector", "traj_ids"].flatten()[0])
+                delivered[worker] = delivered.get(worker, 0) + 1
+                acted = acted_versions(batch, [version - 1, version])
+                if delivered[worker] == 1:
+                    assert old_then_new(acted, version - 1, version), acted
+                else:
+                    assert (acted == version).all(), acted
+                if len(delivered) == 2 and min(delivered.values()) == 2:
+                    break
+            else:
+                pytest.fail(f"in 40 batches, the workers delivered {delivered} since the update")
+    finally:
+        collector.shutdown()
+        scheme.shutdown()
+
+
+def test_without_background_workers_apply_newer_weights_before_each_batch(
+    tmp_path: Any,
+) -> None:
+    url = shm_url(tmp_path)
+    trainer = make_version_policy(0)
+    scheme = VarsyncWeightSyncScheme(url, "policy", background=False, sync=False)
+    collector = MultiSyncCollector(
+        [PendulumEnv] * 2, trainer, frames_per_batch=FRAMES, total_frames=-1,
+        track_policy_version=True, weight_sync_schemes={"policy": scheme},
+    )
+    try:
+        batches = iter(collector)
+        assert stale_frames(next(batches), 0) == 0
+        for version in range(1, 6):
+            set_version(trainer, version)
+            collector.update_policy_weights_(trainer)  # stored; applied as a batch starts
+            batch = next(batches)
+            assert stale_frames(batch, version) == 0, acted_versions(batch, range(version + 1))
+            assert (frame_versions(batch) == version).all()
+        assert stale_frames(next(batches), 5) == 0  # nothing newer: the weights it has
     finally:
         collector.shutdown()
         scheme.shutdown()

@@ -1,41 +1,25 @@
-"""A TorchRL weight-sync scheme whose transport is a varsync URL.
+"""A TorchRL weight-sync scheme whose transport is a varsync URL (docs/torchrl.md).
 
-:class:`VarsyncWeightSyncScheme` subclasses TorchRL's ``WeightSyncScheme``
-(``torchrl.weight_update``), the extension point its collectors take through
-``weight_sync_schemes={"policy": scheme}`` (multi-process collectors: the trainer sends)
-and ``weight_recv_schemes={"policy": scheme}`` (any collector: it receives). Swapping
-TorchRL's own transport for varsync is swapping the scheme::
+:class:`VarsyncWeightSyncScheme` subclasses TorchRL's ``WeightSyncScheme``, the extension
+point its collectors take through ``weight_sync_schemes={"policy": scheme}`` (multi-process
+collectors: the trainer sends) and ``weight_recv_schemes={"policy": scheme}`` (any
+collector: it receives).
 
-    scheme = VarsyncWeightSyncScheme("redis://learner:6379/0", "policy")
-    collector = MultiSyncCollector([make_env] * 4, policy, frames_per_batch=64,
-                                   total_frames=-1, weight_sync_schemes={"policy": scheme})
-    ...
-    collector.update_policy_weights_(policy)   # one push, whatever the number of workers
-
-- The sender (the trainer, or the main process of a multi-process collector) creates the
-  table from the policy's ``state_dict`` when it is initialised, publishes the weights
-  once when it connects and on every ``send`` (``collector.update_policy_weights_``).
-  ``send`` returns once the push is stored; it does not wait for the workers.
-- Each receiver (a collector's worker, or a collector in another program) waits up to
-  ``timeout`` for the table and its first version, loads it into its policy (a policy
-  TorchRL sent stateless, on the meta device, is given real tensors), then a background
-  thread waits for newer versions and copies each into the policy in place, under
-  ``torch.no_grad()`` (``load_state_dict``: parameters stay the same ``Parameter``
-  objects). A version is applied only when it is newer than the one held. With
-  ``background=False`` the receiver applies newer weights only when asked
-  (``collector.receive_weights()`` / ``scheme.receive()``).
-- One table serves every reader: ``worker_ids`` has no meaning here.
-- When the store starts a new history (``varsync.TableResetError``: e.g. a Redis server
-  restarted without persistence, the trainer's next push making the table again) the
-  receiver forgets its version, logs one warning, and loads the table's current value
-  whole as soon as there is one, whatever its number; until then it keeps its weights.
-
-Like TorchRL's own ``MultiProcessWeightSyncScheme``, the background thread copies while
-the worker may be running its policy; a batch collected across an update may mix
-versions. Use ``background=False`` and ``receive()`` between batches to avoid that.
-
-``memory://`` stores live in one process: use it between a trainer and a single-process
-collector of the same process; multi-process collectors need ``shm://`` or ``redis://``.
+- The sender creates the table from the policy's ``state_dict`` and keeps what it was
+  given (TorchRL's base class holds models by weak reference only; a collector built with
+  a ``policy_factory`` alone gets a policy made by it). It publishes once when it connects
+  and on every ``send``, which, like TorchRL's own schemes (``sync=True``), returns once
+  every worker it knows of reports in varsync's reader registry, as
+  ``f"{model_id}-worker-{i}"``, that it applied the version; ``sync=False``: once stored.
+- Each receiver waits up to ``timeout`` for the table and its first version and loads it
+  (a policy TorchRL sent stateless, on the meta device, is given real tensors). Then a
+  thread applies each newer version in place as it comes (``background=True``), or newer
+  versions are applied between batches (``background=False``): on ``receive()``, and in a
+  multi-process collector's workers before each batch (the collector's
+  ``pre_collect_hook``). After applying, it tells its collector (which bumps its policy
+  version), then reports the version.
+- When the store starts a new history (``varsync.TableResetError``) the receiver forgets
+  its version, logs one warning, and loads the table's next value whole.
 """
 
 from __future__ import annotations
@@ -53,6 +37,7 @@ from torchrl._utils import logger as torchrl_logger  # type: ignore[import-not-f
 from torchrl.weight_update import WeightSyncScheme  # type: ignore[import-not-found, unused-ignore]
 
 import varsync
+from varsync import readers as readers_lib
 from varsync.config import redact
 from varsync.errors import (
     ConfigurationError,
@@ -64,6 +49,11 @@ from varsync.errors import (
 __all__ = ["VarsyncWeightSyncScheme", "VarsyncTransport"]
 
 _POLL_INTERVAL = 0.5
+_ONE_TABLE = (
+    "one varsync table serves every worker: send one set of weights for all of them "
+    "(update_policy_weights_(policy)), or give each group of workers a collector and a "
+    "scheme (table) of its own"
+)
 
 
 class VarsyncTransport:
@@ -107,10 +97,12 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
     at ``url`` (any varsync URL: ``redis://``, ``shm://``, ``memory://``, ...).
 
     ``timeout`` (seconds) bounds the receiver's wait for the table and its first version
-    at start-up, and every push and pull; it is also the store's own timeout.
-    ``poll_interval`` is how long the background receiver waits for a push before it
-    looks whether it was asked to stop (a push wakes it at once). ``background``: apply
-    newer versions as they come (``True``) or only on :meth:`receive`.
+    at start-up, a confirmed ``send``'s wait for the workers, and every push and pull (it
+    is also the store's own timeout). ``sync``: ``send`` returns once every worker applied
+    the version (``True``, TorchRL's default) or once it is stored (``False``).
+    ``background``: receivers apply newer versions as they come (``True``) or between
+    batches (``False``). ``poll_interval`` is how long the background receiver waits for
+    a push before it looks whether it was asked to stop (a push wakes it at once).
     ``connect_options`` go to :func:`varsync.connect` (e.g. ``namespace=``).
 
     The scheme is pickled to the collector's workers; each side connects on first use.
@@ -124,6 +116,7 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
         timeout: float = 30.0,
         poll_interval: float = _POLL_INTERVAL,
         background: bool = True,
+        sync: bool = True,
         **connect_options: Any,
     ) -> None:
         if not isinstance(url, str) or "://" not in url:
@@ -140,10 +133,15 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
         self.timeout = float(timeout)
         self.poll_interval = float(poll_interval)
         self.background = bool(background)
+        self.sync = bool(sync)
         self._connect_options: Dict[str, Any] = dict(connect_options)
         self._store: Optional[varsync.VariableContainer] = None
         self._held = 0  # the version this side last published or applied
         self._sender_pid: Optional[int] = None
+        self._source: Any = None  # sender: what send() publishes when given nothing
+        self._workers = 0  # sender: how many workers a confirmed send waits for
+        self._reader = ""  # receiver: its id in the reader registry
+        self._reporter: Optional[readers_lib.Reporter] = None
         self._apply_lock = threading.RLock()
         self._shared_transport = VarsyncTransport(self)
 
@@ -161,6 +159,17 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
         """The version this side last published (sender) or applied (receiver)."""
         return self._held
 
+    @property
+    def context(self) -> Any:
+        """The collector this side serves (TorchRL's base keeps it by weak reference)."""
+        return WeightSyncScheme.context.fget(self)
+
+    @context.setter
+    def context(self, context: Any) -> None:
+        WeightSyncScheme.context.fset(self, context)
+        if context is not None and self._applies_before_each_batch():
+            _ApplyBeforeEachBatch.install(self, context)
+
     def create_transport(self, **kwargs: Any) -> VarsyncTransport:
         return VarsyncTransport(self)
 
@@ -171,18 +180,26 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
         context: Any = None,
         model: Any = None,
         weights: Any = None,
+        num_workers: Optional[int] = None,
+        devices: Any = None,
+        params_map: Any = None,
         **kwargs: Any,
     ) -> None:
-        # devices=, num_workers=, params_map=, ctx=: one table serves every worker.
+        if params_map is not None:
+            raise ConfigurationError(
+                f"{type(self).__name__} got params_map= (weights per worker): {_ONE_TABLE}"
+            )
         self.model_id = model_id or "policy"
         if context is not None:
             self.context = context
         if model is not None:
             self.model = model
-        self._initial_weights = weights
+        self._source = weights if weights is not None else model
+        self._workers = _count_workers(context, num_workers, devices)
         self._sender_pid = os.getpid()
-        source = weights if weights is not None else self._sender_model()
-        self._connected().create_table(self.table, self._as_nest(source, for_table=True))
+        store = self._connected()
+        self._check_confirmable(store, context)
+        store.create_table(self.table, self._as_nest(None, for_table=True))
 
     def _init_on_receiver_impl(
         self,
@@ -193,52 +210,56 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
         model: Any = None,
         **kwargs: Any,
     ) -> None:
-        if (
-            self._sender_pid is not None
-            and self._sender_pid != os.getpid()
-            and self.url.split("://", 1)[0] == "memory"
-        ):
+        if self._copied_from_sender() and self.url.split("://", 1)[0] == "memory":
             raise ConfigurationError(
                 f"{self.url} is a store of the trainer's process (pid {self._sender_pid}), "
                 f"and this receiver runs in process {os.getpid()}: a multi-process collector "
                 "needs a store its workers share, e.g. shm://NAME or redis://HOST:PORT/DB"
             )
         self.model_id = model_id
-        if context is not None:
-            self.context = context
-            if worker_idx is None:
-                worker_idx = getattr(context, "worker_idx", None)
+        if context is not None and worker_idx is None:
+            worker_idx = getattr(context, "worker_idx", None)
         self.worker_idx = worker_idx
+        self._reader = (
+            self._worker_reader(worker_idx) if worker_idx is not None
+            else f"{model_id}-{readers_lib.reader_id()}"
+        )
         if model is not None:
             self.model = model
+        if context is not None:
+            self.context = context
 
     def _setup_connection_and_weights_on_sender_impl(
         self, *, worker_idx: Optional[int] = None, weights: Any = None
     ) -> None:
-        initial = weights if weights is not None else getattr(self, "_initial_weights", None)
-        self._initial_weights = None
-        self._publish(initial)
+        self._publish(weights)
 
     def _setup_connection_and_weights_on_receiver_impl(
         self, *, worker_idx: Optional[int] = None
     ) -> None:
+        backend = self._connected().backend
+        if backend.supports_reader_registry and self._reporter is None:
+            self._reporter = readers_lib.Reporter(backend, self._reader, readers_lib.DEFAULT_TTL)
         self._first_weights()
         if self.background:
             self._start_background_receiver()
 
     def send(self, weights: Any = None, worker_ids: Any = None) -> int:  # type: ignore[override, unused-ignore]
         """Publish ``weights`` (``None``: the sender's model; an ``nn.Module``, a
-        ``TensorDict`` of its weights or a ``state_dict``); return the new version."""
+        ``TensorDict`` of its weights or a ``state_dict``); with ``sync``, wait until
+        every worker applied it. Return the new version."""
         if not self.initialized_on_sender:
             raise RuntimeError("Must be initialized on sender before sending weights")
         if not self.synchronized_on_sender:
             raise RuntimeError("Must be synchronized on sender before sending weights")
         if worker_ids is not None:
-            raise ValueError(
-                f"{type(self).__name__} publishes one table that every worker reads; it "
-                f"cannot address workers {worker_ids!r}. Use a scheme (table) per group."
+            raise ConfigurationError(
+                f"{type(self).__name__} cannot address workers {worker_ids!r}: {_ONE_TABLE}"
             )
-        return self._publish(weights)
+        version = self._publish(weights)
+        if self.sync and self._workers:
+            self._confirm(version)
+        return version
 
     def receive(self, timeout: Optional[float] = None) -> Optional[TensorDictBase]:
         """Apply the table's latest version if it is newer than the one held; return
@@ -256,15 +277,18 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
 
     def shutdown(self) -> None:
         super().shutdown()  # stops the background receiver (it wakes within poll_interval)
+        reporter, self._reporter = getattr(self, "_reporter", None), None
+        if reporter is not None:
+            reporter.close()  # its entry expires after the registry's ttl
         store, self._store = getattr(self, "_store", None), None
         if store is not None:
             store.close()
 
-    # -- pickling: the connection and the thread stay behind -------------------------------
+    # -- pickling: the connection, the threads and the sender's model stay behind -----------
 
     def __getstate__(self) -> Dict[str, Any]:
         state = super().__getstate__()
-        state.update(_store=None, _apply_lock=None, _initial_weights=None, _held=0)
+        state.update(_store=None, _apply_lock=None, _source=None, _reporter=None, _held=0)
         state["_shared_transport"] = None
         return state
 
@@ -273,7 +297,7 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
         self._apply_lock = threading.RLock()
         self._shared_transport = VarsyncTransport(self)
 
-    # -- internals -------------------------------------------------------------------------
+    # -- the sender ------------------------------------------------------------------------
 
     def _connected(self) -> varsync.VariableContainer:
         if self._store is None:
@@ -282,18 +306,48 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
             )
         return self._store
 
+    def _check_confirmable(self, store: varsync.VariableContainer, context: Any) -> None:
+        """Refuse what would make every confirmed ``send`` time out."""
+        if not (self.sync and self._workers):
+            return
+        if not store.backend.supports_reader_registry:
+            raise ConfigurationError(
+                f"{redact(self.url)} keeps no reader registry, so send() cannot learn that the "
+                "workers applied a version: pass sync=False (send returns once the push is "
+                "stored), or use a store with one (shm://, redis://)"
+            )
+        if not self.background and hasattr(context, "num_workers"):
+            raise ConfigurationError(
+                "with background=False the workers of a multi-process collector apply a "
+                "newer version when they start their next batch, which the collector asks "
+                "for only after update_policy_weights_ returns: send() cannot wait for it. "
+                "Pass sync=False with background=False, or keep background=True for "
+                "confirmed updates"
+            )
+
+    def _worker_reader(self, worker_idx: int) -> str:
+        return f"{self.model_id or 'policy'}-worker-{worker_idx}"
+
     def _sender_model(self) -> Any:
+        """What ``send()`` publishes when given nothing: the model or weights given to
+        ``init_on_sender``, else the collector's policy, else one made by the collector's
+        policy factory (kept here: nothing else holds it)."""
+        if self._source is not None:
+            return self._source
+        context = self.context
         try:
             model = self.model
-        except AttributeError:
+        except AttributeError:  # the collector holds no policy (a policy_factory)
             model = None
-        if model is None and self.context is not None:
-            model = getattr(self.context, "_fallback_policy", None)
+        if model is None and context is not None:
+            model = getattr(context, "_fallback_policy", None)
+        if model is None and context is not None:
+            model = self._source = _made_by_factory(context)
         if not isinstance(model, torch.nn.Module):
             raise ConfigurationError(
                 f"{type(self).__name__} found no policy module to publish (got "
-                f"{type(model).__name__}): give the collector a policy, or call "
-                "init_on_sender(model=policy)"
+                f"{type(model).__name__}): give the collector a policy or a policy_factory, "
+                "or call init_on_sender(model=policy)"
             )
         return model
 
@@ -304,6 +358,11 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
             weights = self._sender_model()
         if isinstance(weights, torch.nn.Module):
             return weights
+        if isinstance(weights, dict) and weights and all(isinstance(k, int) for k in weights):
+            raise ConfigurationError(
+                f"{type(self).__name__} got weights per worker (for workers "
+                f"{sorted(weights)}): {_ONE_TABLE}"
+            )
         if isinstance(weights, TensorDictBase):
             weights = weights.flatten_keys(".").to_dict()
         if not isinstance(weights, collections.abc.Mapping):
@@ -326,6 +385,59 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
     def _publish(self, weights: Any) -> int:
         self._held = self._connected().push(self._as_nest(weights), self.table)
         return self._held
+
+    def _confirm(self, version: int) -> None:
+        """Wait until every worker reports holding ``version`` or newer; raise a
+        :class:`PullTimeoutError` naming the others after ``timeout``. The registry is
+        read every 0.5 to 4 ms (``wait_for_readers`` backs off to 0.1 s, which would add up
+        to its own length to a confirmation taking milliseconds), by reader id: a reader
+        that is not one of the workers (another program's) does not count."""
+        expected = [self._worker_reader(i) for i in range(self._workers)]
+        store = self._connected()
+        deadline = time.monotonic() + self.timeout
+        interval = 0.0005
+        listed: Dict[str, int] = {}
+        why = ""
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                listed = {
+                    r.reader: r.version
+                    for r in store.readers(self.table, timeout=max(left, 0.001))
+                }
+            except PullTimeoutError as exc:  # the store did not answer within the time left
+                why = f" (the last listing of the readers failed: {exc})"
+            behind = [r for r in expected if listed.get(r, 0) < version]
+            if not behind:
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            time.sleep(min(interval, left))
+            interval = min(interval * 2, 0.004)
+        said = ", ".join(
+            f"{r} (holds version {listed[r]})" if r in listed else f"{r} (no report)"
+            for r in behind
+        )
+        raise PullTimeoutError(
+            f"{len(behind)} of the {self._workers} workers did not confirm version {version} "
+            f"of table {self.table!r} at {redact(self.url)} within {self.timeout:g} s: "
+            f"{said}{why}. A worker applies each version and reports it; one that died, "
+            "hangs or cannot reach the store does not. The version is stored: pass a "
+            "larger timeout=, or sync=False to publish without waiting"
+        )
+
+    # -- the receiver ----------------------------------------------------------------------
+
+    def _copied_from_sender(self) -> bool:
+        """Whether this is a copy of a sender's scheme in another process: a worker of
+        the trainer's multi-process collector."""
+        return self._sender_pid is not None and self._sender_pid != os.getpid()
+
+    def _applies_before_each_batch(self) -> bool:
+        return (
+            self.initialized_on_receiver and not self.background and self._copied_from_sender()
+        )
 
     def _wait_for_table(self, deadline: float) -> None:
         store = self._connected()
@@ -387,7 +499,8 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
 
     def _apply_newer(self, cascade: bool = True) -> Optional[int]:
         """Load the latest version into the model if it is newer than the one held (in
-        a new history: whatever its number); return it, else ``None``."""
+        a new history: whatever its number), tell the collector, report it; return it,
+        else ``None``. Reports go out in the order of the versions applied."""
         with self._apply_lock:
             held = self._held
             try:
@@ -400,8 +513,11 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
             if version is None:
                 return None
             self._held = version
-        if cascade:
-            self._cascade()
+            history = self._connected().backend.history_of(self.table)
+            if cascade:
+                self._cascade()
+            if self._reporter is not None:  # applied, and the collector knows: confirmed
+                self._reporter.held(self.table, version, history)
         return version
 
     def _load_newer(self, held: int) -> Optional[int]:
@@ -447,3 +563,69 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
                     f"{type(self).__name__} ({self.url}, table {self.table!r}): {exc!r}"
                 )
                 stop.wait(self.poll_interval)
+
+
+class _ApplyBeforeEachBatch:
+    """A worker collector's ``pre_collect_hook`` under ``background=False``: apply the
+    table's newer version, if there is one, before the batch starts; then run the hook
+    the collector had. A failure is logged and the batch runs on the weights held, as
+    the background receiver does."""
+
+    def __init__(self, scheme: VarsyncWeightSyncScheme, then: Any) -> None:
+        self.scheme = scheme
+        self.then = then
+
+    @classmethod
+    def install(cls, scheme: VarsyncWeightSyncScheme, collector: Any) -> None:
+        if not hasattr(collector, "pre_collect_hook"):
+            raise ConfigurationError(
+                f"background=False: {type(collector).__name__} has no pre_collect_hook, so "
+                "this worker has no point between batches to apply newer weights at; use "
+                "background=True"
+            )
+        hook = collector.pre_collect_hook
+        if isinstance(hook, cls) and hook.scheme is scheme:
+            return
+        collector.pre_collect_hook = cls(scheme, hook)
+
+    def __call__(self) -> None:
+        try:
+            self.scheme.receive()
+        except Exception as exc:  # noqa: BLE001 - collect on the weights held, as said
+            torchrl_logger.warning(
+                f"{type(self.scheme).__name__} ({self.scheme.url}, table "
+                f"{self.scheme.table!r}): {exc!r}"
+            )
+        if self.then is not None:
+            self.then()
+
+
+def _count_workers(context: Any, num_workers: Optional[int], devices: Any) -> int:
+    """How many workers a confirmed ``send`` waits for: ``num_workers=``, one per device of
+    ``devices=`` (TorchRL's own arguments), else the collector's workers; 0: none known."""
+    if num_workers is not None:
+        count: Any = num_workers
+    elif devices is not None:
+        count = len(devices)
+    else:
+        count = getattr(context, "num_workers", 0)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ConfigurationError(f"num_workers must be an int >= 0, got {count!r}")
+    return count
+
+
+def _made_by_factory(collector: Any) -> Any:
+    """A policy made by the collector's policy factory, or ``None`` without one. Distinct
+    factories per worker are refused: they need weights per worker."""
+    factories = getattr(collector, "policy_factory", None)
+    if callable(factories):
+        factories = [factories]
+    factories = [f for f in factories or () if f is not None]
+    if not factories:
+        return None
+    if any(f is not factories[0] for f in factories):
+        raise ConfigurationError(
+            f"the collector's policy_factory holds {len(factories)} factories, not one "
+            f"for all its workers: distinct policies need weights per worker, and {_ONE_TABLE}"
+        )
+    return factories[0]()
