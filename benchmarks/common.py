@@ -83,16 +83,22 @@ def fresh_memory(nbytes: int, idle: float) -> dict[str, Any]:
     before = reported()
     time.sleep(idle)
     after = reported()
-    return {"nbytes": nbytes, "idle_seconds": idle, "first_gbps": first, "again_gbps": again,
-            "after_idle_gbps": write_fresh(),
-            "reported_mib": None if before is None or after is None
-            else (after - before) / 1024}
+    return {
+        "nbytes": nbytes,
+        "idle_seconds": idle,
+        "first_gbps": first,
+        "again_gbps": again,
+        "after_idle_gbps": write_fresh(),
+        "reported_mib": None if before is None or after is None else (after - before) / 1024,
+    }
 
 
 def machine_line(m: dict[str, Any]) -> str:
     """One line for every figure and table: cores, memory, date."""
-    return (f"{m['cores']} cores, {m['memory_gib']:.0f} GiB, measured {m['date']} "
-            "(shared, noisy machine)")
+    return (
+        f"{m['cores']} cores, {m['memory_gib']:.0f} GiB, measured {m['date']} "
+        "(shared, noisy machine)"
+    )
 
 
 # -- sizes --------------------------------------------------------------------------------
@@ -133,16 +139,20 @@ def signature_of(nbytes: int, leaves: int) -> dict[str, Any]:
     """``{leaf name: varsync.Spec}``: what a Reverb server needs to make the table."""
     import varsync
 
-    return {name: varsync.Spec((n,), "float32")
-            for name, n in zip(leaf_names(leaves), leaf_sizes(nbytes, leaves))}
+    return {
+        name: varsync.Spec((n,), "float32")
+        for name, n in zip(leaf_names(leaves), leaf_sizes(nbytes, leaves))
+    }
 
 
 def nest_of(nbytes: int, leaves: int, seed: int = 0) -> dict[str, np.ndarray]:
     """A dict of ``leaves`` float32 vectors, ``nbytes`` bytes in all, random values (so
     that compression in an engine gains nothing, as with real weights)."""
     rng = np.random.default_rng(seed)
-    return {name: rng.standard_normal(n, dtype=np.float32)
-            for name, n in zip(leaf_names(leaves), leaf_sizes(nbytes, leaves))}
+    return {
+        name: rng.standard_normal(n, dtype=np.float32)
+        for name, n in zip(leaf_names(leaves), leaf_sizes(nbytes, leaves))
+    }
 
 
 def payload_of(nest: dict[str, np.ndarray]) -> int:
@@ -178,8 +188,15 @@ def summary(samples: Sequence[float]) -> dict[str, float]:
     else:
         q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
         p90 = statistics.quantiles(values, n=10, method="inclusive")[-1]
-    return {"median": statistics.median(values), "q1": q1, "q3": q3, "p90": p90,
-            "min": values[0], "max": values[-1], "n": len(values)}
+    return {
+        "median": statistics.median(values),
+        "q1": q1,
+        "q3": q3,
+        "p90": p90,
+        "min": values[0],
+        "max": values[-1],
+        "n": len(values),
+    }
 
 
 def paired_ratio(mine: Sequence[float], other: Sequence[float]) -> dict[str, float]:
@@ -284,8 +301,9 @@ class Sampler:
 
 
 @contextlib.contextmanager
-def stage(name: str, log: Callable[[str], None],
-          record: dict[str, float] | None = None) -> Iterator[None]:
+def stage(
+    name: str, log: Callable[[str], None], record: dict[str, float] | None = None
+) -> Iterator[None]:
     """Log the start and the duration of a stage; keep the duration in ``record``."""
     started = time.monotonic()
     log(f"-- {name} ...")

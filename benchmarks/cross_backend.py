@@ -46,19 +46,30 @@ from .readers import (
 from .servers import ReverbProcess, running_redis_server
 from .sweep import Sweep, poller, time_polls
 
-RECORDS = ("sweep", "polls", "refusals", "fanout", "reader_memory", "client_memory", "cases",
-           "skipped", "cold_start")
+RECORDS = (
+    "sweep",
+    "polls",
+    "refusals",
+    "fanout",
+    "reader_memory",
+    "client_memory",
+    "cases",
+    "skipped",
+    "cold_start",
+)
 TABLE_BYTES = 80 * KB  # each of the many tables' nest (20 leaves of 1000 float32)
 #: The Python of an environment with torch beside Reverb (torch_rounds.py); by default
 #: the one ``make bench`` makes.
 TORCH_PYTHON = os.environ.get("VARSYNC_BENCH_TORCH_PYTHON") or str(
-    Path(__file__).resolve().parent.parent / ".venv-torch" / "bin" / "python")
+    Path(__file__).resolve().parent.parent / ".venv-torch" / "bin" / "python"
+)
 TORCH_START_SECONDS = 300.0  # for its TensorFlow and torch imports and the warm-up
 TORCH_ROUND_SECONDS = 60.0
 
 
-def run(plan: Plan, out: dict[str, Any], log: Callable[[str], None],
-        time_left: Callable[[], float]) -> None:
+def run(
+    plan: Plan, out: dict[str, Any], log: Callable[[str], None], time_left: Callable[[], float]
+) -> None:
     """Start every server and child process at once (their start-up, TensorFlow's import
     in most, overlaps), wait until all are up, then run every stage the time left allows;
     stop them all on the way out."""
@@ -72,17 +83,21 @@ def run(plan: Plan, out: dict[str, Any], log: Callable[[str], None],
 
     with contextlib.ExitStack() as stack:
         stack.callback(stop_all, children)
-        tables = {"probe": signature_of(plan.probe_bytes, 4),
-                  COLD_TABLE: signature_of(plan.cold_bytes, 4)}
+        tables = {
+            "probe": signature_of(plan.probe_bytes, 4),
+            COLD_TABLE: signature_of(plan.cold_bytes, 4),
+        }
         # a server each, as a TF-Agents program's variable container has: Reverb answers
         # every table's info to each version check (issue 15.1's 50 tables measure that)
-        servers = {case.name: {case.name: signature_of(case.nbytes, case.leaves)}
-                   for case in plan.cases + ([plan.big] if plan.big else [])}
-        servers["tables"] = {name: signature_of(TABLE_BYTES, plan.table_leaves)
-                             for name in leaf_names(plan.tables)}  # issue 15.1: 50 tables
+        servers = {
+            case.name: {case.name: signature_of(case.nbytes, case.leaves)}
+            for case in plan.cases + ([plan.big] if plan.big else [])
+        }
+        servers["tables"] = {
+            name: signature_of(TABLE_BYTES, plan.table_leaves) for name in leaf_names(plan.tables)
+        }  # issue 15.1: 50 tables
         reverb = started(ReverbProcess({"sweep": tables, **servers}))
-        fanout = started(ReverbProcess({"fanout": {"fanout": signature_of(plan.fanout.nbytes,
-                                                                          4)}}))
+        fanout = started(ReverbProcess({"fanout": {"fanout": signature_of(plan.fanout.nbytes, 4)}}))
         readers = started(reader_processes(max(plan.fanout.counts + plan.reader_memory.counts)))
         probes = started(probe_processes())
         redis_server = stack.enter_context(running_redis_server())
@@ -92,8 +107,19 @@ def run(plan: Plan, out: dict[str, Any], log: Callable[[str], None],
             fanout.wait()
             readers.wait_up()
             probes.wait_up()
-        _measure(plan, out, log, time_left, pid, addresses, fanout, readers, probes,
-                 redis_server.url, redis_server.pid)
+        _measure(
+            plan,
+            out,
+            log,
+            time_left,
+            pid,
+            addresses,
+            fanout,
+            readers,
+            probes,
+            redis_server.url,
+            redis_server.pid,
+        )
 
 
 def stop_all(children: list[Any]) -> None:
@@ -108,24 +134,42 @@ def import_clients() -> None:
     """What the sweep's groups import, imported while the children start."""
 
 
-
-def _measure(plan: Plan, out: dict[str, Any], log: Callable[[str], None],
-             time_left: Callable[[], float], reverb_pid: int, reverb: dict[str, str],
-             fanout: ReverbProcess, readers: Children, probes: Children,
-             redis_url: str, redis_pid: int | None = None) -> None:
+def _measure(
+    plan: Plan,
+    out: dict[str, Any],
+    log: Callable[[str], None],
+    time_left: Callable[[], float],
+    reverb_pid: int,
+    reverb: dict[str, str],
+    fanout: ReverbProcess,
+    readers: Children,
+    probes: Children,
+    redis_url: str,
+    redis_pid: int | None = None,
+) -> None:
     """The stages, once everything is up. ``reverb``: the sweep's Reverb servers by name
     ("sweep" with the probe's and the cold start's tables, and one per case)."""
     import redis
 
     with redis.Redis.from_url(redis_url) as admin:
         redis_version = admin.info("server")["redis_version"]
-    out["versions"] = {shown: _version(name) for shown, name in (
-        ("varsync", "varsync"), ("varsync-shm", "varsync-shm"), ("dm-reverb", "dm-reverb"),
-        ("tensorflow-cpu", "tensorflow-cpu"), ("tf-agents", "tf-agents"),
-        ("redis-py", "redis"), ("numpy", "numpy"))}
+    out["versions"] = {
+        shown: _version(name)
+        for shown, name in (
+            ("varsync", "varsync"),
+            ("varsync-shm", "varsync-shm"),
+            ("dm-reverb", "dm-reverb"),
+            ("tensorflow-cpu", "tensorflow-cpu"),
+            ("tf-agents", "tf-agents"),
+            ("redis-py", "redis"),
+            ("numpy", "numpy"),
+        )
+    }
     out["versions"]["redis-server"] = redis_version
-    log(f"   Reverb servers (pid {reverb_pid}) at {', '.join(reverb.values())}; "
-        f"redis-server {redis_version} at {redis_url}")
+    log(
+        f"   Reverb servers (pid {reverb_pid}) at {', '.join(reverb.values())}; "
+        f"redis-server {redis_version} at {redis_url}"
+    )
     sweep = Sweep(plan, reverb, redis_url, out, log, redis_pid)
     with stage("size sweep", log, out["stage_seconds"]):
         for case in plan.cases:
@@ -135,36 +179,52 @@ def _measure(plan: Plan, out: dict[str, Any], log: Callable[[str], None],
     smallest = (reverb[few[0].name], few[0].name) if few else None
     # Issue 15's two stages first: short, and its table of targets needs them.
     stages: list[tuple[str, float, Callable[[], None]]] = [
-        (f"Reverb, {plan.tables} tables", 20,
-         lambda: many_tables(plan, reverb["tables"], out, reverb_pid, smallest)),
-        ("cold start", 8 * plan.cold_samples,
-         lambda: cold_start(plan, reverb["sweep"], redis_url, out, log)),
+        (
+            f"Reverb, {plan.tables} tables",
+            20,
+            lambda: many_tables(plan, reverb["tables"], out, reverb_pid, smallest),
+        ),
+        (
+            "cold start",
+            8 * plan.cold_samples,
+            lambda: cold_start(plan, reverb["sweep"], redis_url, out, log),
+        ),
     ]
     many = next((case for case in plan.cases if case.layout == "many"), None)
     if many is not None:
-        stages.append(("update into a PyTorch module, many variables", 60,
-                       lambda: torch_many(many, reverb[many.name], out, log)))
+        stages.append(
+            (
+                "update into a PyTorch module, many variables",
+                60,
+                lambda: torch_many(many, reverb[many.name], out, log),
+            )
+        )
     big = plan.big
     if big is not None:
-        stages.append((f"{size_label(big.nbytes)} (above 2 GiB)", 130,
-                       lambda: big_case(sweep, big, out, log)))
+        stages.append(
+            (f"{size_label(big.nbytes)} (above 2 GiB)", 130, lambda: big_case(sweep, big, out, log))
+        )
     stages += [
         ("fan-out and reader memory", 120, lambda: run_readers(plan, readers, fanout, out, log)),
-        ("client memory", 45,
-         lambda: run_client_memory(plan, probes, reverb["sweep"], redis_url, out, log)),
+        (
+            "client memory",
+            45,
+            lambda: run_client_memory(plan, probes, reverb["sweep"], redis_url, out, log),
+        ),
     ]
     for name, needs, call in stages:
         if time_left() < needs:
-            out["skipped"].append(f"{name}: not run, {time_left():.0f} s of the time budget "
-                                  f"left and it needs about {needs:.0f} s")
+            out["skipped"].append(
+                f"{name}: not run, {time_left():.0f} s of the time budget "
+                f"left and it needs about {needs:.0f} s"
+            )
             log(f"   skipped {name} (time budget)")
             continue
         try:
             with stage(name, log, out["stage_seconds"]):
                 call()
         except Exception:
-            out["skipped"].append(f"{name}: failed: "
-                                  f"{traceback.format_exc().splitlines()[-1]}")
+            out["skipped"].append(f"{name}: failed: {traceback.format_exc().splitlines()[-1]}")
             log(f"   {name} FAILED:\n{traceback.format_exc()}")
 
 
@@ -185,8 +245,13 @@ def available_memory() -> int:
     return 0
 
 
-def many_tables(plan: Plan, address: str, out: dict[str, Any], server_pid: int,
-                one: tuple[str, str] | None = None) -> None:
+def many_tables(
+    plan: Plan,
+    address: str,
+    out: dict[str, Any],
+    server_pid: int,
+    one: tuple[str, str] | None = None,
+) -> None:
     """Issue 15.1: ``pull_if_newer`` unchanged on one of the tables of a Reverb server that
     holds ``plan.tables`` of ``plan.table_leaves`` leaves each (every table pushed once);
     with the CPU each call cost the servers' process and this one, and the same beside it
@@ -199,25 +264,36 @@ def many_tables(plan: Plan, address: str, out: dict[str, Any], server_pid: int,
         for name in names:
             store.push(nest, name)
         samples, cpu = _polls_with_cpu(poller(store, names[0]), plan.reverb_polls, server_pid)
-    out["many_tables"] = {"tables": plan.tables, "leaves": plan.table_leaves,
-                          "table_bytes": TABLE_BYTES, "samples": samples, "cpu": cpu,
-                          "reply_bytes": _server_info_bytes(address)}
+    out["many_tables"] = {
+        "tables": plan.tables,
+        "leaves": plan.table_leaves,
+        "table_bytes": TABLE_BYTES,
+        "samples": samples,
+        "cpu": cpu,
+        "reply_bytes": _server_info_bytes(address),
+    }
     if one is not None:
         with varsync.connect(f"reverb://{one[0]}", timeout=300) as store:
             single, cpu = _polls_with_cpu(poller(store, one[1]), plan.reverb_polls, server_pid)
-        out["many_tables"]["one_table"] = {"samples": single, "cpu": cpu,
-                                           "reply_bytes": _server_info_bytes(one[0])}
+        out["many_tables"]["one_table"] = {
+            "samples": single,
+            "cpu": cpu,
+            "reply_bytes": _server_info_bytes(one[0]),
+        }
 
 
-def _polls_with_cpu(poll: Callable[[], Any], count: int,
-                    server_pid: int) -> tuple[list[float], dict[str, float]]:
+def _polls_with_cpu(
+    poll: Callable[[], Any], count: int, server_pid: int
+) -> tuple[list[float], dict[str, float]]:
     """``time_polls``, and the CPU seconds per call of the Reverb servers' process (every
     thread) and of this one (every thread: gRPC's own included), taken around them all."""
     poll()  # the held version is read here, outside the count
     server, client = _process_cpu(server_pid), time.process_time()
     samples = time_polls(poll, count, "reverb")
-    return samples, {"server": (_process_cpu(server_pid) - server) / count,
-                     "client": (time.process_time() - client) / count}
+    return samples, {
+        "server": (_process_cpu(server_pid) - server) / count,
+        "client": (time.process_time() - client) / count,
+    }
 
 
 def _process_cpu(pid: int) -> float:
@@ -240,16 +316,21 @@ def _server_info_bytes(address: str) -> int:
     return sum(len(blob) for blob in reverb.Client(address)._client.ServerInfo(0))
 
 
-def cold_start(plan: Plan, reverb: str, redis_url: str, out: dict[str, Any],
-               log: Callable[[str], None]) -> None:
+def cold_start(
+    plan: Plan, reverb: str, redis_url: str, out: dict[str, Any], log: Callable[[str], None]
+) -> None:
     """Issue 15.5: fill a table of ``plan.cold_bytes`` on each backend that keeps it across
     processes, then time fresh processes' first connect + pull of it (readers.py)."""
     import varsync
     import varsync_shm
 
     tag = uuid.uuid4().hex[:6]
-    urls = {"memory": "memory://cold", "reverb": f"reverb://{reverb}",
-            "redis": f"{redis_url}?namespace=bench-cold-{tag}", "shm": f"shm://bench-cold-{tag}"}
+    urls = {
+        "memory": "memory://cold",
+        "reverb": f"reverb://{reverb}",
+        "redis": f"{redis_url}?namespace=bench-cold-{tag}",
+        "shm": f"shm://bench-cold-{tag}",
+    }
     nest = nest_of(plan.cold_bytes, 4)
     try:
         for name in ("reverb", "redis", "shm"):
@@ -263,8 +344,7 @@ def cold_start(plan: Plan, reverb: str, redis_url: str, out: dict[str, Any],
         varsync_shm.remove_store(f"bench-cold-{tag}")
 
 
-def torch_many(case: Case, address: str, out: dict[str, Any],
-               log: Callable[[str], None]) -> None:
+def torch_many(case: Case, address: str, out: dict[str, Any], log: Callable[[str], None]) -> None:
     """Issue 15.2 for PyTorch modules: round by round, TF-Agents' ``update`` of ``case``'s
     table into tf.Variables here, then varsync's ``update`` of it into a PyTorch module in
     a torch_rounds.py process (:data:`TORCH_PYTHON`: no environment holds both TF-Agents
@@ -281,7 +361,8 @@ def torch_many(case: Case, address: str, out: dict[str, Any],
         # not a failed stage: an environment this machine was not given (make test's)
         out.setdefault("unavailable", {})["torch_many"] = (
             f"the update into a PyTorch module (15.2), as {TORCH_PYTHON} is missing: "
-            "`make bench` makes it (TensorFlow, dm-reverb and torch, without TF-Agents)")
+            "`make bench` makes it (TensorFlow, dm-reverb and torch, without TF-Agents)"
+        )
         return
     nest = nest_of(case.nbytes, case.leaves)
     with varsync.connect(f"reverb://{address}", timeout=300) as store:
@@ -289,10 +370,20 @@ def torch_many(case: Case, address: str, out: dict[str, Any],
     tfa = ReverbVariableContainer(address, table_names=(case.name,))
     variables = {name: tf.Variable(np.zeros_like(value)) for name, value in nest.items()}
     child = subprocess.Popen(
-        [TORCH_PYTHON, "-m", "benchmarks.torch_rounds", address, case.name,
-         str(case.nbytes), str(case.leaves)],
-        cwd=Path(__file__).resolve().parent.parent, stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        [
+            TORCH_PYTHON,
+            "-m",
+            "benchmarks.torch_rounds",
+            address,
+            case.name,
+            str(case.nbytes),
+            str(case.leaves),
+        ],
+        cwd=Path(__file__).resolve().parent.parent,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         ready = _answer(child, TORCH_START_SECONDS)["ready"]
         for _ in range(3):
@@ -317,11 +408,20 @@ def torch_many(case: Case, address: str, out: dict[str, Any],
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
-    out["torch_many"] = {"case": case.name, "nbytes": case.nbytes, "leaves": case.leaves,
-                         "versions": ready, "checked": checked, "samples": samples}
-    log(f"   PyTorch update of {case.leaves} variables, {size_label(case.nbytes)}: "
-        + ", ".join(f"{name} {1e3 * summary(times)['median']:.1f} ms"
-                    for name, times in samples.items()))
+    out["torch_many"] = {
+        "case": case.name,
+        "nbytes": case.nbytes,
+        "leaves": case.leaves,
+        "versions": ready,
+        "checked": checked,
+        "samples": samples,
+    }
+    log(
+        f"   PyTorch update of {case.leaves} variables, {size_label(case.nbytes)}: "
+        + ", ".join(
+            f"{name} {1e3 * summary(times)['median']:.1f} ms" for name, times in samples.items()
+        )
+    )
 
 
 def _tell(child: Any, word: bytes) -> None:
@@ -356,9 +456,11 @@ def big_case(sweep: Sweep, case: Case, out: dict[str, Any], log: Callable[[str],
     # versions (the current one, `keep=1` previous, the one being pushed).
     needed = 6.5 * case.nbytes
     if available_memory() < needed:
-        out["skipped"].append(f"{size_label(case.nbytes)}: not run, "
-                              f"{available_memory() / GB:.1f} GB of memory available and it "
-                              f"needs about {needed / GB:.0f} GB")
+        out["skipped"].append(
+            f"{size_label(case.nbytes)}: not run, "
+            f"{available_memory() / GB:.1f} GB of memory available and it "
+            f"needs about {needed / GB:.0f} GB"
+        )
         log("   skipped the run above 2 GiB (memory)")
         return
     sweep.run_case(case)

@@ -74,11 +74,27 @@ class DeltaPlan:
 
 def plan_for(smoke: bool, quick: bool) -> DeltaPlan:
     if smoke:
-        return DeltaPlan(nbytes=1 * MB, rounds=2, push_rounds=2, warm=1, detection_samples=2,
-                         paths_table=1_000, paths=200, paths_rounds=2, seconds=20)
+        return DeltaPlan(
+            nbytes=1 * MB,
+            rounds=2,
+            push_rounds=2,
+            warm=1,
+            detection_samples=2,
+            paths_table=1_000,
+            paths=200,
+            paths_rounds=2,
+            seconds=20,
+        )
     if quick:
-        return DeltaPlan(nbytes=10 * MB, rounds=3, push_rounds=3, warm=1, detection_samples=3,
-                         paths_rounds=3, seconds=40)
+        return DeltaPlan(
+            nbytes=10 * MB,
+            rounds=3,
+            push_rounds=3,
+            warm=1,
+            detection_samples=3,
+            paths_rounds=3,
+            seconds=40,
+        )
     return DeltaPlan()
 
 
@@ -243,18 +259,23 @@ def frozen90(nbytes: int, seed: int = 0) -> tuple[Nest, list[str]]:
     """10 leaves holding 90 % of ``nbytes`` (``frozen0``-``frozen9``) and 5 holding 10 %
     (``live0``-``live4``), float32, random."""
     rng = np.random.default_rng(seed)
-    nest = {f"frozen{i}": rng.standard_normal(max(1, nbytes * 9 // 100 // 4), dtype=np.float32)
-            for i in range(10)}
+    nest = {
+        f"frozen{i}": rng.standard_normal(max(1, nbytes * 9 // 100 // 4), dtype=np.float32)
+        for i in range(10)
+    }
     live = [f"live{i}" for i in range(5)]
-    nest.update({name: rng.standard_normal(max(1, nbytes // 50 // 4), dtype=np.float32)
-                 for name in live})
+    nest.update(
+        {name: rng.standard_normal(max(1, nbytes // 50 // 4), dtype=np.float32) for name in live}
+    )
     return nest, live
 
 
 def even(nbytes: int, leaves: int, seed: int = 1) -> Nest:
     rng = np.random.default_rng(seed)
-    return {f"v{i:02d}": rng.standard_normal(max(1, nbytes // leaves // 4), dtype=np.float32)
-            for i in range(leaves)}
+    return {
+        f"v{i:02d}": rng.standard_normal(max(1, nbytes // leaves // 4), dtype=np.float32)
+        for i in range(leaves)
+    }
 
 
 def change(nest: Nest, names: Sequence[str]) -> int:
@@ -267,16 +288,28 @@ def change(nest: Nest, names: Sequence[str]) -> int:
 # -- the group ----------------------------------------------------------------------------
 
 
-def run(plan: DeltaPlan, out: dict[str, Any], log: Callable[[str], None],
-        servers: ExitStack) -> None:
+def run(
+    plan: DeltaPlan, out: dict[str, Any], log: Callable[[str], None], servers: ExitStack
+) -> None:
     """Every stage on every backend that can run here, into ``out`` (results.json's
     "delta"). A redis-server of the group's own is started in ``servers`` (the caller
     stops it); the shm:// store is removed on the way out."""
     started = time.monotonic()
-    out.update({"machine": machine(), "plan": asdict(plan), "records": [], "skipped": {},
-                "backends": {}, "stages": {}, "tree": working_tree(),
-                "versions": {name: _version(name) for name in (
-                    "varsync", "varsync-shm", "redis", "numpy", "xxhash")}})
+    out.update(
+        {
+            "machine": machine(),
+            "plan": asdict(plan),
+            "records": [],
+            "skipped": {},
+            "backends": {},
+            "stages": {},
+            "tree": working_tree(),
+            "versions": {
+                name: _version(name)
+                for name in ("varsync", "varsync-shm", "redis", "numpy", "xxhash")
+            },
+        }
+    )
     log(f"   load average {out['machine']['load_average'][0]:.1f}")
     shm_store = f"bench-delta-{uuid.uuid4().hex[:6]}"
     sides: list[Side] = []
@@ -284,23 +317,53 @@ def run(plan: DeltaPlan, out: dict[str, Any], log: Callable[[str], None],
         sides = connect_sides(out, log, servers, shm_store)
         nest, live = frozen90(plan.nbytes)
         names = sorted(nest)
-        stages = [Workload("frozen90", "90 % of the bytes frozen, 10 % changed every push",
-                           nest, lambda n: live)]
+        stages = [
+            Workload(
+                "frozen90",
+                "90 % of the bytes frozen, 10 % changed every push",
+                nest,
+                lambda n: live,
+            )
+        ]
         fifty = even(plan.nbytes, plan.leaves)
         fixed = sorted(fifty)[plan.leaves // 2]
-        stages.append(Workload("one_of_50", f"1 of {plan.leaves} leaves ({fixed}) changed "
-                               "every push", fifty, lambda n: [fixed]))
+        stages.append(
+            Workload(
+                "one_of_50",
+                f"1 of {plan.leaves} leaves ({fixed}) changed every push",
+                fifty,
+                lambda n: [fixed],
+            )
+        )
         if plan.rotating:
             order = sorted(fifty)
-            stages.append(Workload("one_of_50_rotating", f"1 of {plan.leaves} leaves changed "
-                                   "every push, a different one each time", fifty,
-                                   lambda n: [order[n % len(order)]]))
+            stages.append(
+                Workload(
+                    "one_of_50_rotating",
+                    f"1 of {plan.leaves} leaves changed every push, a different one each time",
+                    fifty,
+                    lambda n: [order[n % len(order)]],
+                )
+            )
         for workload in stages:
-            run_stage(workload, sides, plan, out, log,
-                      partial(ReaderStage, table=workload.key), plan.rounds)
-        run_stage(Workload("all_changed", "every leaf changed every push", nest,
-                           lambda n: names), sides, plan, out, log,
-                  partial(PushStage, table="all_changed"), plan.push_rounds)
+            run_stage(
+                workload,
+                sides,
+                plan,
+                out,
+                log,
+                partial(ReaderStage, table=workload.key),
+                plan.rounds,
+            )
+        run_stage(
+            Workload("all_changed", "every leaf changed every push", nest, lambda n: names),
+            sides,
+            plan,
+            out,
+            log,
+            partial(PushStage, table="all_changed"),
+            plan.push_rounds,
+        )
         del fifty
         detection(nest, live, plan, out, log)
         push_leaves_paths(plan, out, log)
@@ -316,8 +379,9 @@ def run(plan: DeltaPlan, out: dict[str, Any], log: Callable[[str], None],
     log(f"   load average {out['load_average_after'][0]:.1f} at the end")
 
 
-def connect_sides(out: dict[str, Any], log: Callable[[str], None], servers: ExitStack,
-                  shm_store: str) -> list[Side]:
+def connect_sides(
+    out: dict[str, Any], log: Callable[[str], None], servers: ExitStack, shm_store: str
+) -> list[Side]:
     import varsync
 
     sides = []
@@ -347,20 +411,26 @@ def connect_sides(out: dict[str, Any], log: Callable[[str], None], servers: Exit
                 out["skipped"][name] = reason
                 log(f"   {name}: skipped: {reason}")
                 continue
-            writer, reader, whole = (varsync.connect(urls[0], timeout=300, **urls[1])
-                                     for _ in range(3))
+            writer, reader, whole = (
+                varsync.connect(urls[0], timeout=300, **urls[1]) for _ in range(3)
+            )
         except Exception:
             out["skipped"][name] = f"failed: {traceback.format_exc().splitlines()[-1]}"
             log(f"   {name} FAILED to connect:\n{traceback.format_exc()}")
             continue
-        side = Side(name, writer, reader, whole,
-                    [Meter(c.backend) for c in (writer, reader, whole)], server)
-        out["backends"][name] = {"class": type(writer.backend).__name__,
-                                 "supports_leaf_versions": side.leaf_versions}
+        side = Side(
+            name, writer, reader, whole, [Meter(c.backend) for c in (writer, reader, whole)], server
+        )
+        out["backends"][name] = {
+            "class": type(writer.backend).__name__,
+            "supports_leaf_versions": side.leaf_versions,
+        }
         if server is not None:
             out["backends"][name]["server_version"] = server.version
-        log(f"   {name}: {type(writer.backend).__name__}, supports_leaf_versions = "
-            f"{side.leaf_versions}")
+        log(
+            f"   {name}: {type(writer.backend).__name__}, supports_leaf_versions = "
+            f"{side.leaf_versions}"
+        )
         sides.append(side)
     return sides
 
@@ -368,8 +438,9 @@ def connect_sides(out: dict[str, Any], log: Callable[[str], None], servers: Exit
 Timing = tuple[str, float, int, int]  # operation, seconds, bytes moved, protocol bytes
 
 
-def _fail(side: Side, stage: str, sides: list[Side], out: dict[str, Any],
-          log: Callable[[str], None]) -> None:
+def _fail(
+    side: Side, stage: str, sides: list[Side], out: dict[str, Any], log: Callable[[str], None]
+) -> None:
     out["skipped"][side.name] = f"failed in {stage}: {traceback.format_exc().splitlines()[-1]}"
     log(f"   {side.name} FAILED in {stage}; left out of the rest:\n{traceback.format_exc()}")
     sides.remove(side)
@@ -383,8 +454,15 @@ def _timed_op(side: Side, op: str, call: Callable[[], Any], table: str) -> tuple
     return (op, seconds, moved, protocol), result
 
 
-def run_stage(workload: Workload, sides: list[Side], plan: DeltaPlan, out: dict[str, Any],
-              log: Callable[[str], None], kind: Callable[[Side], Stage], rounds: int) -> None:
+def run_stage(
+    workload: Workload,
+    sides: list[Side],
+    plan: DeltaPlan,
+    out: dict[str, Any],
+    log: Callable[[str], None],
+    kind: Callable[[Side], Stage],
+    rounds: int,
+) -> None:
     """``plan.warm`` untimed rounds then ``rounds`` timed ones of ``kind``'s calls on
     every backend; before each round, the workload's changing leaves get new values. A
     backend that fails is recorded as such and left out of the rest."""
@@ -397,10 +475,13 @@ def run_stage(workload: Workload, sides: list[Side], plan: DeltaPlan, out: dict[
         except Exception:
             _fail(side, key, sides, out, log)
     out["stages"][key] = {
-        "title": workload.title, "bytes": sum(a.nbytes for a in nest.values()),
-        "leaves": len(nest), "changed_bytes": sum(nest[n].nbytes for n in workload.changing(0)),
+        "title": workload.title,
+        "bytes": sum(a.nbytes for a in nest.values()),
+        "leaves": len(nest),
+        "changed_bytes": sum(nest[n].nbytes for n in workload.changing(0)),
         "load_average_before": os.getloadavg(),
-        "bytes_source": {s.name: s.bytes_source(stages[s.name].table) for s in sides}}
+        "bytes_source": {s.name: s.bytes_source(stages[s.name].table) for s in sides},
+    }
     records: dict[tuple[str, str], dict[str, Any]] = {}
     for number in range(plan.warm + rounds):
         gc.collect()
@@ -413,11 +494,24 @@ def run_stage(workload: Workload, sides: list[Side], plan: DeltaPlan, out: dict[
                 _fail(side, key, sides, out, log)
                 continue
             for op, seconds, moved, protocol in timings if number >= plan.warm else ():
-                r = records.setdefault((side.name, op), {
-                    "stage": key, "backend": side.name, "op": op, "seconds": [], "moved": [],
-                    "protocol": [], "changed": []})
-                for field, value in (("seconds", seconds), ("moved", moved),
-                                     ("protocol", protocol), ("changed", changed)):
+                r = records.setdefault(
+                    (side.name, op),
+                    {
+                        "stage": key,
+                        "backend": side.name,
+                        "op": op,
+                        "seconds": [],
+                        "moved": [],
+                        "protocol": [],
+                        "changed": [],
+                    },
+                )
+                for field, value in (
+                    ("seconds", seconds),
+                    ("moved", moved),
+                    ("protocol", protocol),
+                    ("changed", changed),
+                ):
                     r[field].append(value)
     for side in list(sides):
         try:
@@ -425,8 +519,9 @@ def run_stage(workload: Workload, sides: list[Side], plan: DeltaPlan, out: dict[
         except Exception:
             _fail(side, key, sides, out, log)
     out["records"] += list(records.values())
-    out["stages"][key].update(seconds=time.monotonic() - started,
-                              load_average_after=os.getloadavg())
+    out["stages"][key].update(
+        seconds=time.monotonic() - started, load_average_after=os.getloadavg()
+    )
     stages.clear()
     _log_stage(key, out, log)
 
@@ -466,19 +561,22 @@ class ReaderStage(Stage):
         side, table = self.side, self.table
         pushed, version = _timed_op(side, "push", lambda: side.writer.push(nest, table), table)
         calls: list[tuple[str, Callable[[], Any]]] = [
-            ("pull_if_newer(held)",
-             lambda: side.reader.pull_if_newer(self.held[0], table, held=self.held[1])),
+            (
+                "pull_if_newer(held)",
+                lambda: side.reader.pull_if_newer(self.held[0], table, held=self.held[1]),
+            ),
             ("update", lambda: side.reader.update(self.targets, table)),
             ("pull", lambda: side.reader.pull(table)),
-            (WHOLE_UPDATE,
-             lambda: side.whole.update(self.whole_targets, table, delta_only=False))]
+            (WHOLE_UPDATE, lambda: side.whole.update(self.whole_targets, table, delta_only=False)),
+        ]
         timings = [pushed]
-        for op, call in (calls if number % 2 == 0 else calls[::-1]):
+        for op, call in calls if number % 2 == 0 else calls[::-1]:
             timing, result = _timed_op(side, op, call, table)
             if op == "pull_if_newer(held)":
                 if result is None:
-                    raise RuntimeError(f"pull_if_newer({self.held[0]}) found nothing newer "
-                                       f"after push {version}")
+                    raise RuntimeError(
+                        f"pull_if_newer({self.held[0]}) found nothing newer after push {version}"
+                    )
                 self.held = result
             del result
             timings.append(timing)
@@ -488,8 +586,9 @@ class ReaderStage(Stage):
         for what, got in (("pull_if_newer(held=)", self.held[1]), ("update", self.targets)):
             for name, value in nest.items():
                 if not np.array_equal(np.asarray(got[name]), value):
-                    raise RuntimeError(f"{self.side.name} {what}: leaf {name} differs from "
-                                       "what was pushed")
+                    raise RuntimeError(
+                        f"{self.side.name} {what}: leaf {name} differs from what was pushed"
+                    )
 
 
 class PushStage(Stage):
@@ -504,14 +603,21 @@ class PushStage(Stage):
         writer, table = self.side.writer, self.table
         calls: list[tuple[str, Callable[[], Any], str]] = [
             ("push", lambda: writer.push(nest, table), table),
-            (WHOLE_PUSH, lambda: writer.push(nest, table + "_whole", skip_unchanged=False),
-             table + "_whole")]
-        return [_timed_op(self.side, op, call, name)[0]
-                for op, call, name in (calls if number % 2 == 0 else calls[::-1])]
+            (
+                WHOLE_PUSH,
+                lambda: writer.push(nest, table + "_whole", skip_unchanged=False),
+                table + "_whole",
+            ),
+        ]
+        return [
+            _timed_op(self.side, op, call, name)[0]
+            for op, call, name in (calls if number % 2 == 0 else calls[::-1])
+        ]
 
 
-def detection(nest: Nest, live: list[str], plan: DeltaPlan, out: dict[str, Any],
-              log: Callable[[str], None]) -> None:
+def detection(
+    nest: Nest, live: list[str], plan: DeltaPlan, out: dict[str, Any], log: Callable[[str], None]
+) -> None:
     """``varsync.delta.changed_leaves`` alone on the ``frozen90`` nest, against the
     record of a push of it: after every leaf changed (a 64-byte sample per leaf shows
     it), after the live 10 % changed (the frozen 90 % hashed whole), after nothing
@@ -532,34 +638,53 @@ def detection(nest: Nest, live: list[str], plan: DeltaPlan, out: dict[str, Any],
     cases: dict[str, tuple[Any, int]] = {
         "every leaf changed": (everything, len(arrays)),
         "10 % changed (the frozen 90 % hashed)": (frozen_only, len(live)),
-        "nothing changed (every leaf hashed)": (record_of(), 0)}
+        "nothing changed (every leaf hashed)": (record_of(), 0),
+    }
     samples: dict[str, list[float]] = {name: [] for name in cases}
     found: dict[str, int] = {}
     for number in range(plan.detection_samples):
-        for name, (last, _) in (list(cases.items()) if number % 2 == 0
-                                else list(cases.items())[::-1]):
+        for name, (last, _) in (
+            list(cases.items()) if number % 2 == 0 else list(cases.items())[::-1]
+        ):
             seconds, (changed, _, _) = clocked(partial(delta.changed_leaves, last, arrays))
             samples[name].append(seconds)
             found[name] = len(changed)
-    out["detection"] = {"bytes": sum(a.nbytes for a in arrays), "leaves": len(arrays),
-                        "cases": [{"case": name, "expected": cases[name][1],
-                                   "found": found[name], "seconds": samples[name]}
-                                  for name in cases]}
+    out["detection"] = {
+        "bytes": sum(a.nbytes for a in arrays),
+        "leaves": len(arrays),
+        "cases": [
+            {
+                "case": name,
+                "expected": cases[name][1],
+                "found": found[name],
+                "seconds": samples[name],
+            }
+            for name in cases
+        ],
+    }
     for c in out["detection"]["cases"]:
         s = summary(c["seconds"])
-        log(f"   changed_leaves, {c['case']}: {s['median'] * 1e3:.3g} ms "
-            f"({c['found']} of {len(arrays)} leaves found changed, {c['expected']} expected)")
+        log(
+            f"   changed_leaves, {c['case']}: {s['median'] * 1e3:.3g} ms "
+            f"({c['found']} of {len(arrays)} leaves found changed, {c['expected']} expected)"
+        )
 
 
 def _log_stage(key: str, out: dict[str, Any], log: Callable[[str], None]) -> None:
     info = out["stages"][key]
-    log(f"   {key}: {size_label(info['bytes'])}, {info['leaves']} leaves, "
+    log(
+        f"   {key}: {size_label(info['bytes'])}, {info['leaves']} leaves, "
         f"{size_label(info['changed_bytes'])} changed per push, "
-        f"{info.get('seconds', 0):.0f} s")
-    records = {(r["backend"], r["op"]): r for r in out["records"]
-               if r["stage"] == key and r["seconds"]}
-    against = {"pull_if_newer(held)": ["pull"], "update": ["pull", WHOLE_UPDATE],
-               "push": [WHOLE_PUSH] if key == "all_changed" else []}
+        f"{info.get('seconds', 0):.0f} s"
+    )
+    records = {
+        (r["backend"], r["op"]): r for r in out["records"] if r["stage"] == key and r["seconds"]
+    }
+    against = {
+        "pull_if_newer(held)": ["pull"],
+        "update": ["pull", WHOLE_UPDATE],
+        "push": [WHOLE_PUSH] if key == "all_changed" else [],
+    }
     for (backend, op), r in records.items():
         ratio = summary([m / c for m, c in zip(r["moved"], r["changed"]) if c])
         times = ""
@@ -567,9 +692,11 @@ def _log_stage(key: str, out: dict[str, Any], log: Callable[[str], None]) -> Non
             if (backend, other) in records:
                 paired = paired_ratio(r["seconds"], records[(backend, other)]["seconds"])
                 times += f", {paired['median']:.2f}x the time of {other}"
-        log(f"     {backend:6} {op:26} {summary(r['seconds'])['median'] * 1e3:8.2f} ms, moved "
+        log(
+            f"     {backend:6} {op:26} {summary(r['seconds'])['median'] * 1e3:8.2f} ms, moved "
             f"{size_label(statistics.median(r['moved']))} = {ratio['median']:.2f}x the bytes "
-            f"changed{times}")
+            f"changed{times}"
+        )
 
 
 def push_leaves_paths(plan: DeltaPlan, out: dict[str, Any], log: Callable[[str], None]) -> None:
@@ -591,33 +718,49 @@ def push_leaves_paths(plan: DeltaPlan, out: dict[str, Any], log: Callable[[str],
             leaves = {(name,): nest[name] + 1 for name in names}
             calls: list[tuple[str, Callable[[], Any]]] = [
                 ("push_leaves", partial(store.push_leaves, leaves, "paths")),
-                (WHOLE_PUSH, partial(store.push, nest, "paths", skip_unchanged=False))]
+                (WHOLE_PUSH, partial(store.push, nest, "paths", skip_unchanged=False)),
+            ]
             for op, call in calls if number % 2 == 0 else calls[::-1]:
                 took, _ = clocked(call)
                 if number >= plan.warm:
                     samples[op].append(took)
-    out["push_leaves_paths"] = {"leaves": len(nest), "paths": len(names), "leaf_bytes": 16,
-                                "seconds": samples}
-    log(f"   push_leaves_paths: {len(names)} paths into {len(nest)} leaves of 16 B, "
-        f"{len(samples['push_leaves'])} rounds")
+    out["push_leaves_paths"] = {
+        "leaves": len(nest),
+        "paths": len(names),
+        "leaf_bytes": 16,
+        "seconds": samples,
+    }
+    log(
+        f"   push_leaves_paths: {len(names)} paths into {len(nest)} leaves of 16 B, "
+        f"{len(samples['push_leaves'])} rounds"
+    )
     for op, times in samples.items():
         s = summary(times)
-        log(f"     {op:26} median {s['median'] * 1e3:8.2f} ms, IQR {s['q1'] * 1e3:.2f}-"
-            f"{s['q3'] * 1e3:.2f} ms, min-max {s['min'] * 1e3:.2f}-{s['max'] * 1e3:.2f} ms")
+        log(
+            f"     {op:26} median {s['median'] * 1e3:8.2f} ms, IQR {s['q1'] * 1e3:.2f}-"
+            f"{s['q3'] * 1e3:.2f} ms, min-max {s['min'] * 1e3:.2f}-{s['max'] * 1e3:.2f} ms"
+        )
     ratio = paired_ratio(samples["push_leaves"], samples[WHOLE_PUSH])
-    log(f"     push_leaves / whole push: median {ratio['median']:.2f}x "
-        f"(IQR {ratio['q1']:.2f}-{ratio['q3']:.2f}x)")
+    log(
+        f"     push_leaves / whole push: median {ratio['median']:.2f}x "
+        f"(IQR {ratio['q1']:.2f}-{ratio['q3']:.2f}x)"
+    )
 
 
 if __name__ == "__main__":
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.delta", description=(
-        "push_leaves of many paths beside a whole push, on memory:// (the delta group's "
-        "push_leaves_paths stage alone; the whole group runs in benchmarks.suite)"))
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.delta",
+        description=(
+            "push_leaves of many paths beside a whole push, on memory:// (the delta group's "
+            "push_leaves_paths stage alone; the whole group runs in benchmarks.suite)"
+        ),
+    )
     parser.add_argument("--leaves", type=int, default=DeltaPlan.paths_table)
     parser.add_argument("--paths", type=int, default=DeltaPlan.paths)
     parser.add_argument("--rounds", type=int, default=DeltaPlan.paths_rounds)
     args = parser.parse_args()
-    push_leaves_paths(DeltaPlan(paths_table=args.leaves, paths=args.paths,
-                                paths_rounds=args.rounds), {}, print)
+    push_leaves_paths(
+        DeltaPlan(paths_table=args.leaves, paths=args.paths, paths_rounds=args.rounds), {}, print
+    )

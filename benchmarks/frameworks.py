@@ -37,26 +37,26 @@ import time
 import traceback
 import uuid
 from importlib import metadata
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, cast
 
 from .common import machine, size_label, timed
 from .plan import Frameworks
 
 TABLE = "variables"
-Turn = List[Tuple[str, str, Callable[[], Any]]]  # (contender, operation, call), in order
+Turn = list[tuple[str, str, Callable[[], Any]]]  # (contender, operation, call), in order
 PARTS = ("torch shm", "torch shm, 1 thread", "torch redis", "torchrl", "jax shm")
 
 
-def unavailable() -> Optional[str]:
+def unavailable() -> str | None:
     """Why the group cannot run here at all (neither framework imports), else None."""
     reasons = [r for r in (_import_problem("torch"), _import_problem("jax")) if r]
     return "; ".join(reasons) if len(reasons) == 2 else None
 
 
-def _import_problem(module: str) -> Optional[str]:
+def _import_problem(module: str) -> str | None:
     try:
         __import__(module)
-    except Exception as exc:  # noqa: BLE001 - any failure to import is a reason to skip
+    except Exception as exc:
         return f"{module} does not import ({type(exc).__name__}: {exc})"
     return None
 
@@ -68,28 +68,63 @@ def _version(distribution: str) -> str:
         return "?"
 
 
-def run(plan: Frameworks, out: Dict[str, Any], log: Callable[[str], None],
-        redis_url: Callable[[], str]) -> None:
+def run(
+    plan: Frameworks, out: dict[str, Any], log: Callable[[str], None], redis_url: Callable[[], str]
+) -> None:
     """Every part the frameworks here allow, into ``out`` (results.json's "frameworks").
     ``redis_url`` starts the redis-server on first use (the caller stops it)."""
-    out.update({"machine": machine(), "plan": {"nbytes": plan.nbytes, "tensors": plan.tensors,
-                                               "rounds": plan.rounds, "warm": plan.warm},
-                "records": [], "skipped": {}, "torch_threads": None})
-    out["versions"] = {name: _version(name) for name in (
-        "varsync", "varsync-shm", "torch", "torchrl", "tensordict", "jax", "jaxlib", "redis",
-        "numpy")}
+    out.update(
+        {
+            "machine": machine(),
+            "plan": {
+                "nbytes": plan.nbytes,
+                "tensors": plan.tensors,
+                "rounds": plan.rounds,
+                "warm": plan.warm,
+            },
+            "records": [],
+            "skipped": {},
+            "torch_threads": None,
+        }
+    )
+    out["versions"] = {
+        name: _version(name)
+        for name in (
+            "varsync",
+            "varsync-shm",
+            "torch",
+            "torchrl",
+            "tensordict",
+            "jax",
+            "jaxlib",
+            "redis",
+            "numpy",
+        )
+    }
     out["tree"] = working_tree()
     started = time.monotonic()
-    parts: List[Tuple[str, Optional[str], Callable[[], Dict[Tuple[str, str], List[float]]]]] = [
-        ("torch shm", _import_problem("torch") or _import_problem("varsync_shm"),
-         lambda: torch_shm(plan)),
-        ("torch shm, 1 thread", _import_problem("torch") or _import_problem("varsync_shm"),
-         lambda: torch_shm(plan, threads=1)),
-        ("torch redis", _import_problem("torch") or _import_problem("redis"),
-         lambda: torch_redis(plan, redis_url())),
+    parts: list[tuple[str, str | None, Callable[[], dict[tuple[str, str], list[float]]]]] = [
+        (
+            "torch shm",
+            _import_problem("torch") or _import_problem("varsync_shm"),
+            lambda: torch_shm(plan),
+        ),
+        (
+            "torch shm, 1 thread",
+            _import_problem("torch") or _import_problem("varsync_shm"),
+            lambda: torch_shm(plan, threads=1),
+        ),
+        (
+            "torch redis",
+            _import_problem("torch") or _import_problem("redis"),
+            lambda: torch_redis(plan, redis_url()),
+        ),
         ("torchrl", _import_problem("torch") or torchrl_slot(), lambda: torchrl(plan)),
-        ("jax shm", _import_problem("jax") or _import_problem("varsync_shm"),
-         lambda: jax_shm(plan, out.setdefault("jax_aliases", {}))),
+        (
+            "jax shm",
+            _import_problem("jax") or _import_problem("varsync_shm"),
+            lambda: jax_shm(plan, out.setdefault("jax_aliases", {})),
+        ),
     ]
     for part, reason, call in parts:
         if reason:
@@ -99,15 +134,24 @@ def run(plan: Frameworks, out: Dict[str, Any], log: Callable[[str], None],
         part_started = time.monotonic()
         try:
             samples = call()
-        except Exception:  # noqa: BLE001 - one part failing must not lose the others
+        except Exception:
             out["skipped"][part] = f"failed: {traceback.format_exc().splitlines()[-1]}"
             log(f"   {part} FAILED:\n{traceback.format_exc()}")
             continue
         for (contender, op), values in samples.items():
-            out["records"].append({"part": part, "contender": contender, "op": op,
-                                   "bytes": plan.nbytes, "samples": values})
-        log(f"   {part}: {size_label(plan.nbytes)}, {plan.rounds} rounds: "
-            f"{time.monotonic() - part_started:.0f} s")
+            out["records"].append(
+                {
+                    "part": part,
+                    "contender": contender,
+                    "op": op,
+                    "bytes": plan.nbytes,
+                    "samples": values,
+                }
+            )
+        log(
+            f"   {part}: {size_label(plan.nbytes)}, {plan.rounds} rounds: "
+            f"{time.monotonic() - part_started:.0f} s"
+        )
         gc.collect()
     if _import_problem("torch") is None:
         import torch
@@ -117,7 +161,7 @@ def run(plan: Frameworks, out: Dict[str, Any], log: Callable[[str], None],
     out["seconds"] = time.monotonic() - started
 
 
-def working_tree() -> Dict[str, Any]:
+def working_tree() -> dict[str, Any]:
     """The commit measured and the library files that differed from it (uncommitted)."""
     import subprocess
 
@@ -125,29 +169,32 @@ def working_tree() -> Dict[str, Any]:
 
     def git(*args: str) -> str:
         try:
-            return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True,
-                                  timeout=20, check=True).stdout.rstrip("\n")
+            return subprocess.run(
+                ["git", "-C", root, *args], capture_output=True, text=True, timeout=20, check=True
+            ).stdout.rstrip("\n")
         except (OSError, subprocess.SubprocessError):
             return ""
 
     changed = git("status", "--porcelain", "--", "varsync", "plugins/varsync-shm/varsync_shm")
-    return {"commit": git("rev-parse", "--short", "HEAD").strip(),
-            "modified": [line[3:] for line in changed.splitlines()]}
+    return {
+        "commit": git("rev-parse", "--short", "HEAD").strip(),
+        "modified": [line[3:] for line in changed.splitlines()],
+    }
 
 
-def in_rounds(turns: List[Turn], rounds: int, warm: int,
-              before: Optional[Callable[[], Any]] = None) -> Dict[Tuple[str, str], List[float]]:
+def in_rounds(
+    turns: list[Turn], rounds: int, warm: int, before: Callable[[], Any] | None = None
+) -> dict[tuple[str, str], list[float]]:
     """``warm`` untimed rounds, then ``rounds`` timed ones; in each, ``before`` (untimed,
     e.g. the learner's push of a new version), then every turn, the turns' order reversed
     every other round so that neither side always goes first. Within a turn the calls keep
     their order (a push before its pull)."""
-    samples: Dict[Tuple[str, str], List[float]] = {
-        (c, o): [] for turn in turns for c, o, _ in turn}
+    samples: dict[tuple[str, str], list[float]] = {(c, o): [] for turn in turns for c, o, _ in turn}
     for number in range(warm + rounds):
         gc.collect()
         if before is not None:
             before()
-        for turn in (turns if number % 2 == 0 else turns[::-1]):
+        for turn in turns if number % 2 == 0 else turns[::-1]:
             for contender, op, call in turn:
                 seconds = timed(call)
                 if number >= warm:
@@ -172,8 +219,9 @@ def policy(plan: Frameworks, seed: int) -> Any:
     torch.manual_seed(seed)
     width = layer_width(plan)
     with torch.no_grad():
-        return torch.nn.Sequential(*[torch.nn.Linear(width, width)
-                                     for _ in range(max(1, plan.tensors // 2))])
+        return torch.nn.Sequential(
+            *[torch.nn.Linear(width, width) for _ in range(max(1, plan.tensors // 2))]
+        )
 
 
 def _same(a: Any, b: Any) -> None:
@@ -184,8 +232,7 @@ def _same(a: Any, b: Any) -> None:
             raise RuntimeError(f"the actor's {name} differs from the learner's after the rounds")
 
 
-def torch_shm(plan: Frameworks,
-              threads: Optional[int] = None) -> Dict[Tuple[str, str], List[float]]:
+def torch_shm(plan: Frameworks, threads: int | None = None) -> dict[tuple[str, str], list[float]]:
     """``threads``: torch's intra-op threads for this part (default: torch's own choice,
     one per core); ``load_state_dict``'s ``copy_`` splits large tensors over them, which on
     a loaded machine waits for descheduled threads."""
@@ -200,7 +247,7 @@ def torch_shm(plan: Frameworks,
         torch.set_num_threads(previous)
 
 
-def _torch_shm(plan: Frameworks) -> Dict[Tuple[str, str], List[float]]:
+def _torch_shm(plan: Frameworks) -> dict[tuple[str, str], list[float]]:
     import varsync
     import varsync_shm
 
@@ -211,16 +258,16 @@ def _torch_shm(plan: Frameworks) -> Dict[Tuple[str, str], List[float]]:
     reader = varsync.connect(f"shm://{name}")
     try:
         pusher.create_table(TABLE, learner)
-        turns: List[Turn] = [
-            [("varsync shm://", "update(module)",
-              lambda: reader.update(actor, delta_only=False))],
+        turns: list[Turn] = [
+            [("varsync shm://", "update(module)", lambda: reader.update(actor, delta_only=False))],
             [("torch", "load_state_dict(copy)", lambda: actor.load_state_dict(copy))],
             [("varsync shm://", "pull(like=module)", lambda: reader.pull(like=actor))],
         ]
         # whole pushes and updates: the same module is pushed every round (what moving only
         # the changed leaves saves is the delta group's)
-        samples = in_rounds(turns, plan.rounds, plan.warm,
-                            lambda: pusher.push(learner, skip_unchanged=False))
+        samples = in_rounds(
+            turns, plan.rounds, plan.warm, lambda: pusher.push(learner, skip_unchanged=False)
+        )
         reader.update(actor)
         _same(learner, actor)
         return samples
@@ -230,7 +277,7 @@ def _torch_shm(plan: Frameworks) -> Dict[Tuple[str, str], List[float]]:
         varsync_shm.remove_store(name)
 
 
-def torch_redis(plan: Frameworks, url: str) -> Dict[Tuple[str, str], List[float]]:
+def torch_redis(plan: Frameworks, url: str) -> dict[tuple[str, str], list[float]]:
     import redis
     import torch
 
@@ -249,15 +296,18 @@ def torch_redis(plan: Frameworks, url: str) -> Dict[Tuple[str, str], List[float]
         hand.set(key, buffer.getvalue())
 
     def hand_pull() -> None:
-        state = torch.load(io.BytesIO(hand.get(key)), weights_only=True)  # unpickles
+        raw = cast(bytes, hand.get(key))
+        state = torch.load(io.BytesIO(raw), weights_only=True)  # unpickles
         actor.load_state_dict(state)
 
     try:
         pusher.create_table(TABLE, learner)
-        turns: List[Turn] = [
+        turns: list[Turn] = [
             [("by hand", "push", hand_push), ("by hand", "pull", hand_pull)],
-            [("varsync redis://", "push", lambda: pusher.push(learner, skip_unchanged=False)),
-             ("varsync redis://", "pull", lambda: reader.update(actor, delta_only=False))],
+            [
+                ("varsync redis://", "push", lambda: pusher.push(learner, skip_unchanged=False)),
+                ("varsync redis://", "pull", lambda: reader.update(actor, delta_only=False)),
+            ],
         ]
         # Three warm rounds: from the third push on, redis:// overwrites a spare version.
         samples = in_rounds(turns, plan.rounds, max(plan.warm, 3))
@@ -270,20 +320,22 @@ def torch_redis(plan: Frameworks, url: str) -> Dict[Tuple[str, str], List[float]
         hand.close()
 
 
-def torchrl_slot() -> Optional[str]:
+def torchrl_slot() -> str | None:
     """Why TorchRL's own weight sync cannot be measured here; None if it can."""
     return _import_problem("torchrl") or _import_problem("varsync_shm")
 
 
 #: The contenders of the torchrl part: (contender, TorchRL's scheme class or None).
-TORCHRL_SCHEMES = (("torchrl SharedMem", "SharedMemWeightSyncScheme"),
-                   ("torchrl MultiProcess", "MultiProcessWeightSyncScheme"),
-                   ("varsync shm://", None),
-                   ("varsync shm://, confirmed", None))
+TORCHRL_SCHEMES = (
+    ("torchrl SharedMem", "SharedMemWeightSyncScheme"),
+    ("torchrl MultiProcess", "MultiProcessWeightSyncScheme"),
+    ("varsync shm://", None),
+    ("varsync shm://, confirmed", None),
+)
 TORCHRL_WAIT = 120.0  # seconds, the bound of every wait on a worker
 
 
-def torchrl(plan: Frameworks) -> Dict[Tuple[str, str], List[float]]:
+def torchrl(plan: Frameworks) -> dict[tuple[str, str], list[float]]:
     """TorchRL's weight sync as its multi-process collectors drive it, without the
     collector: each scheme's sender side here (``init_on_sender`` with the collector's own
     copy of the policy, ``connect``, then ``send(trainer_policy)`` per round, which is what
@@ -309,26 +361,33 @@ def torchrl(plan: Frameworks) -> Dict[Tuple[str, str], List[float]]:
     ctx = torch.multiprocessing.get_context("spawn")  # as TorchRL's collectors start workers
     trainer = policy(plan, 0)
     name = f"bench-torchrl-{uuid.uuid4().hex[:6]}"
-    schemes: Dict[str, Any] = {}
+    schemes: dict[str, Any] = {}
     commands, replies = ctx.Queue(), ctx.Queue()
     worker = None
     try:
         for contender, cls in TORCHRL_SCHEMES:
             if contender == "varsync shm://":
-                scheme = VarsyncWeightSyncScheme(f"shm://{name}", "policy", background=False,
-                                                 timeout=TORCHRL_WAIT)
+                scheme = VarsyncWeightSyncScheme(
+                    f"shm://{name}", "policy", background=False, timeout=TORCHRL_WAIT
+                )
                 scheme.init_on_sender(model_id="policy", model=trainer)
             elif cls is None:
-                scheme = VarsyncWeightSyncScheme(f"shm://{name}-confirmed", "policy",
-                                                 timeout=TORCHRL_WAIT)
+                scheme = VarsyncWeightSyncScheme(
+                    f"shm://{name}-confirmed", "policy", timeout=TORCHRL_WAIT
+                )
                 scheme.init_on_sender(model_id="policy", model=trainer, num_workers=1)
             else:
                 scheme = getattr(weight_update, cls)()
-                scheme.init_on_sender(model_id="policy", model=policy(plan, 2),
-                                      devices=[torch.device("cpu")], ctx=ctx)
+                scheme.init_on_sender(
+                    model_id="policy", model=policy(plan, 2), devices=[torch.device("cpu")], ctx=ctx
+                )
             schemes[contender] = scheme
-        worker = ctx.Process(target=_torchrl_worker, name="torchrl-receivers", daemon=True,
-                             args=(schemes, plan, commands, replies))
+        worker = ctx.Process(
+            target=_torchrl_worker,
+            name="torchrl-receivers",
+            daemon=True,
+            args=(schemes, plan, commands, replies),
+        )
         worker.start()
         for scheme in schemes.values():
             scheme.connect()  # the buffers, the weights or the first push
@@ -356,11 +415,13 @@ def torchrl(plan: Frameworks) -> Dict[Tuple[str, str], List[float]]:
                 for p in trainer.parameters():
                     p.add_(1.0)
 
-        turns: List[Turn] = [
+        turns: list[Turn] = [
             [("torchrl SharedMem", "send", send("torchrl SharedMem"))],
             [("torchrl MultiProcess", "send", send("torchrl MultiProcess"))],
-            [("varsync shm://", "send", send("varsync shm://")),
-             ("varsync shm://", "until the worker applied", reply)],
+            [
+                ("varsync shm://", "send", send("varsync shm://")),
+                ("varsync shm://", "until the worker applied", reply),
+            ],
             [("varsync shm://, confirmed", "send", send("varsync shm://, confirmed"))],
         ]
         samples = in_rounds(turns, plan.rounds, plan.warm, train_step)
@@ -368,8 +429,10 @@ def torchrl(plan: Frameworks) -> Dict[Tuple[str, str], List[float]]:
         for contender in schemes:
             commands.put(("digest", contender))
             if reply() != expected:
-                raise RuntimeError(f"the worker's policy under {contender} differs from the "
-                                   "trainer's after the rounds")
+                raise RuntimeError(
+                    f"the worker's policy under {contender} differs from the "
+                    "trainer's after the rounds"
+                )
         return samples
     finally:
         if worker is not None and worker.pid is not None:
@@ -391,12 +454,11 @@ def torchrl(plan: Frameworks) -> Dict[Tuple[str, str], List[float]]:
         varsync_shm.remove_store(f"{name}-confirmed")
 
 
-def _digest(module: Any) -> List[float]:
+def _digest(module: Any) -> list[float]:
     return [float(t.double().sum()) for t in module.state_dict().values()]
 
 
-def _torchrl_worker(schemes: Dict[str, Any], plan: Frameworks, commands: Any,
-                    replies: Any) -> None:
+def _torchrl_worker(schemes: dict[str, Any], plan: Frameworks, commands: Any, replies: Any) -> None:
     """A collector's worker, reduced to its weight sync: the receiver side of each scheme,
     each for a policy of its own. varsync's unconfirmed scheme (``background=False``)
     applies each newer version in ``receive`` here and answers its version; TorchRL's and
@@ -432,15 +494,19 @@ def _torchrl_worker(schemes: Dict[str, Any], plan: Frameworks, commands: Any,
             scheme.shutdown()
 
 
-def jax_tree(plan: Frameworks) -> Dict[str, Dict[str, Any]]:
+def jax_tree(plan: Frameworks) -> dict[str, dict[str, Any]]:
     """The policy's arrays as numpy, in a pytree: {"layer00": {"kernel", "bias"}, ...}."""
     import numpy as np
 
     rng = np.random.default_rng(0)
     width = layer_width(plan)
-    return {f"layer{i:02d}": {"kernel": rng.standard_normal((width, width), dtype=np.float32),
-                              "bias": rng.standard_normal(width, dtype=np.float32)}
-            for i in range(max(1, plan.tensors // 2))}
+    return {
+        f"layer{i:02d}": {
+            "kernel": rng.standard_normal((width, width), dtype=np.float32),
+            "bias": rng.standard_normal(width, dtype=np.float32),
+        }
+        for i in range(max(1, plan.tensors // 2))
+    }
 
 
 def placed(array: Any, offset: int) -> Any:
@@ -449,13 +515,12 @@ def placed(array: Any, offset: int) -> Any:
 
     raw = np.empty(array.nbytes + 64 + offset, np.uint8)
     start = (-raw.ctypes.data) % 64 + offset
-    out = raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+    out = raw[start : start + array.nbytes].view(array.dtype).reshape(array.shape)
     np.copyto(out, array)
     return out
 
 
-def jax_shm(plan: Frameworks,
-            aliases: Dict[str, bool]) -> Dict[Tuple[str, str], List[float]]:
+def jax_shm(plan: Frameworks, aliases: dict[str, bool]) -> dict[tuple[str, str], list[float]]:
     """``aliases``: filled with whether each way's jax.Arrays share the numpy memory."""
     import jax
     import numpy as np
@@ -469,29 +534,54 @@ def jax_shm(plan: Frameworks,
     arrays = jax.tree_util.tree_map(lambda a: placed(a, 0), jax_tree(plan))
     unaligned = jax.tree_util.tree_map(lambda a: placed(a, 16), arrays)
     tree = jax.block_until_ready(jax.device_put(jax.tree_util.tree_map(np.copy, arrays)))
-    aliases.update({name: bool(all(
-        jax.device_put(a).unsafe_buffer_pointer() == a.ctypes.data
-        for a in jax.tree_util.tree_leaves(given))) for name, given in (
-            ("device_put(numpy)", arrays), ("device_put(numpy, unaligned)", unaligned))})
+    aliases.update(
+        {
+            name: bool(
+                all(
+                    jax.device_put(a).unsafe_buffer_pointer() == a.ctypes.data
+                    for a in jax.tree_util.tree_leaves(given)
+                )
+            )
+            for name, given in (
+                ("device_put(numpy)", arrays),
+                ("device_put(numpy, unaligned)", unaligned),
+            )
+        }
+    )
     name = f"bench-jax-{uuid.uuid4().hex[:6]}"
     pusher = varsync.connect(f"shm://{name}")
     reader = varsync.connect(f"shm://{name}")
     try:
         pusher.create_table(TABLE, tree)
-        turns: List[Turn] = [
-            [("varsync shm://", "pull(like=tree)",
-              lambda: jax.block_until_ready(reader.pull(like=tree)))],
+        turns: list[Turn] = [
+            [
+                (
+                    "varsync shm://",
+                    "pull(like=tree)",
+                    lambda: jax.block_until_ready(reader.pull(like=tree)),
+                )
+            ],
             [("jax", "device_put(numpy)", lambda: jax.block_until_ready(jax.device_put(arrays)))],
-            [("jax", "device_put(numpy, unaligned)",
-              lambda: jax.block_until_ready(jax.device_put(unaligned)))],
+            [
+                (
+                    "jax",
+                    "device_put(numpy, unaligned)",
+                    lambda: jax.block_until_ready(jax.device_put(unaligned)),
+                )
+            ],
         ]
-        samples = in_rounds(turns, plan.rounds, plan.warm,
-                            lambda: pusher.push(tree, skip_unchanged=False))
+        samples = in_rounds(
+            turns, plan.rounds, plan.warm, lambda: pusher.push(tree, skip_unchanged=False)
+        )
         pulled = reader.pull(like=tree)
-        aliases["pull(like=tree)"] = bool(all(
-            leaf.unsafe_buffer_pointer() == view.ctypes.data for leaf, view in zip(
-                jax.tree_util.tree_leaves(pulled),
-                jax.tree_util.tree_leaves(reader.pull()))))
+        aliases["pull(like=tree)"] = bool(
+            all(
+                leaf.unsafe_buffer_pointer() == view.ctypes.data
+                for leaf, view in zip(
+                    jax.tree_util.tree_leaves(pulled), jax.tree_util.tree_leaves(reader.pull())
+                )
+            )
+        )
         for path, leaf in jax.tree_util.tree_leaves_with_path(arrays):
             got = pulled
             for step in path:

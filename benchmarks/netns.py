@@ -47,8 +47,9 @@ STOP_TIMEOUT = 10.0
 def _command(argv: Sequence[str], timeout: float = COMMAND_TIMEOUT) -> str:
     done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
-        raise RuntimeError(f"`{' '.join(argv)}` failed ({done.returncode}): "
-                           f"{(done.stderr or done.stdout).strip()}")
+        raise RuntimeError(
+            f"`{' '.join(argv)}` failed ({done.returncode}): {(done.stderr or done.stdout).strip()}"
+        )
     return done.stdout
 
 
@@ -74,8 +75,10 @@ def unavailable() -> str | None:
 def free_subnet() -> str:
     """The first of ``SUBNETS`` that no address or route of this namespace overlaps."""
     used = []
-    for line in (_command(["ip", "-4", "-o", "addr", "show"]).splitlines()
-                 + _command(["ip", "-4", "route", "show", "table", "all"]).splitlines()):
+    for line in (
+        _command(["ip", "-4", "-o", "addr", "show"]).splitlines()
+        + _command(["ip", "-4", "route", "show", "table", "all"]).splitlines()
+    ):
         for word in line.split():
             with contextlib.suppress(ValueError):
                 if "/" in word or word.count(".") == 3:
@@ -112,8 +115,13 @@ class Network:
     rate words; None: uncapped) with ``delay_ms`` of one-way delay added (netem; 0:
     none). Made on ``__enter__`` (or :meth:`open`), taken down by :meth:`close`."""
 
-    def __init__(self, hosts: Sequence[str], rate: str | None = DEFAULT_RATE,
-                 delay_ms: float = 0.0, subnet: str | None = None) -> None:
+    def __init__(
+        self,
+        hosts: Sequence[str],
+        rate: str | None = DEFAULT_RATE,
+        delay_ms: float = 0.0,
+        subnet: str | None = None,
+    ) -> None:
         if len(set(hosts)) != len(hosts) or not hosts or len(hosts) > 200:
             raise ValueError(f"hosts {list(hosts)}: 1 to 200 distinct names expected")
         self.names = list(hosts)
@@ -143,8 +151,7 @@ class Network:
             self._in(self.switch, "ip", "link", "set", "br0", "up")
             # bridged frames need not cross an (empty) iptables of the switch namespace
             with contextlib.suppress(RuntimeError):
-                self._in(self.switch, "sysctl", "-q", "-w",
-                         "net.bridge.bridge-nf-call-iptables=0")
+                self._in(self.switch, "sysctl", "-q", "-w", "net.bridge.bridge-nf-call-iptables=0")
             for number, name in enumerate(self.names, start=1):
                 self._host(number, name)
         except BaseException:
@@ -161,8 +168,20 @@ class Network:
         namespace, port = self.prefix + name, f"s{number}"
         self._namespace(namespace)
         ip = f"{self.subnet}.{number}"
-        self._in(self.switch, "ip", "link", "add", port, "type", "veth", "peer", "name",
-                 "vs0", "netns", namespace)
+        self._in(
+            self.switch,
+            "ip",
+            "link",
+            "add",
+            port,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "vs0",
+            "netns",
+            namespace,
+        )
         self._in(self.switch, "ip", "link", "set", port, "master", "br0", "up")
         self._in(namespace, "ip", "addr", "add", f"{ip}/24", "dev", "vs0")
         self._in(namespace, "ip", "link", "set", "vs0", "up")
@@ -177,11 +196,42 @@ class Network:
         per_second = rate_bytes(self.rate)
         # a burst of 2 ms of traffic, at least two 64 KiB GSO packets; 20 ms of queue
         burst = max(128 * 1024, int(per_second * 0.002))
-        self._in(namespace, "tc", "qdisc", "add", "dev", device, "root", "handle", "1:",
-                 "tbf", "rate", self.rate, "burst", str(burst), "latency", "20ms")
+        self._in(
+            namespace,
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            device,
+            "root",
+            "handle",
+            "1:",
+            "tbf",
+            "rate",
+            self.rate,
+            "burst",
+            str(burst),
+            "latency",
+            "20ms",
+        )
         if self.delay_ms > 0:
-            self._in(namespace, "tc", "qdisc", "add", "dev", device, "parent", "1:1",
-                     "handle", "10:", "netem", "delay", f"{self.delay_ms}ms", "limit", "100000")
+            self._in(
+                namespace,
+                "tc",
+                "qdisc",
+                "add",
+                "dev",
+                device,
+                "parent",
+                "1:1",
+                "handle",
+                "10:",
+                "netem",
+                "delay",
+                f"{self.delay_ms}ms",
+                "limit",
+                "100000",
+            )
 
     def _in(self, namespace: str, *command: str) -> str:
         return _command(["ip", "netns", "exec", namespace, *command])
@@ -218,8 +268,9 @@ class Network:
         """Start ``command`` in ``host``'s namespace, in a session of its own (so that
         :meth:`close` stops it and its children); ``options`` go to ``Popen``."""
         options.setdefault("stdin", subprocess.DEVNULL)
-        process = subprocess.Popen(self.hosts[host].argv(command), start_new_session=True,
-                                   **options)  # type: ignore[call-overload]
+        process = subprocess.Popen(
+            self.hosts[host].argv(command), start_new_session=True, **options
+        )  # type: ignore[call-overload]
         self._processes.append(process)
         return process
 
@@ -327,22 +378,56 @@ def redis_cli(server_binary: str) -> str:
 #: What every server here runs with: no persistence; replicas synced over the socket at
 #: once; a replica's output buffer unbounded and a backlog of 256 MB, so that a 100 MB
 #: push streamed to several replicas never drops one into a full resync.
-SERVER_CONFIG = ("--appendonly", "no", "--save", "", "--repl-diskless-sync", "yes",
-                 "--repl-diskless-sync-delay", "0", "--client-output-buffer-limit",
-                 "replica", "0", "0", "0", "--repl-backlog-size", "256mb")
+SERVER_CONFIG = (
+    "--appendonly",
+    "no",
+    "--save",
+    "",
+    "--repl-diskless-sync",
+    "yes",
+    "--repl-diskless-sync-delay",
+    "0",
+    "--client-output-buffer-limit",
+    "replica",
+    "0",
+    "0",
+    "0",
+    "--repl-backlog-size",
+    "256mb",
+)
 
 
-def start_redis(net: Network, host: str, binary: str, replica_of: RedisNode | None = None,
-                config: Sequence[str] = (), port: int = REDIS_PORT,
-                timeout: float = 20.0) -> RedisNode:
+def start_redis(
+    net: Network,
+    host: str,
+    binary: str,
+    replica_of: RedisNode | None = None,
+    config: Sequence[str] = (),
+    port: int = REDIS_PORT,
+    timeout: float = 20.0,
+) -> RedisNode:
     """A redis-server on ``host`` (bound to its address only), a replica of
     ``replica_of`` if given; returns once it answers PING."""
     directory = net.scratch / host
     directory.mkdir(parents=True, exist_ok=True)
     ip = net.ip(host)
-    argv = [binary, "--bind", ip, "--port", str(port), "--protected-mode", "yes",
-            "--daemonize", "no", "--dir", str(directory), "--logfile",
-            str(directory / "redis.log"), *SERVER_CONFIG, *config]
+    argv = [
+        binary,
+        "--bind",
+        ip,
+        "--port",
+        str(port),
+        "--protected-mode",
+        "yes",
+        "--daemonize",
+        "no",
+        "--dir",
+        str(directory),
+        "--logfile",
+        str(directory / "redis.log"),
+        *SERVER_CONFIG,
+        *config,
+    ]
     if replica_of is not None:
         argv += ["--replicaof", replica_of.ip, str(replica_of.port)]
     process = net.popen(host, argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
@@ -360,11 +445,13 @@ def start_redis(net: Network, host: str, binary: str, replica_of: RedisNode | No
     raise RuntimeError(f"redis-server on {host} ({ip}:{port}) did not start:\n{tail}")
 
 
-def cli(net: Network, node: RedisNode, binary: str, *command: str,
-        timeout: float = COMMAND_TIMEOUT) -> str:
+def cli(
+    net: Network, node: RedisNode, binary: str, *command: str, timeout: float = COMMAND_TIMEOUT
+) -> str:
     """``redis-cli`` against ``node``, run in its host's namespace; its raw output."""
-    return net.run(node.host, [redis_cli(binary), "-h", node.ip, "-p", str(node.port),
-                               *command], timeout)
+    return net.run(
+        node.host, [redis_cli(binary), "-h", node.ip, "-p", str(node.port), *command], timeout
+    )
 
 
 def info(net: Network, node: RedisNode, binary: str, section: str) -> dict[str, str]:
@@ -377,16 +464,22 @@ def info(net: Network, node: RedisNode, binary: str, section: str) -> dict[str, 
     return fields
 
 
-def wait_replicas_up(net: Network, replicas: Sequence[RedisNode], binary: str,
-                     timeout: float = 60.0) -> None:
+def wait_replicas_up(
+    net: Network, replicas: Sequence[RedisNode], binary: str, timeout: float = 60.0
+) -> None:
     """Return once every replica reports ``master_link_status:up``."""
     deadline = time.monotonic() + timeout
     waiting = list(replicas)
     while waiting and time.monotonic() < deadline:
-        waiting = [r for r in waiting
-                   if info(net, r, binary, "replication").get("master_link_status") != "up"]
+        waiting = [
+            r
+            for r in waiting
+            if info(net, r, binary, "replication").get("master_link_status") != "up"
+        ]
         if waiting:
             time.sleep(0.1)  # polling the replicas' link state, bounded by the deadline
     if waiting:
-        raise RuntimeError("replica(s) not linked to their primary within "
-                           f"{timeout:.0f} s: {', '.join(r.host for r in waiting)}")
+        raise RuntimeError(
+            "replica(s) not linked to their primary within "
+            f"{timeout:.0f} s: {', '.join(r.host for r in waiting)}"
+        )

@@ -81,13 +81,21 @@ class Plan:
 
     def summary(self) -> dict[str, Any]:
         """What results.json and RESULTS.md record of the plan."""
-        return {"fanout_bytes": self.fanout.nbytes, "fanout_readers": self.fanout.counts,
-                "fanout_pulls": self.fanout.pulls, "reader_memory": asdict(self.reader_memory),
-                "probe_bytes": self.probe_bytes, "polls": self.polls,
-                "reverb_polls": self.reverb_polls, "versions": self.versions,
-                "target_bytes": [c.nbytes for c in self.cases if c.targets],
-                "tables": self.tables, "table_leaves": self.table_leaves,
-                "cold_bytes": self.cold_bytes, "cold_samples": self.cold_samples}
+        return {
+            "fanout_bytes": self.fanout.nbytes,
+            "fanout_readers": self.fanout.counts,
+            "fanout_pulls": self.fanout.pulls,
+            "reader_memory": asdict(self.reader_memory),
+            "probe_bytes": self.probe_bytes,
+            "polls": self.polls,
+            "reverb_polls": self.reverb_polls,
+            "versions": self.versions,
+            "target_bytes": [c.nbytes for c in self.cases if c.targets],
+            "tables": self.tables,
+            "table_leaves": self.table_leaves,
+            "cold_bytes": self.cold_bytes,
+            "cold_samples": self.cold_samples,
+        }
 
 
 def full_plan() -> Plan:
@@ -124,9 +132,12 @@ def full_plan() -> Plan:
 def quick_plan() -> Plan:
     """Minutes become seconds: for trying the suite out, not for figures."""
     return Plan(
-        cases=[Case("few", 4, 1 * KB, 3, 5), Case("few", 4, 1 * MB, 3, targets=True),
-               Case("few", 4, 10 * MB, 3, targets=True, first_push=True),
-               Case("many", 500, 1 * MB, 3)],
+        cases=[
+            Case("few", 4, 1 * KB, 3, 5),
+            Case("few", 4, 1 * MB, 3, targets=True),
+            Case("few", 4, 10 * MB, 3, targets=True, first_push=True),
+            Case("many", 500, 1 * MB, 3),
+        ],
         big=None,
         fanout=Readers(10 * MB, [1, 2], 2),
         reader_memory=Readers(10 * MB, [2], 2),
@@ -144,9 +155,11 @@ def smoke_plan() -> Plan:
     """Every group and stage on every backend, tiny, to check that every figure comes out
     (not the run above 2 GiB: that size is the point of it)."""
     return Plan(
-        cases=[Case("few", 4, 10 * KB, 1, targets=True, first_push=True),
-               Case("few", 4, 100 * KB, 2, targets=True, profile=True),
-               Case("many", 50, 100 * KB, 1)],
+        cases=[
+            Case("few", 4, 10 * KB, 1, targets=True, first_push=True),
+            Case("few", 4, 100 * KB, 2, targets=True, profile=True),
+            Case("many", 50, 100 * KB, 1),
+        ],
         big=None,
         fanout=Readers(100 * KB, [1, 2], 1),
         reader_memory=Readers(100 * KB, [2], 1),

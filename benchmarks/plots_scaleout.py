@@ -48,8 +48,9 @@ def draw(results: dict[str, Any], img_dir: Path) -> Path:
     sizes = sorted({b for b, _, _ in ratios})
     fig, axes = plt.subplots(1, len(sizes), figsize=(5.2 * len(sizes), 4.2), squeeze=False)
     for ax, size in zip(axes[0], sizes):
-        replicas: list[int] = sorted({r for (b, _, _), rs in ratios.items() if b == size
-                                      for r in rs})
+        replicas: list[int] = sorted(
+            {r for (b, _, _), rs in ratios.items() if b == size for r in rs}
+        )
         ax.plot(replicas, [min(1.3 / r, 1.3) for r in replicas], "k--", label="goal 1.3/R")
         for (b, actors, topology), by_r in sorted(ratios.items()):
             if b != size:
@@ -59,8 +60,14 @@ def draw(results: dict[str, Any], img_dir: Path) -> Path:
             ax.plot(xs, [by_r[x] for x in xs], style, label=f"{topology}, {actors} actors")
             if topology == "star":
                 floor = [((x - 1) + actors / x) / actors for x in xs]
-                ax.plot(xs, floor, ":", color=ax.lines[-1].get_color(), linewidth=1,
-                        label=f"star link floor, {actors} actors")
+                ax.plot(
+                    xs,
+                    floor,
+                    ":",
+                    color=ax.lines[-1].get_color(),
+                    linewidth=1,
+                    label=f"star link floor, {actors} actors",
+                )
         ax.set_title(f"{size / 1e6:.0f} MB nest, 1 Gbit/s links")
         ax.set_xlabel("replicas R")
         ax.set_ylabel("time until every actor holds a version, / R = 0")

@@ -47,8 +47,13 @@ class Pulled:
     measures: dict[str, Callable[[], int]]
 
 
-def run_readers(plan: Plan, readers: Children, reverb: ReverbProcess,
-                out: dict[str, Any], log: Callable[[str], None]) -> None:
+def run_readers(
+    plan: Plan,
+    readers: Children,
+    reverb: ReverbProcess,
+    out: dict[str, Any],
+    log: Callable[[str], None],
+) -> None:
     """The fan-out, then the reader-memory comparison, on servers of their own: ``reverb``
     (started with the suite, serving table "fanout") and a new redis-server."""
     import redis
@@ -64,16 +69,31 @@ def run_readers(plan: Plan, readers: Children, reverb: ReverbProcess,
         redis_server = stack.enter_context(running_redis_server())
         admin = stack.enter_context(redis.Redis.from_url(redis_server.url))
         stack.callback(varsync_shm.remove_store, shm_name)
-        redis_memory = {"server RSS": lambda: rss_of(redis_server.pid),
-                        "used_memory": lambda: int(admin.info("memory")["used_memory"])}
+        redis_memory = {
+            "server RSS": lambda: rss_of(redis_server.pid),
+            "used_memory": lambda: int(admin.info("memory")["used_memory"]),
+        }
         nest = nest_of(fan.nbytes, 4)
         fanout = [
-            Pulled("reverb", "varsync", f"reverb://{reverb_address}", "fanout",
-                   {"server RSS": lambda: rss_of(reverb_pid)}),
+            Pulled(
+                "reverb",
+                "varsync",
+                f"reverb://{reverb_address}",
+                "fanout",
+                {"server RSS": lambda: rss_of(reverb_pid)},
+            ),
             Pulled("redis", "varsync", f"{redis_server.url}?namespace=fanout", TABLE, redis_memory),
-            Pulled("shm", "varsync", f"shm://{shm_name}", TABLE,
-                   {"bytes in /dev/shm": lambda: allocated_bytes_under(
-                       varsync_shm.store_path(shm_name))}),
+            Pulled(
+                "shm",
+                "varsync",
+                f"shm://{shm_name}",
+                TABLE,
+                {
+                    "bytes in /dev/shm": lambda: allocated_bytes_under(
+                        varsync_shm.store_path(shm_name)
+                    )
+                },
+            ),
         ]
         for pulled in fanout:
             with varsync.connect(pulled.url, timeout=300) as store:
@@ -88,8 +108,9 @@ def run_readers(plan: Plan, readers: Children, reverb: ReverbProcess,
             readers.pull(pulled, mem, out["reader_memory"], log)
 
 
-def _reader_memory_contenders(url: str, nbytes: int,
-                              measures: dict[str, Callable[[], int]]) -> list[Pulled]:
+def _reader_memory_contenders(
+    url: str, nbytes: int, measures: dict[str, Callable[[], int]]
+) -> list[Pulled]:
     """The same bytes through varsync and as four hand-written keys, on one server."""
     import redis
 
@@ -103,16 +124,24 @@ def _reader_memory_contenders(url: str, nbytes: int,
         for name, leaf in nest.items():
             hand.set(f"hand:readers:{name}", leaf.tobytes())
     keys = {f"hand:readers:{name}": leaf.size for name, leaf in nest.items()}
-    return [Pulled("redis", "varsync", f"{url}?namespace=readers", TABLE, measures),
-            Pulled("redis-py", "redis-py", url, keys, measures)]
+    return [
+        Pulled("redis", "varsync", f"{url}?namespace=readers", TABLE, measures),
+        Pulled("redis-py", "redis-py", url, keys, measures),
+    ]
 
 
 class Children:
     """Child processes started together with the suite (so that they start while the
     servers do, before anything is timed), each reporting "up" once ready for commands."""
 
-    def __init__(self, what: str, target: Callable[..., None], names: list[str], go: bool,
-                 environment: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        what: str,
+        target: Callable[..., None],
+        names: list[str],
+        go: bool,
+        environment: dict[str, str] | None = None,
+    ) -> None:
         context = multiprocessing.get_context("spawn")
         self.what = what
         self.commands = [context.Queue() for _ in names]
@@ -123,8 +152,9 @@ class Children:
         try:
             for i, name in enumerate(names):
                 args = (name, self.commands[i], self.results) + ((self.go,) if go else ())
-                child = context.Process(target=target, args=args, name=f"bench-{what}-{name}",
-                                        daemon=True)
+                child = context.Process(
+                    target=target, args=args, name=f"bench-{what}-{name}", daemon=True
+                )
                 child.start()
                 self.children.append(child)
         except BaseException:
@@ -156,8 +186,13 @@ class Children:
         self.request_stop()
         stop_children(self.children, 60)
 
-    def pull(self, pulled: Pulled, readers: Readers, record: list[dict[str, Any]],
-             log: Callable[[str], None]) -> None:
+    def pull(
+        self,
+        pulled: Pulled,
+        readers: Readers,
+        record: list[dict[str, Any]],
+        log: Callable[[str], None],
+    ) -> None:
         """First every reader connects and fills its arrays once, all at once (untimed);
         then for each count: that many readers fill their arrays ``pulls`` times at once
         while the server's memory is sampled; one record per count."""
@@ -167,19 +202,28 @@ class Children:
             done, samplers = self._round(pulled, count, readers.pulls, pulled.measures)
             seconds = max(d[3] for d in done) - min(d[2] for d in done)
             delivered = count * readers.pulls * nbytes
-            record.append({
-                "contender": name, "readers": count, "pulls_each": readers.pulls,
-                "bytes": nbytes, "seconds": seconds, "aggregate_bytes_per_s": delivered / seconds,
-                "latencies": [t for d in done for t in d[4]],
-                "server_growth": {metric: s.growth for metric, s in samplers.items()},
-                "server_baseline": {metric: s.baseline for metric, s in samplers.items()},
-            })
-            log(f"   {name}, {count} reader(s) of {nbytes / MB:.3g} MB: "
+            record.append(
+                {
+                    "contender": name,
+                    "readers": count,
+                    "pulls_each": readers.pulls,
+                    "bytes": nbytes,
+                    "seconds": seconds,
+                    "aggregate_bytes_per_s": delivered / seconds,
+                    "latencies": [t for d in done for t in d[4]],
+                    "server_growth": {metric: s.growth for metric, s in samplers.items()},
+                    "server_baseline": {metric: s.baseline for metric, s in samplers.items()},
+                }
+            )
+            log(
+                f"   {name}, {count} reader(s) of {nbytes / MB:.3g} MB: "
                 f"{delivered / seconds / GB:.2f} GB/s in all, "
-                + ", ".join(f"{m} +{s.growth / MB:.1f} MB" for m, s in samplers.items()))
+                + ", ".join(f"{m} +{s.growth / MB:.1f} MB" for m, s in samplers.items())
+            )
 
-    def _round(self, pulled: Pulled, count: int, pulls: int,
-               measures: dict[str, Callable[[], int]]) -> tuple[list[tuple], dict[str, Sampler]]:
+    def _round(
+        self, pulled: Pulled, count: int, pulls: int, measures: dict[str, Callable[[], int]]
+    ) -> tuple[list[tuple], dict[str, Sampler]]:
         """``count`` readers get ready, then pull at once while ``measures`` are sampled
         (from the moment every reader is ready); their "done" messages, the samplers."""
         self.go.clear()
@@ -188,12 +232,17 @@ class Children:
         for _ in range(count):
             _check(self.next(600, f"{pulled.contender} readers getting ready"), "ready")
         with contextlib.ExitStack() as stack:
-            samplers = {metric: stack.enter_context(
-                            Sampler(measure, 0.005 if metric == "used_memory" else 0.002))
-                        for metric, measure in measures.items()}
+            samplers = {
+                metric: stack.enter_context(
+                    Sampler(measure, 0.005 if metric == "used_memory" else 0.002)
+                )
+                for metric, measure in measures.items()
+            }
             self.go.set()
-            done = [_check(self.next(900, f"{pulled.contender} readers pulling"), "done")
-                    for _ in range(count)]
+            done = [
+                _check(self.next(900, f"{pulled.contender} readers pulling"), "done")
+                for _ in range(count)
+            ]
         return done, samplers
 
 
@@ -219,17 +268,32 @@ def probe_processes() -> Children:
     threshold after each large free and then keeps freed buffers in the heap: a warm-up
     would hide the next call's allocations in the baseline. A fixed threshold returns every
     buffer over 128 KiB to the system when freed."""
-    return Children("probes", workers.memory_probe, PROBES, go=False,
-                    environment={"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)})
+    return Children(
+        "probes",
+        workers.memory_probe,
+        PROBES,
+        go=False,
+        environment={"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)},
+    )
 
 
-def run_client_memory(plan: Plan, probes: Children, reverb_address: str, redis_url: str,
-                      out: dict[str, Any], log: Callable[[str], None]) -> None:
+def run_client_memory(
+    plan: Plan,
+    probes: Children,
+    reverb_address: str,
+    redis_url: str,
+    out: dict[str, Any],
+    log: Callable[[str], None],
+) -> None:
     import varsync_shm
 
     shm_name = f"bench-probe-{uuid.uuid4().hex[:6]}"
-    where = {"memory": ("memory://probe", TABLE), "reverb": (f"reverb://{reverb_address}", "probe"),
-             "redis": (redis_url, TABLE), "shm": (f"shm://{shm_name}", TABLE)}
+    where = {
+        "memory": ("memory://probe", TABLE),
+        "reverb": (f"reverb://{reverb_address}", "probe"),
+        "redis": (redis_url, TABLE),
+        "shm": (f"shm://{shm_name}", TABLE),
+    }
     try:
         for i, group in enumerate(PROBES):
             probes.commands[i].put((*where[group], plan.probe_bytes))
@@ -239,14 +303,23 @@ def run_client_memory(plan: Plan, probes: Children, reverb_address: str, redis_u
                 raise RuntimeError(f"the {group} memory probe failed:\n{figures['error']}")
             for name, peak in figures.items():
                 contender, _, op = name.rpartition(" ")
-                out["client_memory"].append({"contender": contender or group, "op": op,
-                                             "bytes": plan.probe_bytes,
-                                             "peak_above_baseline": peak})
+                out["client_memory"].append(
+                    {
+                        "contender": contender or group,
+                        "op": op,
+                        "bytes": plan.probe_bytes,
+                        "peak_above_baseline": peak,
+                    }
+                )
     finally:
         varsync_shm.remove_store(shm_name)
-    log("   " + ", ".join(f"{m['contender']} {m['op']} "
-                          f"{m['peak_above_baseline'] / m['bytes']:.2f}x"
-                          for m in out["client_memory"]))
+    log(
+        "   "
+        + ", ".join(
+            f"{m['contender']} {m['op']} {m['peak_above_baseline'] / m['bytes']:.2f}x"
+            for m in out["client_memory"]
+        )
+    )
 
 
 # -- cold start (issue 15.5) -------------------------------------------------------------------
@@ -290,8 +363,9 @@ os._exit(0)  # measured and reported: skip TensorFlow's seconds of teardown at e
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_cold_start(urls: dict[str, str], nbytes: int, samples: int, out: dict[str, Any],
-                   log: Callable[[str], None]) -> None:
+def run_cold_start(
+    urls: dict[str, str], nbytes: int, samples: int, out: dict[str, Any], log: Callable[[str], None]
+) -> None:
     """``urls``: {backend: URL of a store whose table ``COLD_TABLE`` holds ``nbytes`` in 4
     leaves} (memory://'s is a name only: its child fills a store of its own). ``samples``
     fresh processes each, taking turns between backends; the records go to
@@ -302,19 +376,29 @@ def run_cold_start(urls: dict[str, str], nbytes: int, samples: int, out: dict[st
             records[name].append(_cold_sample(url, nbytes))
     for name, got in records.items():
         median = statistics.median(r["seconds"] for r in got)
-        out["cold_start"].append({"backend": name, "url": urls[name].split("?")[0],
-                                  "bytes": nbytes, "samples": got})
-        log(f"   cold start {name}: median {median * 1e3:.0f} ms, imported "
-            f"{', '.join(got[0]['heavy']) or 'none of ' + '/'.join(HEAVY)}")
+        out["cold_start"].append(
+            {"backend": name, "url": urls[name].split("?")[0], "bytes": nbytes, "samples": got}
+        )
+        log(
+            f"   cold start {name}: median {median * 1e3:.0f} ms, imported "
+            f"{', '.join(got[0]['heavy']) or 'none of ' + '/'.join(HEAVY)}"
+        )
 
 
 def _cold_sample(url: str, nbytes: int) -> dict[str, Any]:
     if url.startswith("memory://"):  # a store of its own each time
         url = f"memory://cold-{uuid.uuid4().hex[:6]}"
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    done = subprocess.run([sys.executable, "-c", COLD_CHILD, url, COLD_TABLE, str(nbytes)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", COLD_CHILD, url, COLD_TABLE, str(nbytes)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if done.returncode != 0:
-        raise RuntimeError(f"cold start of {url} failed ({done.returncode}):\n"
-                           f"{done.stderr[-2000:]}")
+        raise RuntimeError(
+            f"cold start of {url} failed ({done.returncode}):\n{done.stderr[-2000:]}"
+        )
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))

@@ -68,11 +68,17 @@ def header(r: Results, images: dict[str, Path], out: Path, json_path: Path) -> l
         "",
     ]
     if raw.get("smoke"):
-        lines += ["**Smoke run (`--smoke`): tiny sizes, one or two rounds, to check that every "
-                  "figure comes out; not figures to quote.**", ""]
+        lines += [
+            "**Smoke run (`--smoke`): tiny sizes, one or two rounds, to check that every "
+            "figure comes out; not figures to quote.**",
+            "",
+        ]
     elif raw.get("quick"):
-        lines += ["**Quick run (`--quick`): small sizes and few rounds, for trying the suite "
-                  "out; not figures to quote.**", ""]
+        lines += [
+            "**Quick run (`--quick`): small sizes and few rounds, for trying the suite "
+            "out; not figures to quote.**",
+            "",
+        ]
     if "cross-backend" in raw.get("groups_skipped", {}):
         lines += [f"**Sections 1-7 not run**: {raw['groups_skipped']['cross-backend']}.", ""]
     if "throughput" in images:
@@ -88,17 +94,22 @@ def _fresh_memory(raw: dict[str, Any]) -> list[str]:
     if not f:
         return []
     gone = f["reported_mib"]
-    handed = (f"its kernel handed {gone:.0f} MB of free memory back to the host meanwhile "
-              "(free page reporting)" if gone is not None
-              else "this kernel does not report free memory to a host")
+    handed = (
+        f"its kernel handed {gone:.0f} MB of free memory back to the host meanwhile "
+        "(free page reporting)"
+        if gone is not None
+        else "this kernel does not report free memory to a host"
+    )
     slower = f["again_gbps"] / f["after_idle_gbps"]
-    return [f"**Fresh memory**: writing {size_label(f['nbytes'])} into new arrays ran at "
-            f"{f['again_gbps']:.2f} GB/s into pages just freed, {f['after_idle_gbps']:.2f} GB/s "
-            f"after {f['idle_seconds']:g} s idle ({slower:.1f}x slower; the very first time "
-            f"{f['first_gbps']:.2f} GB/s): {handed}. A pull into new arrays and a "
-            "redis-server's first write of a key pay this at large sizes, as their baselines "
-            "do, so large figures move between runs with what the machine freed before.",
-            ""]
+    return [
+        f"**Fresh memory**: writing {size_label(f['nbytes'])} into new arrays ran at "
+        f"{f['again_gbps']:.2f} GB/s into pages just freed, {f['after_idle_gbps']:.2f} GB/s "
+        f"after {f['idle_seconds']:g} s idle ({slower:.1f}x slower; the very first time "
+        f"{f['first_gbps']:.2f} GB/s): {handed}. A pull into new arrays and a "
+        "redis-server's first write of a key pay this at large sizes, as their baselines "
+        "do, so large figures move between runs with what the machine freed before.",
+        "",
+    ]
 
 
 def _load(raw: dict[str, Any]) -> str:
@@ -110,9 +121,18 @@ def _load(raw: dict[str, Any]) -> str:
 
 def headline(r: Results) -> list[str]:
     few = r.sizes("few")
-    bullets = [b for b in (_update_bullet(r, few), _reverb_bullet(r, few),
-                           _redis_bullet(r, few), _floor_bullet(r, few), _poll_bullet(r, few),
-                           _fanout_bullet(r)) if b]
+    bullets = [
+        b
+        for b in (
+            _update_bullet(r, few),
+            _reverb_bullet(r, few),
+            _redis_bullet(r, few),
+            _floor_bullet(r, few),
+            _poll_bullet(r, few),
+            _fanout_bullet(r),
+        )
+        if b
+    ]
     return ["## Headline", ""] + [f"- {b}" for b in bullets] + [""] if bullets else []
 
 
@@ -121,21 +141,32 @@ def _update_bullet(r: Results, few: list[int]) -> str:
     if not sizes:
         return ""
     top = max(sizes)
-    parts = [f"{LABELS[name]} {rate(top, s)}"
-             for name in ["memory", "shm", "redis", "reverb", "tf-agents", "redis-py"]
-             if (s := r.stat("few", top, name, "update"))]
+    parts = [
+        f"{LABELS[name]} {rate(top, s)}"
+        for name in ["memory", "shm", "redis", "reverb", "tf-agents", "redis-py"]
+        if (s := r.stat("few", top, name, "update"))
+    ]
     assign = r.stat("few", top, "tf assign", "update")
     floor = f" (the floor, `tf.Variable.assign` from memory: {rate(top, assign)})" if assign else ""
-    return (f"**Update into tf.Variables, {size_label(top)}**: " + "; ".join(parts) + floor + "."
-            if parts else "")
+    return (
+        f"**Update into tf.Variables, {size_label(top)}**: " + "; ".join(parts) + floor + "."
+        if parts
+        else ""
+    )
 
 
 def _reverb_bullet(r: Results, few: list[int]) -> str:
-    bits = [f"{s['median']:.2f}× at {size_label(n)}" for n in few
-            if n >= 10 * MB and (s := r.push_pull_ratio("few", n))]
-    return ("**Reverb**: varsync's push+pull takes " + ", ".join(bits) + " the time of "
-            "TF-Agents' container on the same server, round by round (target ≤ 0.80)."
-            if bits else "")
+    bits = [
+        f"{s['median']:.2f}× at {size_label(n)}"
+        for n in few
+        if n >= 10 * MB and (s := r.push_pull_ratio("few", n))
+    ]
+    return (
+        "**Reverb**: varsync's push+pull takes " + ", ".join(bits) + " the time of "
+        "TF-Agents' container on the same server, round by round (target ≤ 0.80)."
+        if bits
+        else ""
+    )
 
 
 def _redis_bullet(r: Results, few: list[int]) -> str:
@@ -145,39 +176,56 @@ def _redis_bullet(r: Results, few: list[int]) -> str:
         pull = r.ratio("few", n, "redis", ("redis", "pull"), ("redis-py", "pull"))
         if n >= 100 * MB and push and pull:
             bits.append(f"{size_label(n)}: push {push['median']:.2f}×, pull {pull['median']:.2f}×")
-    return ("**Redis** against hand-written redis-py SET/GET (target ≤ 0.5): "
-            + "; ".join(bits) + "." if bits else "")
+    return (
+        "**Redis** against hand-written redis-py SET/GET (target ≤ 0.5): " + "; ".join(bits) + "."
+        if bits
+        else ""
+    )
 
 
 def _floor_bullet(r: Results, few: list[int]) -> str:
     parts = []
     for name in ["memory", "shm", "redis", "reverb"]:
-        bits = [f"{s['median']:.2f}× at {size_label(n)}" for n in few if n >= 100 * MB
-                and (s := r.ratio("few", n, name, (name, "update"), ("tf assign", "update")))]
+        bits = [
+            f"{s['median']:.2f}× at {size_label(n)}"
+            for n in few
+            if n >= 100 * MB
+            and (s := r.ratio("few", n, name, (name, "update"), ("tf assign", "update")))
+        ]
         if bits:
             parts.append(f"{LABELS[name]} " + ", ".join(bits))
-    return ("**Update against its floor** (`tf.Variable.assign` of the same bytes from memory, "
-            "same rounds): " + "; ".join(parts) + "." if parts else "")
+    return (
+        "**Update against its floor** (`tf.Variable.assign` of the same bytes from memory, "
+        "same rounds): " + "; ".join(parts) + "."
+        if parts
+        else ""
+    )
 
 
 def _poll_bullet(r: Results, few: list[int]) -> str:
     parts = []
     for name in ["memory", "shm", "redis", "reverb"]:
-        medians = [summary(v)["median"] for (lay, _, c), v in r.polls.items()
-                   if lay == "few" and c == name]
+        medians = [
+            summary(v)["median"] for (lay, _, c), v in r.polls.items() if lay == "few" and c == name
+        ]
         if medians:
-            parts.append(f"{LABELS[name]} {seconds_text(min(medians))}–"
-                         f"{seconds_text(max(medians))}")
+            parts.append(
+                f"{LABELS[name]} {seconds_text(min(medians))}–{seconds_text(max(medians))}"
+            )
     if not parts:
         return ""
     pulled = [(n, s) for n in few if (s := r.stat("few", n, "tf-agents", "pull"))]
     tail = ""
     if pulled:
         n, s = pulled[-1]
-        tail = (f"; TF-Agents has no such call and pulls everything: "
-                f"{seconds_text(s['median'])} at {size_label(n)}")
-    return ("**pull_if_newer when nothing changed**, medians over all sizes from "
-            f"{size_label(min(few))} to {size_label(max(few))}: " + "; ".join(parts) + tail + ".")
+        tail = (
+            f"; TF-Agents has no such call and pulls everything: "
+            f"{seconds_text(s['median'])} at {size_label(n)}"
+        )
+    return (
+        "**pull_if_newer when nothing changed**, medians over all sizes from "
+        f"{size_label(min(few))} to {size_label(max(few))}: " + "; ".join(parts) + tail + "."
+    )
 
 
 def _fanout_bullet(r: Results) -> str:
@@ -188,17 +236,22 @@ def _fanout_bullet(r: Results) -> str:
         if mine:
             lo, hi = mine[min(mine)], mine[max(mine)]
             growth = max(hi["server_growth"].values()) if hi["server_growth"] else 0
-            bits.append(f"{LABELS[name]} {lo['aggregate_bytes_per_s'] / GB:.2f} → "
-                        f"{hi['aggregate_bytes_per_s'] / GB:.2f} GB/s, "
-                        f"server +{growth / MB:.0f} MB")
-    return (f"**Fan-out** from 1 to {max(f['readers'] for f in fan)} readers of "
-            f"{size_label(fan[0]['bytes'])}: " + "; ".join(bits) + "." if bits else "")
+            bits.append(
+                f"{LABELS[name]} {lo['aggregate_bytes_per_s'] / GB:.2f} → "
+                f"{hi['aggregate_bytes_per_s'] / GB:.2f} GB/s, "
+                f"server +{growth / MB:.0f} MB"
+            )
+    return (
+        f"**Fan-out** from 1 to {max(f['readers'] for f in fan)} readers of "
+        f"{size_label(fan[0]['bytes'])}: " + "; ".join(bits) + "."
+        if bits
+        else ""
+    )
 
 
 def issue_15_section(r: Results) -> list[str]:
     """Section 9: the figures behind issue 15's targets that the sweep's sections lack."""
-    lines = (wire_section(r) + wire_time_section(r) + many_tables_section(r)
-             + cold_start_section(r))
+    lines = wire_section(r) + wire_time_section(r) + many_tables_section(r) + cold_start_section(r)
     return [ISSUE_15_DETAIL, ""] + lines if lines else []
 
 
@@ -207,51 +260,75 @@ def plan_section(r: Results) -> list[str]:
     cases = raw.get("cases", [])
     lines = ["## What was run", ""]
     if cases:
-        rows = [[c["layout"] + (" (4 arrays)" if c["layout"] == "few"
-                                else f" ({c['leaves']} arrays)"),
-                 size_label(c["nbytes"]), str(c["rounds"]), str(c["inner"]),
-                 "yes" if c["update"] else "no", "yes" if c.get("targets") else ""]
-                for c in cases]
-        lines += ["Sizes are decimal (1 MB = 10^6 bytes). Each size: one warm-up round (three "
-                  "for shm:// and redis://, so that both of shm's alternating segments and "
-                  "Redis's spare version exist), then the rounds; at small sizes each sample "
-                  "times several back-to-back calls (\"calls per sample\") and divides.", ""]
-        lines += table(["layout", "size", "rounds", "calls per sample", "update timed",
-                        "targets' extras"], rows)
+        rows = [
+            [
+                c["layout"]
+                + (" (4 arrays)" if c["layout"] == "few" else f" ({c['leaves']} arrays)"),
+                size_label(c["nbytes"]),
+                str(c["rounds"]),
+                str(c["inner"]),
+                "yes" if c["update"] else "no",
+                "yes" if c.get("targets") else "",
+            ]
+            for c in cases
+        ]
+        lines += [
+            "Sizes are decimal (1 MB = 10^6 bytes). Each size: one warm-up round (three "
+            "for shm:// and redis://, so that both of shm's alternating segments and "
+            "Redis's spare version exist), then the rounds; at small sizes each sample "
+            'times several back-to-back calls ("calls per sample") and divides.',
+            "",
+        ]
+        lines += table(
+            ["layout", "size", "rounds", "calls per sample", "update timed", "targets' extras"],
+            rows,
+        )
     if plan:
         mem = plan.get("reader_memory", {})
-        lines += [f"- Fan-out: {size_label(plan['fanout_bytes'])} table, readers "
-                  f"{plan['fanout_readers']}, {plan['fanout_pulls']} updates each. Reader "
-                  f"memory: {size_label(mem.get('nbytes', 0))} table, readers "
-                  f"{mem.get('counts')}, {mem.get('pulls')} each. Client memory: "
-                  f"{size_label(plan['probe_bytes'])} nest.",
-                  f"- pull_if_newer: {plan['polls']} calls per size ({plan['reverb_polls']} on "
-                  f"Reverb); Redis `version` at the targets' sizes: {plan.get('versions')} calls."]
+        lines += [
+            f"- Fan-out: {size_label(plan['fanout_bytes'])} table, readers "
+            f"{plan['fanout_readers']}, {plan['fanout_pulls']} updates each. Reader "
+            f"memory: {size_label(mem.get('nbytes', 0))} table, readers "
+            f"{mem.get('counts')}, {mem.get('pulls')} each. Client memory: "
+            f"{size_label(plan['probe_bytes'])} nest.",
+            f"- pull_if_newer: {plan['polls']} calls per size ({plan['reverb_polls']} on "
+            f"Reverb); Redis `version` at the targets' sizes: {plan.get('versions')} calls.",
+        ]
         if "tables" in plan:
-            lines.append(f"- Issue 15: pull_if_newer on one of {plan['tables']} Reverb tables of "
-                         f"{plan['table_leaves']} leaves, {plan['reverb_polls']} calls; cold "
-                         f"start: {plan['cold_samples']} fresh processes per backend, a "
-                         f"{size_label(plan['cold_bytes'])} table; a new table's first push "
-                         "(Redis) at " + (", ".join(size_label(c["nbytes"]) for c in cases
-                                                    if c.get("first_push")) or "no size") + ".")
-    lines += ["- Servers: Reverb servers in a child process (every table made by "
-              "`varsync.reverb.serve`, TF-Agents' layout): one per size of the sweep, each "
-              "serving that size's table alone (Reverb answers every table's info to each "
-              "of varsync's version checks: with all 13 of the 4-array tables on one server, "
-              "as in the runs up to d4806a9 (the previous figures beside this run's), "
-              "a varsync push at 1 KB took about 160 µs more; many "
-              "tables are section 9's measurement), one for the client-memory probe and the "
-              "cold start, one for the 50 tables; one for the "
-              "fan-out (in a process of its own, whose memory is measured); one "
-              "redis-server (no persistence, 127.0.0.1) for the sweep and one for the fan-out "
-              "and reader memory (the redis-server binary the tests use). All started by the "
-              "suite and stopped when it ends; the whole run in a network namespace with "
-              "loopback only (`scripts/loopback-only`).",
-              "- The backends were measured as they were in the working tree at the time of "
-              "the run."]
+            lines.append(
+                f"- Issue 15: pull_if_newer on one of {plan['tables']} Reverb tables of "
+                f"{plan['table_leaves']} leaves, {plan['reverb_polls']} calls; cold "
+                f"start: {plan['cold_samples']} fresh processes per backend, a "
+                f"{size_label(plan['cold_bytes'])} table; a new table's first push "
+                "(Redis) at "
+                + (
+                    ", ".join(size_label(c["nbytes"]) for c in cases if c.get("first_push"))
+                    or "no size"
+                )
+                + "."
+            )
+    lines += [
+        "- Servers: Reverb servers in a child process (every table made by "
+        "`varsync.reverb.serve`, TF-Agents' layout): one per size of the sweep, each "
+        "serving that size's table alone (Reverb answers every table's info to each "
+        "of varsync's version checks: with all 13 of the 4-array tables on one server, "
+        "as in the runs up to d4806a9 (the previous figures beside this run's), "
+        "a varsync push at 1 KB took about 160 µs more; many "
+        "tables are section 9's measurement), one for the client-memory probe and the "
+        "cold start, one for the 50 tables; one for the "
+        "fan-out (in a process of its own, whose memory is measured); one "
+        "redis-server (no persistence, 127.0.0.1) for the sweep and one for the fan-out "
+        "and reader memory (the redis-server binary the tests use). All started by the "
+        "suite and stopped when it ends; the whole run in a network namespace with "
+        "loopback only (`scripts/loopback-only`).",
+        "- The backends were measured as they were in the working tree at the time of the run.",
+    ]
     lines += [f"- Not run: {s}" for s in raw.get("skipped", [])]
-    lines += [f"- {LABELS.get(f['contender'], f['contender'])} {f['op']} of "
-              f"{size_label(f['bytes'])}: {f['reason']}" for f in r.refusals]
+    lines += [
+        f"- {LABELS.get(f['contender'], f['contender'])} {f['op']} of "
+        f"{size_label(f['bytes'])}: {f['reason']}"
+        for f in r.refusals
+    ]
     stages = raw.get("stage_seconds")
     if stages:
         lines.append("- Time per stage: " + ", ".join(f"{k} {v:.0f} s" for k, v in stages.items()))
@@ -283,8 +360,12 @@ def write(results: dict[str, Any], out: Path, images: dict[str, Path], json_path
     out.write_text("\n".join(lines).rstrip() + "\n")
 
 
-def splice(results: dict[str, Any], out: Path, images: dict[str, Path],
-           groups: Sequence[str] = ("frameworks",)) -> None:
+def splice(
+    results: dict[str, Any],
+    out: Path,
+    images: dict[str, Path],
+    groups: Sequence[str] = ("frameworks",),
+) -> None:
     """Write the sections of ``groups`` (8: frameworks, 10: delta) into the RESULTS.md
     already at ``out``, each in place of its previous text (up to the next ``## ``
     heading) or before "## What was run", leaving every other section as it is: a run of
@@ -295,8 +376,10 @@ def splice(results: dict[str, Any], out: Path, images: dict[str, Path],
         write(results, out, images, out.parent / "results.json")
         return
     lines = out.read_text().rstrip("\n").split("\n")
-    made = {"frameworks": lambda: frameworks_section(results, images, out),
-            "delta": lambda: delta_section(results)}
+    made = {
+        "frameworks": lambda: frameworks_section(results, images, out),
+        "delta": lambda: delta_section(results),
+    }
     for group in groups:
         section = made[group]() if group in made else []
         if not section:
@@ -305,10 +388,11 @@ def splice(results: dict[str, Any], out: Path, images: dict[str, Path],
         mine = [i for i in heads if lines[i] == section[0]]
         if mine:
             end = next((i for i in heads if i > mine[0]), len(lines))
-            lines[mine[0]:end] = section
+            lines[mine[0] : end] = section
         else:
-            before = next((i for i in heads if lines[i].startswith(("## What was run",
-                                                                     "## 11."))), len(lines))
+            before = next(
+                (i for i in heads if lines[i].startswith(("## What was run", "## 11."))), len(lines)
+            )
             lines[before:before] = section
     out.write_text("\n".join(lines).rstrip() + "\n")
 

@@ -29,8 +29,9 @@ class Results:
         self.pooled: dict[Key, list[float]] = defaultdict(list)
         for r in results.get("sweep", []):
             key = (r["layout"], r["bytes"], r["contender"], r["op"])
-            self.by_group[(r["layout"], r["bytes"], r["group"], r["contender"], r["op"])] = (
-                r["samples"])
+            self.by_group[(r["layout"], r["bytes"], r["group"], r["contender"], r["op"])] = r[
+                "samples"
+            ]
             self.pooled[key].extend(r["samples"])
         self.polls: dict[tuple[str, int, str], list[float]] = {}
         self.versions: dict[tuple[str, int, str], list[float]] = {}
@@ -55,8 +56,9 @@ class Results:
         samples = self.polls.get((layout, nbytes, contender))
         return summary(samples) if samples else None
 
-    def ratio(self, layout: str, nbytes: int, group: str, mine: tuple[str, str],
-              other: tuple[str, str]) -> Stat | None:
+    def ratio(
+        self, layout: str, nbytes: int, group: str, mine: tuple[str, str], other: tuple[str, str]
+    ) -> Stat | None:
         a = self.by_group.get((layout, nbytes, group, *mine))
         b = self.by_group.get((layout, nbytes, group, *other))
         return paired_ratio(a, b) if a and b else None
@@ -67,8 +69,7 @@ class Results:
         pull = self.by_group.get((layout, nbytes, "reverb", contender, "pull"))
         return [a + b for a, b in zip(push, pull)] if push and pull else None
 
-    def push_pull_ratio(self, layout: str, nbytes: int,
-                        contender: str = "reverb") -> Stat | None:
+    def push_pull_ratio(self, layout: str, nbytes: int, contender: str = "reverb") -> Stat | None:
         """``contender``'s push+pull over TF-Agents' push+pull, round by round."""
         mine = self.push_pull(layout, nbytes, contender)
         theirs = self.push_pull(layout, nbytes, "tf-agents")
@@ -93,8 +94,11 @@ class Results:
 
 def better_baseline(r: Results, n: int) -> tuple[str, str] | None:
     """The faster (by median, this run) of the two hand-written pushes at size ``n``."""
-    medians = {b: statistics.median(s) for b in REDIS_BASELINES
-               if (s := r.by_group.get(("few", n, "redis", *b)))}
+    medians = {
+        b: statistics.median(s)
+        for b in REDIS_BASELINES
+        if (s := r.by_group.get(("few", n, "redis", *b)))
+    }
     return min(medians, key=lambda b: medians[b]) if medians else None
 
 

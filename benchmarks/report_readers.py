@@ -22,17 +22,20 @@ def fanout_section(r: Results, images: dict[str, Path], out: Path) -> list[str]:
     lines = ["## 5. Fan-out: reader processes pulling one table", ""]
     if "fanout" in images:
         lines += [f"![Fan-out scaling]({rel(images['fanout'], out.parent)})", ""]
-    lines += [f"*{machine_line(r.m)}.* On a Reverb server and a redis-server of their own, 1 "
-              f"to {max(f['readers'] for f in fan)} reader processes (started once, connected "
-              "and warmed before timing) each `update` their own numpy arrays from the same "
-              f"{size_label(payload)} table {fan[0]['pulls_each']} times, all at once. "
-              "Aggregate = bytes delivered to all readers / wall time from the first start to "
-              "the last finish. Server memory: the largest rise during the pulls, sampled every "
-              "2 ms — the server process's resident memory (Reverb, Redis), Redis's own "
-              "`used_memory`, and for shm:// (no server) the bytes its table holds in /dev/shm. "
-              "memory:// lives in one process and has no fan-out. With "
-              f"{r.m['cores']} cores shared by the server and every reader, more readers than "
-              "cores take turns: aggregate throughput cannot scale past that here.", ""]
+    lines += [
+        f"*{machine_line(r.m)}.* On a Reverb server and a redis-server of their own, 1 "
+        f"to {max(f['readers'] for f in fan)} reader processes (started once, connected "
+        "and warmed before timing) each `update` their own numpy arrays from the same "
+        f"{size_label(payload)} table {fan[0]['pulls_each']} times, all at once. "
+        "Aggregate = bytes delivered to all readers / wall time from the first start to "
+        "the last finish. Server memory: the largest rise during the pulls, sampled every "
+        "2 ms — the server process's resident memory (Reverb, Redis), Redis's own "
+        "`used_memory`, and for shm:// (no server) the bytes its table holds in /dev/shm. "
+        "memory:// lives in one process and has no fan-out. With "
+        f"{r.m['cores']} cores shared by the server and every reader, more readers than "
+        "cores take turns: aggregate throughput cannot scale past that here.",
+        "",
+    ]
     lines += readers_table(fan)
     return lines + [f"- {s}" for s in skipped] + ([""] if skipped else [])
 
@@ -42,13 +45,28 @@ def readers_table(records: list[dict[str, Any]]) -> list[str]:
     rows = []
     for f in sorted(records, key=lambda f: (BACKENDS.index(f["contender"]), f["readers"])):
         payload = f["bytes"]
-        growth = "; ".join(f"{k} +{v / MB:.1f} MB ({v / payload:.2f}×)"
-                           for k, v in f["server_growth"].items())
-        rows.append([LABELS[f["contender"]], str(f["readers"]),
-                     f"{f['aggregate_bytes_per_s'] / GB:.2f} GB/s",
-                     time_cell(summary(f["latencies"])), growth])
-    return table(["backend", "readers", "aggregate", "one update, median (IQR)",
-                  "server memory growth (× payload)"], rows)
+        growth = "; ".join(
+            f"{k} +{v / MB:.1f} MB ({v / payload:.2f}×)" for k, v in f["server_growth"].items()
+        )
+        rows.append(
+            [
+                LABELS[f["contender"]],
+                str(f["readers"]),
+                f"{f['aggregate_bytes_per_s'] / GB:.2f} GB/s",
+                time_cell(summary(f["latencies"])),
+                growth,
+            ]
+        )
+    return table(
+        [
+            "backend",
+            "readers",
+            "aggregate",
+            "one update, median (IQR)",
+            "server memory growth (× payload)",
+        ],
+        rows,
+    )
 
 
 def reader_memory_section(r: Results) -> list[str]:
@@ -56,10 +74,14 @@ def reader_memory_section(r: Results) -> list[str]:
     records = r.raw.get("reader_memory", [])
     if not records:
         return []
-    return (["### Redis: server memory under readers, varsync vs hand-written", "",
-             "The same table pulled through varsync and, as four keys, with `GET` by "
-             "hand-written redis-py readers, on the fan-out's redis-server; sampled as in the "
-             "fan-out.", ""] + readers_table(records))
+    return [
+        "### Redis: server memory under readers, varsync vs hand-written",
+        "",
+        "The same table pulled through varsync and, as four keys, with `GET` by "
+        "hand-written redis-py readers, on the fan-out's redis-server; sampled as in the "
+        "fan-out.",
+        "",
+    ] + readers_table(records)
 
 
 def memory_section(r: Results, images: dict[str, Path], out: Path) -> list[str]:
@@ -71,17 +93,20 @@ def memory_section(r: Results, images: dict[str, Path], out: Path) -> list[str]:
     lines = ["## 6. Client memory per push and pull", ""]
     if "client_memory" in images:
         lines += [f"![Client memory]({rel(images['client_memory'], out.parent)})", ""]
-    lines += [f"*{machine_line(r.m)}.* A fresh process per backend builds a "
-              f"{size_label(payload)} nest (4 float32 arrays), connects and pushes once "
-              "(warm-up); then for one push, and one pull whose result is kept: the peak "
-              "resident memory (`VmHWM`, reset through `/proc/self/clear_refs`) minus the "
-              "resident memory just before. glibc's mmap threshold is fixed at 128 KiB in these "
-              "processes (`MALLOC_MMAP_THRESHOLD_`), so that buffers freed by the warm-up go back "
-              "to the system instead of hiding the next call's allocations. A pull that returns "
-              "new arrays cannot use less than 1×; memory:// and shm:// pulls return views of "
-              "stored bytes. For shm://, resident memory counts the pages of the shared segment "
-              "the process maps: its push writes one whole segment (1×), which lives in "
-              "/dev/shm, not in a private copy.", ""]
+    lines += [
+        f"*{machine_line(r.m)}.* A fresh process per backend builds a "
+        f"{size_label(payload)} nest (4 float32 arrays), connects and pushes once "
+        "(warm-up); then for one push, and one pull whose result is kept: the peak "
+        "resident memory (`VmHWM`, reset through `/proc/self/clear_refs`) minus the "
+        "resident memory just before. glibc's mmap threshold is fixed at 128 KiB in these "
+        "processes (`MALLOC_MMAP_THRESHOLD_`), so that buffers freed by the warm-up go back "
+        "to the system instead of hiding the next call's allocations. A pull that returns "
+        "new arrays cannot use less than 1×; memory:// and shm:// pulls return views of "
+        "stored bytes. For shm://, resident memory counts the pages of the shared segment "
+        "the process maps: its push writes one whole segment (1×), which lives in "
+        "/dev/shm, not in a private copy.",
+        "",
+    ]
     rows = []
     for contender in ["memory", "reverb", "tf-agents", "redis", "redis-py", "shm"]:
         cells = []
@@ -110,20 +135,42 @@ def cold_start_section(r: Results) -> list[str]:
             return seconds_text(statistics.median(s[key] for s in got))
 
         heavy = sorted({m for s in got for m in s["heavy"]})
-        rows.append([f"{name}://", time_cell(summary([s["seconds"] for s in got])),
-                     part("import"), part("connect"),
-                     part("create + push") if name == "memory" else "–", part("pull"),
-                     ", ".join(heavy) or "none", ", ".join(NEEDS[name]) or "none"])
+        rows.append(
+            [
+                f"{name}://",
+                time_cell(summary([s["seconds"] for s in got])),
+                part("import"),
+                part("connect"),
+                part("create + push") if name == "memory" else "–",
+                part("pull"),
+                ", ".join(heavy) or "none",
+                ", ".join(NEEDS[name]) or "none",
+            ]
+        )
     first = next(iter(records.values()))
-    return ["### Cold start: a new process's first connect + pull", "",
-            f"Each sample a fresh `python -c` of readers.py's `COLD_CHILD` "
-            f"({len(first['samples'])} "
-            "per backend, taking turns), its clock started just before `import varsync` "
-            "(Python's start-up excluded, the backend's imports included) and stopped when "
-            f"`pull` of a {size_label(first['bytes'])} table (4 float32 arrays, filled by the "
-            "suite) returned. memory:// keeps nothing across processes: its process creates "
-            "the table and pushes before it pulls (building the nest is not counted). "
-            "Heavy modules: which of tensorflow, reverb, redis, torch, jax were in "
-            "`sys.modules` after the pull.", ""] + table(
-        ["backend", "total, median (IQR)", "import varsync", "connect", "create + push",
-         "pull", "heavy modules imported", "what it uses"], rows)
+    return [
+        "### Cold start: a new process's first connect + pull",
+        "",
+        f"Each sample a fresh `python -c` of readers.py's `COLD_CHILD` "
+        f"({len(first['samples'])} "
+        "per backend, taking turns), its clock started just before `import varsync` "
+        "(Python's start-up excluded, the backend's imports included) and stopped when "
+        f"`pull` of a {size_label(first['bytes'])} table (4 float32 arrays, filled by the "
+        "suite) returned. memory:// keeps nothing across processes: its process creates "
+        "the table and pushes before it pulls (building the nest is not counted). "
+        "Heavy modules: which of tensorflow, reverb, redis, torch, jax were in "
+        "`sys.modules` after the pull.",
+        "",
+    ] + table(
+        [
+            "backend",
+            "total, median (IQR)",
+            "import varsync",
+            "connect",
+            "create + push",
+            "pull",
+            "heavy modules imported",
+            "what it uses",
+        ],
+        rows,
+    )

@@ -24,8 +24,14 @@ def _median(case: dict[str, Any], key: str) -> float:
 
 
 def _base(cases: list[dict[str, Any]], case: dict[str, Any]) -> dict[str, Any] | None:
-    return next((c for c in cases if c["replicas"] == 0 and c["bytes"] == case["bytes"]
-                 and c["actors"] == case["actors"]), None)
+    return next(
+        (
+            c
+            for c in cases
+            if c["replicas"] == 0 and c["bytes"] == case["bytes"] and c["actors"] == case["actors"]
+        ),
+        None,
+    )
 
 
 def link_rate(cases: list[dict[str, Any]], case: dict[str, Any]) -> float | None:
@@ -67,49 +73,61 @@ def section(results: dict[str, Any]) -> list[str]:
     if not cases:
         return []
     m = results["machine"]
-    lines = [HEADING, "",
-             f"*{machine_line(m)}; load average {m['load_average'][0]:.1f} when the run "
-             f"started, {results.get('load_average_end', [0])[0]:.1f} when it ended.* "
-             "`python -m benchmarks.scaleout` (root; [docs/benchmarks.md]"
-             "(../docs/benchmarks.md#scaling-out-over-hosts-issue-174)): hosts are network "
-             "namespaces on one Linux bridge, each host's link capped at "
-             f"{results['rate']} each way with `tc tbf`"
-             + (f", {results['delay_ms']} ms netem delay" if results.get("delay_ms") else "")
-             + ". A learner host pushes to the primary redis-server's host; R replica hosts, "
-             "each replica `--replicaof` the primary (star) or the one before it (chain: r1 "
-             "of the primary, r2 of r1, ...); the actors spread evenly over "
-             f"{results['actor_hosts']} actor hosts, host aj reading from replica "
-             "r((j-1) mod R + 1), or from the primary when R = 0, so that the serving "
-             "host's uplink is the link that limits. Each actor loops `wait_for` + "
-             "`pull_if_newer` and records when it got each version. "
-             + ("Actors reached their replica through the primary's URL with the redis "
-                "backend's `replicas=` naming it." if results.get("connect") == "replicas="
-                else "Actors connected to their replica's address."), "",
-             "Per version, pushed once every actor held the one before: the time from the "
-             "push's return until every actor holds it (median over versions, IQR in "
-             "brackets); what the links allow: the copies the busiest link still carries "
-             "after the push returned (the busiest server's actors', plus R - 1 replication "
-             "copies on a star's primary) at the rate one link delivered with R = 0, and the "
-             "measured time as a multiple of it (1.00×: the links are the limit, not "
-             "varsync); t(R)/t(0) against the goal 1.3/R; the bytes delivered to all actors "
-             "per second of that time; each actor's lag in versions when a push returned (1: "
-             "it held the version before). Then pushes back to back, none waiting for the "
-             "fan-out: the actors' lag at each push, when all held the last one, and how many "
-             "of those versions each actor pulled (`pull_if_newer` takes the newest there is when "
-             "a pull starts) and how many pulls began again on a newer version. "
-             "Every server and process ran on this machine's 2 cores; the load column is "
-             "the 1-minute load average during the case.", ""]
+    lines = [
+        HEADING,
+        "",
+        f"*{machine_line(m)}; load average {m['load_average'][0]:.1f} when the run "
+        f"started, {results.get('load_average_end', [0])[0]:.1f} when it ended.* "
+        "`python -m benchmarks.scaleout` (root; [docs/benchmarks.md]"
+        "(../docs/benchmarks.md#scaling-out-over-hosts-issue-174)): hosts are network "
+        "namespaces on one Linux bridge, each host's link capped at "
+        f"{results['rate']} each way with `tc tbf`"
+        + (f", {results['delay_ms']} ms netem delay" if results.get("delay_ms") else "")
+        + ". A learner host pushes to the primary redis-server's host; R replica hosts, "
+        "each replica `--replicaof` the primary (star) or the one before it (chain: r1 "
+        "of the primary, r2 of r1, ...); the actors spread evenly over "
+        f"{results['actor_hosts']} actor hosts, host aj reading from replica "
+        "r((j-1) mod R + 1), or from the primary when R = 0, so that the serving "
+        "host's uplink is the link that limits. Each actor loops `wait_for` + "
+        "`pull_if_newer` and records when it got each version. "
+        + (
+            "Actors reached their replica through the primary's URL with the redis "
+            "backend's `replicas=` naming it."
+            if results.get("connect") == "replicas="
+            else "Actors connected to their replica's address."
+        ),
+        "",
+        "Per version, pushed once every actor held the one before: the time from the "
+        "push's return until every actor holds it (median over versions, IQR in "
+        "brackets); what the links allow: the copies the busiest link still carries "
+        "after the push returned (the busiest server's actors', plus R - 1 replication "
+        "copies on a star's primary) at the rate one link delivered with R = 0, and the "
+        "measured time as a multiple of it (1.00×: the links are the limit, not "
+        "varsync); t(R)/t(0) against the goal 1.3/R; the bytes delivered to all actors "
+        "per second of that time; each actor's lag in versions when a push returned (1: "
+        "it held the version before). Then pushes back to back, none waiting for the "
+        "fan-out: the actors' lag at each push, when all held the last one, and how many "
+        "of those versions each actor pulled (`pull_if_newer` takes the newest there is when "
+        "a pull starts) and how many pulls began again on a newer version. "
+        "Every server and process ran on this machine's 2 cores; the load column is "
+        "the 1-minute load average during the case.",
+        "",
+    ]
     lines += _findings(cases) + _cases_table(cases)
     option = results.get("replicas_option")
     if option and option.get("cases"):
         m2 = option["machine"]
-        lines += ["### The same through the redis backend's `replicas=`", "",
-                  f"*Measured {m2['started']}, load average {m2['load_average'][0]:.1f} "
-                  f"when it started.* `python -m benchmarks.scaleout --connect replicas= "
-                  "...`: each actor connects to the primary's URL with `replicas=` naming "
-                  "its host's replica (issue 17.1), instead of to the replica's address; "
-                  "the last column counts the `GET`s (chunks) the primary answered from the "
-                  "actors' start to the last spaced version.", ""]
+        lines += [
+            "### The same through the redis backend's `replicas=`",
+            "",
+            f"*Measured {m2['started']}, load average {m2['load_average'][0]:.1f} "
+            f"when it started.* `python -m benchmarks.scaleout --connect replicas= "
+            "...`: each actor connects to the primary's URL with `replicas=` naming "
+            "its host's replica (issue 17.1), instead of to the replica's address; "
+            "the last column counts the `GET`s (chunks) the primary answered from the "
+            "actors' start to the last spaced version.",
+            "",
+        ]
         lines += _cases_table(option["cases"])
     return lines
 
@@ -118,8 +136,10 @@ def _cases_table(cases: list[dict[str, Any]]) -> list[str]:
     """One row per case: R, replication, size, actors."""
     counted = any("primary_gets" in c for c in cases)
     rows = []
-    for case in sorted(cases, key=lambda c: (c["bytes"], c["actors"], c["replicas"],
-                                              c.get("topology", "star") != "star")):
+    for case in sorted(
+        cases,
+        key=lambda c: (c["bytes"], c["actors"], c["replicas"], c.get("topology", "star") != "star"),
+    ):
         times = summary([v["all_seconds"] for v in case["versions"]])
         rate = summary([v["bytes_per_s"] for v in case["versions"]])
         push = summary([v["push_seconds"] for v in case["versions"]])
@@ -128,26 +148,45 @@ def _cases_table(cases: list[dict[str, Any]]) -> list[str]:
         model = link_model(cases, case)
         goal = GOAL / case["replicas"] if case["replicas"] else None
         verdict = "" if r is None or goal is None else ("met" if r <= goal else "missed")
-        rows.append([
-            size_label(case["bytes"]), str(case["actors"]), str(case["replicas"]),
-            case.get("topology", "star") if case["replicas"] > 1 else "–",
-            f"{times['median']:.2f} s ({times['q1']:.2f}–{times['q3']:.2f})",
-            f"{model:.2f} s ({times['median'] / model:.2f}×)" if model else "–",
-            f"{r:.2f}" if r is not None else "–",
-            f"≤ {goal:.2f} {verdict}" if goal else "–",
-            f"{rate['median'] / 1e6:.0f} MB/s",
-            f"{push['median']:.2f} s",
-            f"{summary(lags)['median']:.0f} (max {max(lags)})",
-            _back_to_back_cell(case),
-            f"{max(v['load_average'] for v in case['versions']):.1f}",
-            str(len(case["versions"])),
-        ] + ([str(case.get("primary_gets", "–"))] if counted else []))
-    return table(["nest", "actors", "R", "replication", "until all hold it",
-                    "links allow (measured ×)", "t(R)/t(0)",
-                    "goal 1.3/R", "to all actors", "push", "lag at push, median",
-                    "back to back: lag at push, median (max); all hold the last; versions pulled",
-                    "load (1 min)", "versions"]
-                   + (["GETs the primary answered"] if counted else []), rows)
+        rows.append(
+            [
+                size_label(case["bytes"]),
+                str(case["actors"]),
+                str(case["replicas"]),
+                case.get("topology", "star") if case["replicas"] > 1 else "–",
+                f"{times['median']:.2f} s ({times['q1']:.2f}–{times['q3']:.2f})",
+                f"{model:.2f} s ({times['median'] / model:.2f}×)" if model else "–",
+                f"{r:.2f}" if r is not None else "–",
+                f"≤ {goal:.2f} {verdict}" if goal else "–",
+                f"{rate['median'] / 1e6:.0f} MB/s",
+                f"{push['median']:.2f} s",
+                f"{summary(lags)['median']:.0f} (max {max(lags)})",
+                _back_to_back_cell(case),
+                f"{max(v['load_average'] for v in case['versions']):.1f}",
+                str(len(case["versions"])),
+            ]
+            + ([str(case.get("primary_gets", "–"))] if counted else [])
+        )
+    return table(
+        [
+            "nest",
+            "actors",
+            "R",
+            "replication",
+            "until all hold it",
+            "links allow (measured ×)",
+            "t(R)/t(0)",
+            "goal 1.3/R",
+            "to all actors",
+            "push",
+            "lag at push, median",
+            "back to back: lag at push, median (max); all hold the last; versions pulled",
+            "load (1 min)",
+            "versions",
+        ]
+        + (["GETs the primary answered"] if counted else []),
+        rows,
+    )
 
 
 def _findings(cases: list[dict[str, Any]]) -> list[str]:
@@ -158,26 +197,45 @@ def _findings(cases: list[dict[str, Any]]) -> list[str]:
             parts = []
             for case in cases:
                 r = ratio(cases, case)
-                if case["bytes"] == nbytes and case["actors"] == count and r is not None \
-                        and case["replicas"] > 1:
+                if (
+                    case["bytes"] == nbytes
+                    and case["actors"] == count
+                    and r is not None
+                    and case["replicas"] > 1
+                ):
                     goal = GOAL / case["replicas"]
-                    parts.append(f"{case.get('topology', 'star')} R={case['replicas']} "
-                                 f"{r:.2f} ({'met' if r <= goal else 'missed'} ≤ {goal:.2f})")
+                    parts.append(
+                        f"{case.get('topology', 'star')} R={case['replicas']} "
+                        f"{r:.2f} ({'met' if r <= goal else 'missed'} ≤ {goal:.2f})"
+                    )
             if parts:
-                bullets.append(f"- **{size_label(nbytes)}, {count} actors**, t(R)/t(0): "
-                               + "; ".join(parts) + ".")
+                bullets.append(
+                    f"- **{size_label(nbytes)}, {count} actors**, t(R)/t(0): "
+                    + "; ".join(parts)
+                    + "."
+                )
     if not bullets:
         return []
-    return ["**t(R)/t(0) against the goal 1.3/R**:", ""] + bullets + ["", (
-        "What limits is a link in every case where the figures match the links' "
-        "allowance (× close to 1.00). A star of R replicas cannot reach 1/R: its "
-        "primary's uplink carries R copies of every push, R - 1 of them after the push "
-        "returned, so t(R)/t(0) ≥ ((R - 1) + A/R) / A for A actors (0.44 for R = 4 and 16 "
-        "actors). A chain carries one copy per link; each replica forwards a chunk "
-        "(`chunk_size`, 4 MiB) only once it has received it whole, so each hop adds a "
-        "chunk's transfer time (~35 ms at 1 Gbit/s): small against a 100 MB fan-out, "
-        "most of a 10 MB one (which is also where the other engineers' load on this "
-        "machine shows most)."), ""] + _back_to_back_finding(cases)
+    return (
+        ["**t(R)/t(0) against the goal 1.3/R**:", ""]
+        + bullets
+        + [
+            "",
+            (
+                "What limits is a link in every case where the figures match the links' "
+                "allowance (× close to 1.00). A star of R replicas cannot reach 1/R: its "
+                "primary's uplink carries R copies of every push, R - 1 of them after the push "
+                "returned, so t(R)/t(0) ≥ ((R - 1) + A/R) / A for A actors (0.44 for R = 4 and 16 "
+                "actors). A chain carries one copy per link; each replica forwards a chunk "
+                "(`chunk_size`, 4 MiB) only once it has received it whole, so each hop adds a "
+                "chunk's transfer time (~35 ms at 1 Gbit/s): small against a 100 MB fan-out, "
+                "most of a 10 MB one (which is also where the other engineers' load on this "
+                "machine shows most)."
+            ),
+            "",
+        ]
+        + _back_to_back_finding(cases)
+    )
 
 
 def _back_to_back_finding(cases: list[dict[str, Any]]) -> list[str]:
@@ -187,17 +245,21 @@ def _back_to_back_finding(cases: list[dict[str, Any]]) -> list[str]:
     multiples = [f["all_seconds"] / _median(c, "all_seconds") for c, f in fast]
     pulled = [n for _, f in fast for n in f["pulled"]]
     restarted = sum(sum(f.get("restarted", [])) for _, f in fast)
-    return [(
-        f"Back to back ({len(fast[0][1]['pushes'])} pushes, none waiting for the fan-out), "
-        f"an actor pulled {min(pulled)} to {max(pulled)} of them: `pull_if_newer` takes the "
-        "newest version when a pull starts, and a pull runs to its end unless its version "
-        "is retired meanwhile (with the default `keep=1`, two pushes later), when it begins "
-        f"again on a newer one ({restarted} pulls in all the cases). So every actor held the "
-        f"last push {min(multiples):.1f}–{max(multiples):.1f}× the spaced time after it "
-        "returned: actors never fell further behind than the pushes in flight (the lag "
-        "column), but each pull of an intermediate version costs a whole fan-out. A "
-        "fan-out slower than the push interval wants a larger `keep` and pushes no faster "
-        "than the fan-out."), ""]
+    return [
+        (
+            f"Back to back ({len(fast[0][1]['pushes'])} pushes, none waiting for the fan-out), "
+            f"an actor pulled {min(pulled)} to {max(pulled)} of them: `pull_if_newer` takes the "
+            "newest version when a pull starts, and a pull runs to its end unless its version "
+            "is retired meanwhile (with the default `keep=1`, two pushes later), when it begins "
+            f"again on a newer one ({restarted} pulls in all the cases). So every actor held the "
+            f"last push {min(multiples):.1f}–{max(multiples):.1f}× the spaced time after it "
+            "returned: actors never fell further behind than the pushes in flight (the lag "
+            "column), but each pull of an intermediate version costs a whole fan-out. A "
+            "fan-out slower than the push interval wants a larger `keep` and pushes no faster "
+            "than the fan-out."
+        ),
+        "",
+    ]
 
 
 def _back_to_back_cell(case: dict[str, Any]) -> str:
@@ -206,11 +268,13 @@ def _back_to_back_cell(case: dict[str, Any]) -> str:
         return "–"
     lags = [lag for p in fast["pushes"] for lag in p["lag_at_push"]]
     again = sum(fast.get("restarted", []))
-    restarted = (f", {again} pull{'' if again == 1 else 's'} begun again"
-                 if "restarted" in fast else "")
-    return (f"{summary(lags)['median']:.0f} ({max(lags)}); {fast['all_seconds']:.2f} s, "
-            f"{min(fast['pulled'])}–{max(fast['pulled'])} of {len(fast['pushes'])} pulled"
-            + restarted)
+    restarted = (
+        f", {again} pull{'' if again == 1 else 's'} begun again" if "restarted" in fast else ""
+    )
+    return (
+        f"{summary(lags)['median']:.0f} ({max(lags)}); {fast['all_seconds']:.2f} s, "
+        f"{min(fast['pulled'])}–{max(fast['pulled'])} of {len(fast['pushes'])} pulled" + restarted
+    )
 
 
 def splice(results: dict[str, Any], out: Path) -> None:
@@ -222,10 +286,9 @@ def splice(results: dict[str, Any], out: Path) -> None:
     at = [i for i in heads if lines[i] == HEADING]
     if at:
         end = next((i for i in heads if i > at[0]), len(lines))
-        lines[at[0]:end] = mine
+        lines[at[0] : end] = mine
     else:
-        before = next((i for i in heads if lines[i].startswith("## What was run")),
-                      len(lines))
+        before = next((i for i in heads if lines[i].startswith("## What was run")), len(lines))
         lines[before:before] = mine
     out.write_text("\n".join(lines).rstrip() + "\n")
 

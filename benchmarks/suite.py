@@ -72,24 +72,40 @@ def log(line: str) -> None:
 
 
 def arguments(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.suite",
-                                     description=(__doc__ or "").splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.suite", description=(__doc__ or "").splitlines()[0]
+    )
     modes = parser.add_mutually_exclusive_group()
-    modes.add_argument("--quick", action="store_true",
-                       help="small sizes and few rounds: tries the suite out in ~3 minutes; "
-                       "writes to a temporary directory unless --out/--img are given")
-    modes.add_argument("--smoke", action="store_true",
-                       help="every group on every backend, tiny sizes, one or two rounds: "
-                       "prints the report and checks every figure is in it; writes nothing "
-                       "but a temporary directory, removed after")
-    parser.add_argument("--group", action="append", choices=GROUPS,
-                        help="run only this group (repeatable; default: every group); a full "
-                        "run keeps the other groups' results from results.json")
-    parser.add_argument("--budget", type=float, default=1500,
-                        help="seconds the whole suite may take (default 1500); stages that no "
-                        "longer fit are skipped and RESULTS.md says so")
-    parser.add_argument("--out", type=Path,
-                        help="RESULTS.md to write (default benchmarks/RESULTS.md)")
+    modes.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes and few rounds: tries the suite out in ~3 minutes; "
+        "writes to a temporary directory unless --out/--img are given",
+    )
+    modes.add_argument(
+        "--smoke",
+        action="store_true",
+        help="every group on every backend, tiny sizes, one or two rounds: "
+        "prints the report and checks every figure is in it; writes nothing "
+        "but a temporary directory, removed after",
+    )
+    parser.add_argument(
+        "--group",
+        action="append",
+        choices=GROUPS,
+        help="run only this group (repeatable; default: every group); a full "
+        "run keeps the other groups' results from results.json",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=1500,
+        help="seconds the whole suite may take (default 1500); stages that no "
+        "longer fit are skipped and RESULTS.md says so",
+    )
+    parser.add_argument(
+        "--out", type=Path, help="RESULTS.md to write (default benchmarks/RESULTS.md)"
+    )
     parser.add_argument("--img", type=Path, help="folder for the PNGs (default docs/img)")
     args = parser.parse_args(argv)
     if args.smoke and (args.out or args.img):
@@ -122,17 +138,22 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
     from . import plan  # after the signal handlers: it imports numpy
 
     started = time.monotonic()
-    chosen = (plan.smoke_plan() if args.smoke else plan.quick_plan() if args.quick
-              else plan.full_plan())
+    chosen = (
+        plan.smoke_plan() if args.smoke else plan.quick_plan() if args.quick else plan.full_plan()
+    )
     groups = args.group or list(GROUPS)
     # the machine's fresh memory, for the figures of the sweep (RESULTS.md's header)
     memory = fresh_memory(*chosen.fresh_memory) if "cross-backend" in groups else None
-    results: dict[str, Any] = {"machine": machine(), "quick": trial, "smoke": args.smoke,
-                               "fresh_memory": memory,
-                               "stage_seconds": {}, "plan": chosen.summary(),
-                               "tree": working_tree(),
-                               "previous": previous_run(json_path if json_path.exists()
-                                                        else HERE / "results.json")}
+    results: dict[str, Any] = {
+        "machine": machine(),
+        "quick": trial,
+        "smoke": args.smoke,
+        "fresh_memory": memory,
+        "stage_seconds": {},
+        "plan": chosen.summary(),
+        "tree": working_tree(),
+        "previous": previous_run(json_path if json_path.exists() else HERE / "results.json"),
+    }
     log(f"{machine_line(results['machine'])}; budget {args.budget:.0f} s; writing {out_path}")
 
     def time_left() -> float:
@@ -162,8 +183,10 @@ def _run(args: argparse.Namespace, scratch: Path) -> int:
             report.splice(results, out_path, images, ran)
     if args.smoke:
         return smoke_verdict(results, out_path.read_text(), started, groups)
-    log(f"done in {(time.monotonic() - started) / 60:.1f} min: {out_path}, {json_path}, "
-        f"{len(images)} plots in {img_dir}")
+    log(
+        f"done in {(time.monotonic() - started) / 60:.1f} min: {out_path}, {json_path}, "
+        f"{len(images)} plots in {img_dir}"
+    )
     return 0
 
 
@@ -189,8 +212,13 @@ def missing_modules(names: Sequence[str]) -> list[str]:
     return [name for name in names if importlib.util.find_spec(name) is None]
 
 
-def run_groups(groups: list[str], chosen: Any, results: dict[str, Any],
-               time_left: Callable[[], float], ran: list[str]) -> None:
+def run_groups(
+    groups: list[str],
+    chosen: Any,
+    results: dict[str, Any],
+    time_left: Callable[[], float],
+    ran: list[str],
+) -> None:
     """Run the groups that can run here, in order; append their names to ``ran``. A group
     that cannot is recorded in ``results["groups_skipped"]`` with the reason, and printed."""
     results["groups_skipped"] = {}
@@ -201,8 +229,12 @@ def run_groups(groups: list[str], chosen: Any, results: dict[str, Any],
             if group == "cross-backend":
                 missing = missing_modules(CROSS_BACKEND_MODULES)
                 if missing:
-                    skip(results, group, f"{', '.join(missing)} not installed here "
-                         "(the cross-backend group runs in the TF env, .venv)")
+                    skip(
+                        results,
+                        group,
+                        f"{', '.join(missing)} not installed here "
+                        "(the cross-backend group runs in the TF env, .venv)",
+                    )
                     continue
                 from . import cross_backend
 
@@ -216,18 +248,23 @@ def run_groups(groups: list[str], chosen: Any, results: dict[str, Any],
 
                 reason = frameworks.unavailable()
                 if reason is None and time_left() < FRAMEWORKS_SECONDS:
-                    reason = (f"{time_left():.0f} s of the time budget left and it needs "
-                              f"about {FRAMEWORKS_SECONDS} s")
+                    reason = (
+                        f"{time_left():.0f} s of the time budget left and it needs "
+                        f"about {FRAMEWORKS_SECONDS} s"
+                    )
                 elif reason:
                     reason += " (the frameworks group runs in the modern env: torch, jax)"
                 if reason:
                     skip(results, group, reason)
                     continue
-                with contextlib.ExitStack() as servers, \
-                        stage("frameworks (PyTorch, JAX)", log, results["stage_seconds"]):
+                with (
+                    contextlib.ExitStack() as servers,
+                    stage("frameworks (PyTorch, JAX)", log, results["stage_seconds"]),
+                ):
                     results["frameworks"] = {}
-                    frameworks.run(chosen.frameworks, results["frameworks"], log,
-                                   lazy_redis_server(servers))
+                    frameworks.run(
+                        chosen.frameworks, results["frameworks"], log, lazy_redis_server(servers)
+                    )
             ran.append(group)
     finally:
         for child in multiprocessing.active_children():  # none should be left; be sure
@@ -242,11 +279,16 @@ def run_delta(results: dict[str, Any], time_left: Callable[[], float]) -> bool:
 
     plan = delta.plan_for(smoke=results["smoke"], quick=results["quick"] and not results["smoke"])
     if time_left() < plan.seconds:
-        skip(results, "delta", f"{time_left():.0f} s of the time budget left and it needs "
-             f"about {plan.seconds:.0f} s")
+        skip(
+            results,
+            "delta",
+            f"{time_left():.0f} s of the time budget left and it needs about {plan.seconds:.0f} s",
+        )
         return False
-    with contextlib.ExitStack() as servers, \
-            stage("delta sync (issue 16)", log, results["stage_seconds"]):
+    with (
+        contextlib.ExitStack() as servers,
+        stage("delta sync (issue 16)", log, results["stage_seconds"]),
+    ):
         results["delta"] = {}
         delta.run(plan, results["delta"], log, servers)
     return True
@@ -283,35 +325,40 @@ def merged(results: dict[str, Any], json_path: Path, ran: list[str]) -> dict[str
         return results
     skipped = dict(results.get("groups_skipped", {}))
     if "cross-backend" not in ran and old.get("sweep"):
-        kept = {k: v for k, v in old.items()
-                if k not in (*OWN_KEYS.values(), "groups_skipped")}
+        kept = {k: v for k, v in old.items() if k not in (*OWN_KEYS.values(), "groups_skipped")}
         kept.update({key: results[key] for key in OWN_KEYS.values() if key in results})
         skipped.pop("cross-backend", None)
         results = kept
-        log("   kept the cross-backend group's results from the results.json there "
-            f"(run {old.get('machine', {}).get('started', '?')})")
+        log(
+            "   kept the cross-backend group's results from the results.json there "
+            f"(run {old.get('machine', {}).get('started', '?')})"
+        )
     for group, key in OWN_KEYS.items():
         if group not in ran and old.get(key):
             results[key] = old[key]
             skipped.pop(group, None)
-            log(f"   kept the {group} group's results from the results.json there "
-                f"(run {old[key].get('machine', {}).get('started', '?')})")
+            log(
+                f"   kept the {group} group's results from the results.json there "
+                f"(run {old[key].get('machine', {}).get('started', '?')})"
+            )
         if results.get(key) is None:
             results.pop(key, None)
     results["groups_skipped"] = skipped
     return results
 
 
-def draw(results: dict[str, Any], folder: Path, required: bool,
-         groups: Sequence[str] = GROUPS) -> dict[str, Path]:
+def draw(
+    results: dict[str, Any], folder: Path, required: bool, groups: Sequence[str] = GROUPS
+) -> dict[str, Path]:
     """The PNGs of the groups run now (a smoke run without matplotlib, not in ``make
     test``'s extras, skips them); with the PNGs already in ``folder`` for the others."""
     try:
         from . import plots
     except ImportError as exc:
         if required:
-            raise SystemExit(f"{exc}: the plots need matplotlib, "
-                             'pip install -e ".[bench]" (make bench does)') from None
+            raise SystemExit(
+                f'{exc}: the plots need matplotlib, pip install -e ".[bench]" (make bench does)'
+            ) from None
         log(f"   no plots ({exc}); `make bench` installs matplotlib")
         return {}
     images = {p.stem: p for p in folder.glob("*.png")} if folder.is_dir() else {}
@@ -319,16 +366,19 @@ def draw(results: dict[str, Any], folder: Path, required: bool,
     return images
 
 
-def smoke_verdict(results: dict[str, Any], markdown: str, started: float,
-                  groups: Sequence[str]) -> int:
+def smoke_verdict(
+    results: dict[str, Any], markdown: str, started: float, groups: Sequence[str]
+) -> int:
     from .smoke import missing_figures
 
     print(markdown, flush=True)
     missing = missing_figures(results, markdown, groups)
     for problem in missing:
         log(f"MISSING: {problem}")
-    log(f"smoke run {'FAILED' if missing else 'passed'}: "
-        f"{time.monotonic() - started:.0f} s, {len(missing)} figures missing")
+    log(
+        f"smoke run {'FAILED' if missing else 'passed'}: "
+        f"{time.monotonic() - started:.0f} s, {len(missing)} figures missing"
+    )
     return 1 if missing else 0
 
 

@@ -59,9 +59,15 @@ class Group:
 
 
 class Sweep:
-    def __init__(self, plan: Plan, reverb: dict[str, str], redis_url: str,
-                 out: dict[str, Any], log: Callable[[str], None],
-                 redis_pid: int | None = None) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        reverb: dict[str, str],
+        redis_url: str,
+        out: dict[str, Any],
+        log: Callable[[str], None],
+        redis_pid: int | None = None,
+    ) -> None:
         self.plan, self.reverb, self.redis_url = plan, reverb, redis_url
         self.redis_pid = redis_pid  # for the redis-server's CPU (Case.profile)
         self.out, self.log = out, log
@@ -87,8 +93,9 @@ class Sweep:
             store.close()
             forget()
 
-        return Group("memory", ops, [("memory", "pull_if_newer", poller(store), self.plan.polls)],
-                     close)
+        return Group(
+            "memory", ops, [("memory", "pull_if_newer", poller(store), self.plan.polls)], close
+        )
 
     def reverb_group(self, case: Case, nest: Any, variables: Any, targets: Any) -> Group | None:
         import reverb
@@ -110,15 +117,22 @@ class Sweep:
             finally:
                 store.close()
             self.refuse(case, "reverb", "push", reason)
-            self.refuse(case, "tf-agents", "push", "not run: Reverb aborts the whole client "
-                        "process on an insert over 2 GiB (gRPC's message limit) and TF-Agents "
-                        "does not check")
+            self.refuse(
+                case,
+                "tf-agents",
+                "push",
+                "not run: Reverb aborts the whole client "
+                "process on an insert over 2 GiB (gRPC's message limit) and TF-Agents "
+                "does not check",
+            )
             return None
         tfa = ReverbVariableContainer(address, table_names=(case.name,))
         ops = varsync_ops("reverb", store, nest, variables, case.name)
-        ops += [("tf-agents", "push", lambda: tfa.push(variables, case.name)),
-                ("tf-agents", "pull", lambda: tfa.pull(case.name)),
-                ("tf-agents", "update", lambda: tfa.update(variables, case.name))]
+        ops += [
+            ("tf-agents", "push", lambda: tfa.push(variables, case.name)),
+            ("tf-agents", "pull", lambda: tfa.pull(case.name)),
+            ("tf-agents", "update", lambda: tfa.update(variables, case.name)),
+        ]
         closers = [store.close]
         if case.layout == "few" and variables is not None and case.dropin:
             # issues 3 and 15.1: the drop-in, pushing tf.Variables as TF-Agents' users do
@@ -126,15 +140,22 @@ class Sweep:
 
             dropin = DropIn(address, table_names=(case.name,), timeout=300)
             closers.append(dropin.container.close)
-            ops += [("varsync drop-in", "push", lambda: dropin.push(variables, case.name)),
-                    ("varsync drop-in", "pull", lambda: dropin.pull(case.name))]
+            ops += [
+                ("varsync drop-in", "push", lambda: dropin.push(variables, case.name)),
+                ("varsync drop-in", "pull", lambda: dropin.pull(case.name)),
+            ]
         if case.layout != "few" and variables is not None:
             # issue 15.2: memory:// update against TF-Agents' in the same rounds
             memory_store, forget = memory_table(case, nest, f"{self.tag}-reverb")
             closers += [memory_store.close, forget]
             memory_store.push(nest, TABLE)  # only its update is timed
-            ops.append(("memory", "update",
-                        lambda: memory_store.update(variables, TABLE, delta_only=False)))
+            ops.append(
+                (
+                    "memory",
+                    "update",
+                    lambda: memory_store.update(variables, TABLE, delta_only=False),
+                )
+            )
         ops += copies(nest, targets, variables)
 
         def close() -> None:
@@ -142,8 +163,9 @@ class Sweep:
                 closer()
             reverb.Client(address).reset(case.name)  # free the server's copy of this size
 
-        polls: list[Poll] = [("reverb", "pull_if_newer", poller(store, case.name),
-                              self.plan.reverb_polls)]
+        polls: list[Poll] = [
+            ("reverb", "pull_if_newer", poller(store, case.name), self.plan.reverb_polls)
+        ]
         return Group("reverb", ops, polls, close)
 
     def redis_group(self, case: Case, nest: Any, variables: Any, targets: Any) -> Group:
@@ -151,8 +173,9 @@ class Sweep:
 
         import varsync
 
-        store = varsync.connect(self.redis_url, namespace=f"bench-{case.name}-{self.tag}",
-                                timeout=300)
+        store = varsync.connect(
+            self.redis_url, namespace=f"bench-{case.name}-{self.tag}", timeout=300
+        )
         store.create_table(TABLE, nest)
         hand = redis.Redis.from_url(self.redis_url, socket_timeout=300)
         keys = {name: f"hand:{case.name}:{name}" for name in nest}
@@ -162,8 +185,10 @@ class Sweep:
                 hand.set(keys[name], leaf.tobytes())
 
         def hand_pull() -> dict[str, np.ndarray]:
-            return {name: np.frombuffer(cast(bytes, hand.get(key)), np.float32)
-                    for name, key in keys.items()}
+            return {
+                name: np.frombuffer(cast(bytes, hand.get(key)), np.float32)
+                for name, key in keys.items()
+            }
 
         def hand_push_pipelined() -> None:  # issue 15.3: one round trip for every leaf
             with hand.pipeline(transaction=False) as pipe:
@@ -180,9 +205,11 @@ class Sweep:
         if max(leaf.nbytes for leaf in nest.values()) > REDIS_BULK_LIMIT:
             self.refuse(case, "redis-py", "push", hand_refusal(self.redis_url, nest))
         else:
-            ops += [("redis-py", "push", hand_push),
-                    ("redis-py pipelined", "push", hand_push_pipelined),
-                    ("redis-py", "pull", hand_pull)]
+            ops += [
+                ("redis-py", "push", hand_push),
+                ("redis-py pipelined", "push", hand_push_pipelined),
+                ("redis-py", "pull", hand_pull),
+            ]
             if variables is not None:
                 ops.append(("redis-py", "update", hand_update))
         floor = None
@@ -197,16 +224,25 @@ class Sweep:
         per_round = []
         if case.first_push:
             fresh = itertools.count()
-            per_round.append(lambda: redis_first_push(
-                self.redis_url, nest, f"bench-{case.name}-{self.tag}-first-{next(fresh)}", hand))
+            per_round.append(
+                lambda: redis_first_push(
+                    self.redis_url, nest, f"bench-{case.name}-{self.tag}-first-{next(fresh)}", hand
+                )
+            )
 
         after = []
         meter = None
         if case.profile:  # issue 15.4: where the time of push, pull and the floor goes
-            meter = wire_profile.CpuMeter(self.redis_pid, {
-                ("redis", "push"), ("redis", "pull"), ("tcp loopback", "transfer")})
-            after.append(lambda: self.profile_wire(case, meter, {
-                key: store_ops[key] for key in (("redis", "push"), ("redis", "pull"))}))
+            meter = wire_profile.CpuMeter(
+                self.redis_pid, {("redis", "push"), ("redis", "pull"), ("tcp loopback", "transfer")}
+            )
+            after.append(
+                lambda: self.profile_wire(
+                    case,
+                    meter,
+                    {key: store_ops[key] for key in (("redis", "push"), ("redis", "pull"))},
+                )
+            )
 
         def close() -> None:
             if floor is not None:
@@ -218,20 +254,35 @@ class Sweep:
         # Three rounds before redis:// is in its steady state: from the third push on, a
         # table pushed at recycle_from (256 MiB) or more has a spare version, which each
         # push overwrites in place.
-        return Group("redis", ops, polls, close, warm=3, per_round=per_round, after=after,
-                     meter=meter)
+        return Group(
+            "redis", ops, polls, close, warm=3, per_round=per_round, after=after, meter=meter
+        )
 
-    def profile_wire(self, case: Case, meter: wire_profile.CpuMeter,
-                     calls: dict[tuple[str, str], Callable[[], Any]]) -> None:
+    def profile_wire(
+        self,
+        case: Case,
+        meter: wire_profile.CpuMeter,
+        calls: dict[tuple[str, str], Callable[[], Any]],
+    ) -> None:
         """Issue 15.4: the timed rounds' CPU figures and a py-spy profile of more pushes
         and pulls, untimed, into ``out["wire_profile"]``."""
-        medians = {key: float(np.median([r["wall"] for r in records]))
-                   for key, records in meter.records.items() if records}
+        medians = {
+            key: float(np.median([r["wall"] for r in records]))
+            for key, records in meter.records.items()
+            if records
+        }
         profiles = wire_profile.profile(calls, medians)
         for (contender, op), records in meter.records.items():
-            self.out.setdefault("wire_profile", []).append({
-                "case": case.name, "bytes": case.nbytes, "contender": contender, "op": op,
-                "cpu": records, "py_spy": profiles.get((contender, op))})
+            self.out.setdefault("wire_profile", []).append(
+                {
+                    "case": case.name,
+                    "bytes": case.nbytes,
+                    "contender": contender,
+                    "op": op,
+                    "cpu": records,
+                    "py_spy": profiles.get((contender, op)),
+                }
+            )
 
     def shm_group(self, case: Case, nest: Any, variables: Any, targets: Any) -> Group:
         import varsync
@@ -248,8 +299,10 @@ class Sweep:
         ops = varsync_ops("shm", store, nest, variables)
         per_round = []
         if case.targets:  # issue 5: pull ≤ 2 x np.copyto, steady and cold
-            ops += [("shm", "pull + read", lambda: read(store.pull())),
-                    ("shm", "update numpy", lambda: store.update(targets, delta_only=False))]
+            ops += [
+                ("shm", "pull + read", lambda: read(store.pull())),
+                ("shm", "update numpy", lambda: store.update(targets, delta_only=False)),
+            ]
             per_round.append(lambda: shm_cold_paths(store, nest, read))
         ops += copies(nest, targets, variables)
 
@@ -259,13 +312,26 @@ class Sweep:
 
         # Three pushes before shm:// is in its steady state (both alternating segments
         # allocated and mapped), as `varsync bench` does.
-        return Group("shm", ops, [("shm", "pull_if_newer", poller(store), self.plan.polls)],
-                     close, warm=3, per_round=per_round)
+        return Group(
+            "shm",
+            ops,
+            [("shm", "pull_if_newer", poller(store), self.plan.polls)],
+            close,
+            warm=3,
+            per_round=per_round,
+        )
 
     def refuse(self, case: Case, contender: str, op: str, reason: str) -> None:
-        self.out["refusals"].append({"case": case.name, "layout": case.layout,
-                                     "bytes": case.nbytes, "contender": contender, "op": op,
-                                     "reason": reason})
+        self.out["refusals"].append(
+            {
+                "case": case.name,
+                "layout": case.layout,
+                "bytes": case.nbytes,
+                "contender": contender,
+                "op": op,
+                "reason": reason,
+            }
+        )
         self.log(f"   {contender} {op} at {size_label(case.nbytes)}: {reason}")
 
     # The loop.
@@ -276,8 +342,9 @@ class Sweep:
         started = time.monotonic()
         nest = nest_of(case.nbytes, case.leaves)
         targets = {name: np.ones_like(leaf) for name, leaf in nest.items()}  # touched: no faults
-        variables = ({name: tf.Variable(leaf) for name, leaf in nest.items()}
-                     if case.update else None)
+        variables = (
+            {name: tf.Variable(leaf) for name, leaf in nest.items()} if case.update else None
+        )
         self.out["cases"].append(asdict(case))
         for make in (self.memory_group, self.reverb_group, self.redis_group, self.shm_group):
             group = make(case, nest, variables, targets)
@@ -290,8 +357,10 @@ class Sweep:
             gc.collect()
         del nest, targets, variables
         gc.collect()
-        self.log(f"   {case.layout} {size_label(case.nbytes)} ({case.leaves} arrays, "
-                 f"{case.rounds} rounds): {time.monotonic() - started:.0f} s")
+        self.log(
+            f"   {case.layout} {size_label(case.nbytes)} ({case.leaves} arrays, "
+            f"{case.rounds} rounds): {time.monotonic() - started:.0f} s"
+        )
 
     def run_group(self, case: Case, group: Group) -> None:
         for _ in range(group.warm):
@@ -303,25 +372,43 @@ class Sweep:
             gc.collect()
             shift = number % len(turns)
             for contender, op, call in itertools.chain(*turns[shift:], *turns[:shift]):
+
                 def sample(call: Callable[[], Any] = call) -> float:
                     return timed(call, case.inner)
 
                 samples[(contender, op)].append(
-                    sample() if group.meter is None
-                    else group.meter.sample((contender, op), sample, case.inner))
+                    sample()
+                    if group.meter is None
+                    else group.meter.sample((contender, op), sample, case.inner)
+                )
             for measure in group.per_round:
                 for key, seconds in measure().items():
                     samples.setdefault(key, []).append(seconds)
         for (contender, op), values in samples.items():
-            self.out["sweep"].append({"case": case.name, "layout": case.layout,
-                                      "leaves": case.leaves, "bytes": case.nbytes,
-                                      "group": group.name, "contender": contender, "op": op,
-                                      "samples": values})
+            self.out["sweep"].append(
+                {
+                    "case": case.name,
+                    "layout": case.layout,
+                    "leaves": case.leaves,
+                    "bytes": case.nbytes,
+                    "group": group.name,
+                    "contender": contender,
+                    "op": op,
+                    "samples": values,
+                }
+            )
         for contender, op, poll, count in group.polls:
             values = time_polls(poll, count, contender, check=op == "pull_if_newer")
-            self.out["polls"].append({"case": case.name, "layout": case.layout,
-                                      "bytes": case.nbytes, "contender": contender, "op": op,
-                                      "samples": values})
+            self.out["polls"].append(
+                {
+                    "case": case.name,
+                    "layout": case.layout,
+                    "bytes": case.nbytes,
+                    "contender": contender,
+                    "op": op,
+                    "samples": values,
+                }
+            )
         for after in group.after:
             after()
 
@@ -339,21 +426,24 @@ def contender_turns(ops: list[Op]) -> list[list[Op]]:
     return list(turns.values())
 
 
-def varsync_ops(contender: str, store: Any, nest: Any, variables: Any,
-                table: str = TABLE) -> list[Op]:
+def varsync_ops(
+    contender: str, store: Any, nest: Any, variables: Any, table: str = TABLE
+) -> list[Op]:
     """A varsync container's push and pull of ``nest`` and, with ``variables``, its update:
     whole ones (``skip_unchanged=False``, ``delta_only=False``), for the same nest is pushed
     every round; what moving only changed leaves saves is the delta group's."""
-    ops: list[Op] = [(contender, "push", lambda: store.push(nest, table, skip_unchanged=False)),
-                     (contender, "pull", lambda: store.pull(table))]
+    ops: list[Op] = [
+        (contender, "push", lambda: store.push(nest, table, skip_unchanged=False)),
+        (contender, "pull", lambda: store.pull(table)),
+    ]
     if variables is not None:
-        ops.append((contender, "update",
-                    lambda: store.update(variables, table, delta_only=False)))
+        ops.append((contender, "update", lambda: store.update(variables, table, delta_only=False)))
     return ops
 
 
-def copies(nest: dict[str, np.ndarray], targets: dict[str, np.ndarray], variables: Any,
-           fresh: bool = False) -> list[Op]:
+def copies(
+    nest: dict[str, np.ndarray], targets: dict[str, np.ndarray], variables: Any, fresh: bool = False
+) -> list[Op]:
     """The physical references, timed in every group: np.copyto of the same bytes into
     existing arrays, ``tf.Variable.assign`` of them (the floor of any update), and with
     ``fresh``, np.copyto into new arrays (the page faults any pull into new arrays pays)."""
@@ -372,8 +462,9 @@ def copies(nest: dict[str, np.ndarray], targets: dict[str, np.ndarray], variable
     if fresh:
         ops.append(("np.copyto fresh", "copy", into_fresh))
     if variables is not None:
-        ops.append(("tf assign", "update",
-                    lambda: [variables[k].assign(v) for k, v in nest.items()]))
+        ops.append(
+            ("tf assign", "update", lambda: [variables[k].assign(v) for k, v in nest.items()])
+        )
     return ops
 
 
@@ -432,8 +523,9 @@ def time_polls(poll: Callable[[], Any], count: int, who: str, check: bool = True
         result = poll()
         values.append((time.perf_counter_ns() - started) / 1e9)
         if check and result is not None:
-            raise RuntimeError(f"{who}: pull_if_newer found a newer version while nothing "
-                               "was pushed")
+            raise RuntimeError(
+                f"{who}: pull_if_newer found a newer version while nothing was pushed"
+            )
     return values
 
 
@@ -460,8 +552,10 @@ def hand_refusal(url: str, nest: dict[str, np.ndarray]) -> str:
         client.delete("hand:too-large")
         return "accepted?! (expected the server to refuse a value over 512 MB)"
     except redis.RedisError as exc:
-        return (f"refused by redis-server: one SET of a {leaf.nbytes / MB:.0f} MB array "
-                f"exceeds its 512 MB proto-max-bulk-len ({type(exc).__name__})")
+        return (
+            f"refused by redis-server: one SET of a {leaf.nbytes / MB:.0f} MB array "
+            f"exceeds its 512 MB proto-max-bulk-len ({type(exc).__name__})"
+        )
     finally:
         client.close()
 
@@ -492,8 +586,9 @@ class LoopbackFloor:
         self.error: BaseException | None = None
         self._arrived = threading.Semaphore(0)
         with socket.create_server(("127.0.0.1", 0)) as listener:
-            self.sender = socket.create_connection(listener.getsockname()[:2],
-                                                   timeout=FLOOR_TIMEOUT)
+            self.sender = socket.create_connection(
+                listener.getsockname()[:2], timeout=FLOOR_TIMEOUT
+            )
             try:
                 self.receiver, _ = listener.accept()
             except BaseException:
@@ -503,16 +598,16 @@ class LoopbackFloor:
         # No Nagle: a leaf's last partial segment would wait for the previous one's ACK,
         # which the receiver delays (a 10 KB nest measured 30 ms instead of ~0.1 ms)
         self.sender.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._thread = threading.Thread(target=self._receive, name="bench-tcp-floor",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._receive, name="bench-tcp-floor", daemon=True)
         self._thread.start()
 
     def transfer(self) -> None:
         for view in self.views:
             self.sender.sendall(view)
         if not self._arrived.acquire(timeout=FLOOR_TIMEOUT):
-            raise TimeoutError(f"the loopback receiver did not get {self.total} bytes "
-                               f"within {FLOOR_TIMEOUT:.0f} s")
+            raise TimeoutError(
+                f"the loopback receiver did not get {self.total} bytes within {FLOOR_TIMEOUT:.0f} s"
+            )
         if self.error is not None:
             raise RuntimeError("the loopback receiver failed") from self.error
 
@@ -537,4 +632,3 @@ class LoopbackFloor:
         self._thread.join(30)
         for sock in (self.sender, self.receiver):
             sock.close()
-

@@ -54,13 +54,17 @@ def main(address: str, table: str, nbytes: int, leaves: int) -> None:
 
     nest = nest_of(nbytes, leaves)
     model = module_of(nest)
-    with varsync.connect(f"reverb://{address}", timeout=300) as reverb, \
-            varsync.connect(f"memory://bench-torch-{table}") as memory:
+    with (
+        varsync.connect(f"reverb://{address}", timeout=300) as reverb,
+        varsync.connect(f"memory://bench-torch-{table}") as memory,
+    ):
         memory.create_table(table, nest)
         memory.push(nest, table)
         # every leaf each time, as the sweep's updates into tf.Variables (no delta)
-        updates = {"reverb": lambda: reverb.update(model, table, delta_only=False),
-                   "memory": lambda: memory.update(model, table, delta_only=False)}
+        updates = {
+            "reverb": lambda: reverb.update(model, table, delta_only=False),
+            "memory": lambda: memory.update(model, table, delta_only=False),
+        }
         for _ in range(WARM):
             for name, update in updates.items():
                 with torch.no_grad():
@@ -68,8 +72,14 @@ def main(address: str, table: str, nbytes: int, leaves: int) -> None:
                         parameter.zero_()
                 update()
                 check(model, nest, f"after an update from {name}://")
-        say({"ready": {name: metadata.version(name) for name in
-                       ("torch", "numpy", "dm-reverb", "tensorflow-cpu", "varsync")}})
+        say(
+            {
+                "ready": {
+                    name: metadata.version(name)
+                    for name in ("torch", "numpy", "dm-reverb", "tensorflow-cpu", "varsync")
+                }
+            }
+        )
         for line in sys.stdin:  # bounded by the suite: it sends "end" or closes the pipe
             if line.strip() != "go":
                 break
@@ -90,8 +100,9 @@ def check(model: Any, nest: dict[str, Any], when: str) -> None:
     held = model.state_dict()
     wrong = [name for name in nest if not np.array_equal(held[name].numpy(), nest[name])]
     if wrong:
-        raise AssertionError(f"{when}, {len(wrong)} tensors differ from the table's values "
-                             f"(first: {wrong[0]!r})")
+        raise AssertionError(
+            f"{when}, {len(wrong)} tensors differ from the table's values (first: {wrong[0]!r})"
+        )
 
 
 if __name__ == "__main__":

@@ -43,10 +43,15 @@ CATEGORIES: Sequence[tuple[str, Sequence[tuple[str, str]]]] = (
     ("socket send (sendall)", (("varsync/backends/redis/wire.py", "_send"),)),
     ("CRC-32 of the chunks", (("varsync/backends/redis/wire.py", "checksum"),)),
     ("allocating the pulled arrays", (("varsync/backends/redis/leaves.py", "fetch_whole"),)),
-    ("reading replies (RESP parsing)", (("varsync/backends/redis/wire.py", "bulk_length"),
-                                        ("varsync/backends/redis/wire.py", "line"),
-                                        ("varsync/backends/redis/wire.py", "reply"),
-                                        ("varsync/backends/redis/wire.py", "status"))),
+    (
+        "reading replies (RESP parsing)",
+        (
+            ("varsync/backends/redis/wire.py", "bulk_length"),
+            ("varsync/backends/redis/wire.py", "line"),
+            ("varsync/backends/redis/wire.py", "reply"),
+            ("varsync/backends/redis/wire.py", "status"),
+        ),
+    ),
 )
 OTHER = "other (varsync's checks and bookkeeping, redis-py)"
 RATE = 500  # py-spy samples per second
@@ -89,18 +94,22 @@ class CpuMeter:
         thread = time.thread_time()
         seconds = timed()
         thread = time.thread_time() - thread
-        after, server_after = (resource.getrusage(resource.RUSAGE_SELF),
-                               _server_cpu(self.server_pid))
-        self.records.setdefault(key, []).append({
-            "wall": seconds,
-            "thread": thread / calls,
-            "client_user": (after.ru_utime - mine.ru_utime) / calls,
-            "client_kernel": (after.ru_stime - mine.ru_stime) / calls,
-            "client_faults": (after.ru_minflt - mine.ru_minflt) / calls,
-            "server": (server_after[0] - server[0]) / calls,
-            "server_user_ticks": (server_after[1] - server[1]) / calls,
-            "server_kernel_ticks": (server_after[2] - server[2]) / calls,
-        })
+        after, server_after = (
+            resource.getrusage(resource.RUSAGE_SELF),
+            _server_cpu(self.server_pid),
+        )
+        self.records.setdefault(key, []).append(
+            {
+                "wall": seconds,
+                "thread": thread / calls,
+                "client_user": (after.ru_utime - mine.ru_utime) / calls,
+                "client_kernel": (after.ru_stime - mine.ru_stime) / calls,
+                "client_faults": (after.ru_minflt - mine.ru_minflt) / calls,
+                "server": (server_after[0] - server[0]) / calls,
+                "server_user_ticks": (server_after[1] - server[1]) / calls,
+                "server_kernel_ticks": (server_after[2] - server[2]) / calls,
+            }
+        )
         return seconds
 
 
@@ -110,15 +119,18 @@ def py_spy() -> str | None:
     return str(beside) if os.access(beside, os.X_OK) else shutil.which("py-spy")
 
 
-def profile(calls: dict[tuple[str, str], Callable[[], Any]], seconds_per_call: dict[
-        tuple[str, str], float]) -> dict[tuple[str, str], dict[str, Any]]:
+def profile(
+    calls: dict[tuple[str, str], Callable[[], Any]], seconds_per_call: dict[tuple[str, str], float]
+) -> dict[tuple[str, str], dict[str, Any]]:
     """Each of ``calls`` repeated about :data:`PROFILED_SECONDS` (at least twice) under
     py-spy; per call, its samples by category and the wall time they cover. An entry
     ``{"skipped": why}`` where py-spy is missing or failed."""
     exe = py_spy()
     if exe is None:
-        return {key: {"skipped": "py-spy is not installed here (the bench extra has it)"}
-                for key in calls}
+        return {
+            key: {"skipped": "py-spy is not installed here (the bench extra has it)"}
+            for key in calls
+        }
     out: dict[tuple[str, str], dict[str, Any]] = {}
     for key, call in calls.items():
         repeats = max(2, round(PROFILED_SECONDS / max(seconds_per_call.get(key, 1.0), 1e-6)))
@@ -135,9 +147,23 @@ def _profiled(exe: str, call: Callable[[], Any], repeats: int) -> dict[str, Any]
         log = Path(folder) / "py-spy.log"
         with open(log, "wb") as sink:
             spy = subprocess.Popen(
-                [exe, "record", "--pid", str(os.getpid()), "--nonblocking", "--rate",
-                 str(RATE), "--format", "raw", "--output", str(raw)],
-                stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT)
+                [
+                    exe,
+                    "record",
+                    "--pid",
+                    str(os.getpid()),
+                    "--nonblocking",
+                    "--rate",
+                    str(RATE),
+                    "--format",
+                    "raw",
+                    "--output",
+                    str(raw),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+            )
         try:
             _wait_for_sampling(spy, log)
             started = time.perf_counter()
@@ -157,8 +183,13 @@ def _profiled(exe: str, call: Callable[[], Any], repeats: int) -> dict[str, Any]
             raise RuntimeError(f"no samples written; py-spy said: {_tail(log)}")
         counts = categorize(raw.read_text(errors="replace").splitlines())
         said = re.search(r"Samples: (\d+) Errors: (\d+)", log.read_text(errors="replace"))
-    return {"calls": repeats, "wall": wall, "rate": RATE, "samples": dict(counts),
-            "errors": int(said.group(2)) if said else None}
+    return {
+        "calls": repeats,
+        "wall": wall,
+        "rate": RATE,
+        "samples": dict(counts),
+        "errors": int(said.group(2)) if said else None,
+    }
 
 
 def _wait_for_sampling(spy: subprocess.Popen, log: Path) -> None:
@@ -204,8 +235,9 @@ def _category(frames: list[str]) -> str:
         if "varsync/" not in place:
             continue
         for name, places in CATEGORIES:
-            if any(path in place and function.rpartition(".")[2] == wanted
-                   for path, wanted in places):
+            if any(
+                path in place and function.rpartition(".")[2] == wanted for path, wanted in places
+            ):
                 return name
         return OTHER
     return OTHER

@@ -22,8 +22,9 @@ IDLE_LIMIT = 3600.0  # seconds a child waits for its next command before giving 
 # -- the Reverb server ------------------------------------------------------------------------
 
 
-def serve_reverb(servers: dict[str, dict[str, Any]], ready: Any, stop: Any,
-                 lifetime: float) -> None:
+def serve_reverb(
+    servers: dict[str, dict[str, Any]], ready: Any, stop: Any, lifetime: float
+) -> None:
     """Run one Reverb server per entry of ``servers`` (each on a port of its own, serving
     one table per entry of its ``{table: nest of varsync.Spec}``) until ``stop`` is set, or
     ``lifetime`` seconds have passed (an orphan's end); put ``("ports", {name: port})`` on
@@ -32,8 +33,9 @@ def serve_reverb(servers: dict[str, dict[str, Any]], ready: Any, stop: Any,
 
     try:
         with contextlib.ExitStack() as stack:
-            ports = {name: stack.enter_context(serve(tables)).port
-                     for name, tables in servers.items()}
+            ports = {
+                name: stack.enter_context(serve(tables)).port for name, tables in servers.items()
+            }
             ready.put(("ports", ports))
             stop.wait(lifetime)
     except BaseException:
@@ -123,7 +125,6 @@ def memory_probe(group: str, commands: Any, results: Any) -> None:
     what the group needs, reports ``(group, "up")``, then measures on the one command
     ``(url, table, nbytes)`` (``None``: nothing to do)."""
     try:
-
         if group == "reverb":
             pass
         results.put((group, "up"))
@@ -159,7 +160,7 @@ def _probe(group: str, url: str, table: str, nbytes: int) -> dict[str, int]:
             ReverbVariableContainer,
         )
 
-        address = url[len("reverb://"):]
+        address = url[len("reverb://") :]
         tfa = ReverbVariableContainer(address, table_names=(table,))
         variables = {name: tf.Variable(leaf) for name, leaf in nest.items()}
         tfa.push(variables, table)
@@ -179,8 +180,10 @@ def _probe(group: str, url: str, table: str, nbytes: int) -> dict[str, int]:
         hand_push()
         out["redis-py push"] = peak_above_baseline(hand_push)
         out["redis-py pull"] = peak_above_baseline(
-            lambda: {n: np.frombuffer(cast(bytes, hand.get(k)), np.float32)
-                     for n, k in keys.items()})
+            lambda: {
+                n: np.frombuffer(cast(bytes, hand.get(k)), np.float32) for n, k in keys.items()
+            }
+        )
         hand.delete(*keys.values())
         hand.close()
     return out

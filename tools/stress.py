@@ -55,27 +55,35 @@ def last_line(output: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.stress", description=__doc__)
     parser.add_argument("--runs", type=int, default=50, help="pytest runs (default 50)")
-    parser.add_argument("--burners", type=int, default=2,
-                        help="CPU-bound processes beside them (default 2)")
-    parser.add_argument("--timeout", type=float, default=600.0,
-                        help="seconds one pytest run may take (default 600)")
-    parser.add_argument("--keep-going", action="store_true",
-                        help="run all --runs even after a failure (default: stop at the first)")
-    parser.add_argument("pytest_args", nargs=argparse.REMAINDER,
-                        help="after --: the arguments for pytest")
+    parser.add_argument(
+        "--burners", type=int, default=2, help="CPU-bound processes beside them (default 2)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds one pytest run may take (default 600)"
+    )
+    parser.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="run all --runs even after a failure (default: stop at the first)",
+    )
+    parser.add_argument(
+        "pytest_args", nargs=argparse.REMAINDER, help="after --: the arguments for pytest"
+    )
     args = parser.parse_args(argv)
     pytest_args = [a for a in args.pytest_args if a != "--"] or ["tests"]
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args]
-    print(f"stress: {args.runs} runs of {' '.join(command[1:])} beside {args.burners} "
-          f"CPU-bound processes (load average {os.getloadavg()[0]:.1f})", flush=True)
+    print(
+        f"stress: {args.runs} runs of {' '.join(command[1:])} beside {args.burners} "
+        f"CPU-bound processes (load average {os.getloadavg()[0]:.1f})",
+        flush=True,
+    )
     failed = 0
     burners = start_burners(args.burners)
     try:
         for run in range(1, args.runs + 1):
             began = time.monotonic()
             try:
-                done = subprocess.run(command, capture_output=True, text=True,
-                                      timeout=args.timeout)
+                done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
                 code, output = done.returncode, done.stdout + done.stderr
             except subprocess.TimeoutExpired as exc:
                 code = -1
@@ -85,8 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 output = f"timed out after {args.timeout:g} s\n{partial}"
             took = time.monotonic() - began
             verdict = "ok" if code == 0 else "FAILED"
-            print(f"run {run:3d}/{args.runs}: {verdict} in {took:.1f} s: {last_line(output)}",
-                  flush=True)
+            print(
+                f"run {run:3d}/{args.runs}: {verdict} in {took:.1f} s: {last_line(output)}",
+                flush=True,
+            )
             if code != 0:
                 failed += 1
                 print(output[-6000:], flush=True)
@@ -95,8 +105,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         stop_burners(burners)
     ran = run if args.runs else 0
-    print(f"stress: {ran - failed} passed, {failed} failed of {ran} runs "
-          f"(load average at the end {os.getloadavg()[0]:.1f})")
+    print(
+        f"stress: {ran - failed} passed, {failed} failed of {ran} runs "
+        f"(load average at the end {os.getloadavg()[0]:.1f})"
+    )
     return 1 if failed else 0
 
 

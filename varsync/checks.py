@@ -44,8 +44,11 @@ def push_size(table: str, backend: Backend, arrays: list[np.ndarray]) -> None:
 
 
 def read_leaves(
-    table: str, version: int, arrays: Sequence[np.ndarray | None],
-    specs: Sequence[sig.Spec], whole: bool = False,
+    table: str,
+    version: int,
+    arrays: Sequence[np.ndarray | None],
+    specs: Sequence[sig.Spec],
+    whole: bool = False,
 ) -> list[np.ndarray | None]:
     """A read's arrays verified against ``specs`` (a delta read's: ``None`` for leaves
     not fetched; ``whole``: a whole read, where every leaf must be there)."""
@@ -62,11 +65,7 @@ def read_leaves(
 
 
 def _leaf(table: str, version: int, index: int, array: Any, spec: sig.Spec) -> None:
-    if (
-        not isinstance(array, np.ndarray)
-        or array.shape != spec.shape
-        or array.dtype != spec.dtype
-    ):
+    if not isinstance(array, np.ndarray) or array.shape != spec.shape or array.dtype != spec.dtype:
         raise CorruptDataError(
             f"table {table!r} version {version}: leaf {index} is "
             f"{getattr(array, 'dtype', type(array).__name__)} "

@@ -17,8 +17,15 @@ from varsync.errors import ConfigurationError
 from varsync.options import MAX_TIMEOUT, parse_timeout
 
 __all__ = [
-    "DEFAULT_URL", "DEFAULT_TIMEOUT", "ENV_URL", "Settings", "resolve", "redact", "parse_timeout",
-    "check_text", "MAX_TIMEOUT",
+    "DEFAULT_URL",
+    "DEFAULT_TIMEOUT",
+    "ENV_URL",
+    "Settings",
+    "resolve",
+    "redact",
+    "parse_timeout",
+    "check_text",
+    "MAX_TIMEOUT",
 ]
 
 DEFAULT_URL = "memory://default"
@@ -106,7 +113,7 @@ def check_text(text: str, what: str, shown: str | None = None) -> str:
     except UnicodeEncodeError as exc:
         raise ConfigurationError(
             f"{what} {text if shown is None else shown!a} is not valid Unicode: it holds "
-            f"the lone surrogate {text[exc.start:exc.end]!a} at position {exc.start}, "
+            f"the lone surrogate {text[exc.start : exc.end]!a} at position {exc.start}, "
             "which no backend can store; use a name of valid characters"
         ) from None
     return text

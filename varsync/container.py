@@ -51,9 +51,8 @@ class TableInfo:
     details: dict[str, Any] = field(default_factory=dict)
 
     def __str__(self) -> str:
-        return (
-            f"table {self.name!r}: version {self.version}, {self.nbytes} bytes\n"
-            + sig.describe(self.signature)
+        return f"table {self.name!r}: version {self.version}, {self.nbytes} bytes\n" + sig.describe(
+            self.signature
         )
 
 
@@ -182,8 +181,9 @@ class VariableContainer:
         signature, specs = self._table(table)
         given = delta.given_leaves(signature, leaves)
         if len(given) == len(specs):  # every leaf: a push, compared with the last as one
-            return self.push(nest_lib.unflatten(signature, [given[i] for i in range(len(specs))]),
-                             table)
+            return self.push(
+                nest_lib.unflatten(signature, [given[i] for i in range(len(specs))]), table
+            )
         backend = self._backend_call()
         checks.push_size(table, backend, list(given.values()))
         last = self._written.pop(table, None)
@@ -207,9 +207,7 @@ class VariableContainer:
         if not skip_unchanged:
             self._written.pop(table, None)
 
-    def leaf_versions(
-        self, table: str = DEFAULT_TABLE, *, timeout: Any = None
-    ) -> tuple[int, Any]:
+    def leaf_versions(self, table: str = DEFAULT_TABLE, *, timeout: Any = None) -> tuple[int, Any]:
         """``(version, nest)``: the table's version and, in its signature's structure,
         the version at which each leaf last changed (0 everywhere while empty). One
         small request, bounded by ``timeout`` (default: the container's). Raises
@@ -297,7 +295,8 @@ class VariableContainer:
             fetched = [i for i, array in enumerate(changed) if array is not None]
             if shaped is not None:
                 made = adapters.from_numpy_all(
-                    [changed[i] for i in fetched], [shaped[1][i] for i in fetched]  # type: ignore[misc]
+                    [changed[i] for i in fetched],  # type: ignore[misc]
+                    [shaped[1][i] for i in fetched],
                 )
                 for index, leaf in zip(fetched, made):
                     changed[index] = leaf
@@ -325,7 +324,11 @@ class VariableContainer:
         return current
 
     def update(
-        self, variables: Any, table: str = DEFAULT_TABLE, *, timeout: Any = None,
+        self,
+        variables: Any,
+        table: str = DEFAULT_TABLE,
+        *,
+        timeout: Any = None,
         delta_only: bool = True,
     ) -> int:
         """Pull the table and assign the values into ``variables`` in place; return the
@@ -370,7 +373,8 @@ class VariableContainer:
             changed = checks.read_leaves(table, version, changed, specs)
             fetched = [i for i, array in enumerate(changed) if array is not None]
             sig.assign_all(
-                [targets[i] for i in fetched], [changed[i] for i in fetched]  # type: ignore[misc]
+                [targets[i] for i in fetched],
+                [changed[i] for i in fetched],  # type: ignore[misc]
             )
         history = backend.history_of(table)
         self._assigned.assigned(table, targets, version, history)
@@ -379,9 +383,7 @@ class VariableContainer:
 
     # -- who holds which version -------------------------------------------------------
 
-    def report_as(
-        self, reader: str | None = None, *, ttl: float = readers_lib.DEFAULT_TTL
-    ) -> None:
+    def report_as(self, reader: str | None = None, *, ttl: float = readers_lib.DEFAULT_TTL) -> None:
         """Report, from now on, the version of each table this container hands out (by
         ``pull``, ``pull_if_newer`` and ``update``) under the id ``reader`` (default:
         ``host:pid``), for ``readers`` and ``wait_for_readers`` anywhere. Reports go out
@@ -427,7 +429,8 @@ class VariableContainer:
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ConfigurationError(f"count must be an int >= 1, got {count!r}")
         return readers_lib.wait_until_held(
-            lambda: self._readers(table), table, version, count, self._timeout(timeout))
+            lambda: self._readers(table), table, version, count, self._timeout(timeout)
+        )
 
     def _holds(self, table: str, version: int, history: Any) -> None:
         """This container handed out ``version`` of ``table``, of history ``history``."""
@@ -564,7 +567,9 @@ class VariableContainer:
         call of this container saw the table restart)."""
         if self._backend.history_of(table) != handed:
             raise reset_error(
-                table, self._backend.url, version,
+                table,
+                self._backend.url,
+                version,
                 why="this container saw the table start a new history since it handed "
                 "out that version",
             )

@@ -49,9 +49,19 @@ from varsync.errors import (
 from varsync.signature import Spec
 
 __all__ = [
-    "Written", "changed_leaves", "push_changed", "written_after", "given_leaves",
-    "nothing_to_keep", "leaf_indices", "LeafPaths", "Handed", "Assigned", "EXACT_BYTES",
-    "SAMPLE_POSITIONS", "HASH_CHANGED_SHARE",
+    "Written",
+    "changed_leaves",
+    "push_changed",
+    "written_after",
+    "given_leaves",
+    "nothing_to_keep",
+    "leaf_indices",
+    "LeafPaths",
+    "Handed",
+    "Assigned",
+    "EXACT_BYTES",
+    "SAMPLE_POSITIONS",
+    "HASH_CHANGED_SHARE",
 ]
 
 #: Leaves of at most this many bytes are compared whole, byte for byte, not sampled.
@@ -144,7 +154,10 @@ def changed_leaves(
 
 
 def push_changed(
-    backend: Backend, table: str, arrays: list[np.ndarray], specs: Sequence[Spec],
+    backend: Backend,
+    table: str,
+    arrays: list[np.ndarray],
+    specs: Sequence[Spec],
     last: Written | None,
 ) -> Written:
     """A push through a backend with leaf versions: only the leaves changed since
@@ -186,8 +199,7 @@ def given_leaves(signature: Any, leaves: Any) -> dict[int, np.ndarray]:
     once, not once per path (:class:`LeafPaths`)."""
     if not isinstance(leaves, Mapping) or not leaves:
         raise ConfigurationError(
-            f"push_leaves takes a non-empty mapping of leaf paths to values, got "
-            f"{leaves!r:.80}"
+            f"push_leaves takes a non-empty mapping of leaf paths to values, got {leaves!r:.80}"
         )
     paths = LeafPaths(signature)
     given: dict[int, np.ndarray] = {}
@@ -225,7 +237,6 @@ def nothing_to_keep(
     )
 
 
-
 def _items(path: nest_lib.Path) -> tuple[Any, ...]:
     return tuple(item for _, item in path)
 
@@ -247,7 +258,10 @@ class _Node:
     __slots__ = ("_lookup", "children", "start", "stop", "value")
 
     def __init__(
-        self, value: Any, start: int, stop: int,
+        self,
+        value: Any,
+        start: int,
+        stop: int,
         children: list[tuple[nest_lib.PathEntry, _Node]] | None,
     ) -> None:
         self.value, self.start, self.stop, self.children = value, start, stop, children
@@ -400,9 +414,7 @@ class Assigned:
                 return 0
         return record.version
 
-    def assigned(
-        self, table: str, targets: Sequence[Any], version: int, history: Hashable
-    ) -> None:
+    def assigned(self, table: str, targets: Sequence[Any], version: int, history: Hashable) -> None:
         """``targets`` now hold ``version`` of ``table``; nothing else holds a record of
         any of them."""
         ids = frozenset(id(t) for t in targets)

@@ -51,8 +51,24 @@ __all__ = ["MeteredBackend", "Meters", "meters_for", "metered"]
 LABELS = ("backend", "table")
 #: Seconds: from an in-process memory:// call (tens of µs) to a large transfer.
 SECONDS_BUCKETS = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-    1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
 )
 LAG_BUCKETS = (1, 2, 3, 5, 10, 20, 50, 100, 1000)
 #: Class attributes of these types are flags: constant, so a proxy may keep them.
@@ -93,12 +109,8 @@ class Meters:
         self.errors = counter(
             "varsync_errors_total", "Backend calls that raised", LABELS + ("operation",)
         )
-        self.push_seconds = histogram(
-            "varsync_push_seconds", "Seconds per write", SECONDS_BUCKETS
-        )
-        self.pull_seconds = histogram(
-            "varsync_pull_seconds", "Seconds per read", SECONDS_BUCKETS
-        )
+        self.push_seconds = histogram("varsync_push_seconds", "Seconds per write", SECONDS_BUCKETS)
+        self.pull_seconds = histogram("varsync_pull_seconds", "Seconds per read", SECONDS_BUCKETS)
         self.wait_seconds = histogram(
             "varsync_wait_seconds", "Seconds per wait for a newer version", SECONDS_BUCKETS
         )
@@ -108,7 +120,9 @@ class Meters:
             LAG_BUCKETS,
         )
         self.version = prom.Gauge(
-            "varsync_version", "The last version this process wrote or read", LABELS,
+            "varsync_version",
+            "The last version this process wrote or read",
+            LABELS,
             registry=registry,
         )
 
@@ -293,9 +307,7 @@ class MeteredBackend:
         table = self._table(name)
         start = time.perf_counter()
         try:
-            version, numbers, arrays = self._backend.read_leaves(
-                name, newer_than, timeout, specs
-            )
+            version, numbers, arrays = self._backend.read_leaves(name, newer_than, timeout, specs)
         except BaseException:
             table.error("pull")
             raise
@@ -323,12 +335,16 @@ _CLASSES: dict[type, type[MeteredBackend]] = {}
 def _metered_class(cls: type) -> type[MeteredBackend]:
     made = _CLASSES.get(cls)
     if made is None:
-        made = type(cls.__name__, (MeteredBackend,), {
-            "__slots__": (),
-            "__module__": __name__,
-            "__qualname__": f"MeteredBackend[{cls.__qualname__}]",
-            "__doc__": f"{cls.__name__}, metered (see varsync.metrics.MeteredBackend).",
-        })
+        made = type(
+            cls.__name__,
+            (MeteredBackend,),
+            {
+                "__slots__": (),
+                "__module__": __name__,
+                "__qualname__": f"MeteredBackend[{cls.__qualname__}]",
+                "__doc__": f"{cls.__name__}, metered (see varsync.metrics.MeteredBackend).",
+            },
+        )
         _CLASSES[cls] = made
     return made
 

@@ -124,9 +124,7 @@ def children(value: Any) -> list[tuple[PathEntry, Any]]:
     if is_namedtuple(value):
         return [(("field", f), v) for f, v in zip(type(value)._fields, value)]
     if is_attrs(value):
-        return [
-            (("field", a.name), getattr(value, a.name)) for a in type(value).__attrs_attrs__
-        ]
+        return [(("field", a.name), getattr(value, a.name)) for a in type(value).__attrs_attrs__]
     return [(("index", i), v) for i, v in enumerate(value)]
 
 

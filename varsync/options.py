@@ -16,7 +16,12 @@ from urllib.parse import urlsplit
 from varsync.errors import ConfigurationError
 
 __all__ = [
-    "MAX_TIMEOUT", "HostPort", "parse_int", "parse_bool", "parse_timeout", "parse_host_port",
+    "MAX_TIMEOUT",
+    "HostPort",
+    "parse_int",
+    "parse_bool",
+    "parse_timeout",
+    "parse_host_port",
     "refuse_unknown",
 ]
 
@@ -70,8 +75,10 @@ def parse_timeout(value: Any, name: str) -> float | None:
                 f"{name}={value!r} is not a number of seconds; expected e.g. {name}=5 "
                 f"or {name}=none for no bound"
             ) from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-        isinstance(value, float) and math.isnan(value)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (isinstance(value, float) and math.isnan(value))
     ):
         raise ConfigurationError(f"{name}={value!r} is not a number of seconds")
     if value < 0:
@@ -131,9 +138,7 @@ def parse_host_port(
     return HostPort(host, port)
 
 
-def refuse_unknown(
-    options: dict[str, Any], known: Collection[str], backend: str
-) -> None:
+def refuse_unknown(options: dict[str, Any], known: Collection[str], backend: str) -> None:
     """Raise :class:`ConfigurationError` if ``options`` holds a name not in ``known``,
     listing the backend's options and the common ones."""
     unknown = sorted(set(options) - set(known))

@@ -44,8 +44,14 @@ from varsync.errors import (
 )
 
 __all__ = [
-    "ReaderInfo", "Reporter", "parse_records", "require_registry", "wait_until_held",
-    "history_key", "of_history", "DEFAULT_TTL",
+    "ReaderInfo",
+    "Reporter",
+    "parse_records",
+    "require_registry",
+    "wait_until_held",
+    "history_key",
+    "of_history",
+    "DEFAULT_TTL",
 ]
 
 log = logging.getLogger("varsync.readers")
@@ -85,12 +91,18 @@ def parse_records(table: str, records: dict[str, str]) -> list[ReaderInfo]:
     for reader, text in records.items():
         try:
             fields = json.loads(text)
-            out.append(ReaderInfo(
-                reader=str(reader), host=str(fields["host"]), pid=int(fields["pid"]),
-                version=int(fields["version"]), at=float(fields["at"]),
-                reported=float(fields["reported"]), expires=float(fields["expires"]),
-                history=_history_field(fields.get("epoch")),
-            ))
+            out.append(
+                ReaderInfo(
+                    reader=str(reader),
+                    host=str(fields["host"]),
+                    pid=int(fields["pid"]),
+                    version=int(fields["version"]),
+                    at=float(fields["at"]),
+                    reported=float(fields["reported"]),
+                    expires=float(fields["expires"]),
+                    history=_history_field(fields.get("epoch")),
+                )
+            )
         except (ValueError, KeyError, TypeError):
             raise CorruptDataError(
                 f"table {table!r}: reader entry {reader!r} is not a varsync reader record: "
@@ -191,8 +203,9 @@ class Reporter:
         try:
             now = history_key(self.backend.current_history(table))
         except Exception as exc:  # as a failed report: logged, tried again next round
-            log.warning("reader %r could not check the history of table %r: %s",
-                        self.reader, table, exc)
+            log.warning(
+                "reader %r could not check the history of table %r: %s", self.reader, table, exc
+            )
             return True
         if now == note[2]:
             return True
@@ -206,20 +219,35 @@ class Reporter:
                 "reader %r stops reporting version %d of table %r: the table started a new "
                 "history since (the store lost or replaced its data); it reports again "
                 "once this container pulls a version of the new one",
-                self.reader, note[0], table)
+                self.reader,
+                note[0],
+                table,
+            )
         return False
 
     def _report(self, table: str, version: int, at: float, history: str | None) -> None:
         now = time.time()
-        record = json.dumps({
-            "host": self.host, "pid": self.pid, "version": version, "at": at,
-            "reported": now, "expires": now + self.ttl, "epoch": history,
-        })
+        record = json.dumps(
+            {
+                "host": self.host,
+                "pid": self.pid,
+                "version": version,
+                "at": at,
+                "reported": now,
+                "expires": now + self.ttl,
+                "epoch": history,
+            }
+        )
         try:
             self.backend.report_reader(table, self.reader, record, self.ttl)
         except Exception as exc:  # never into the reader; the next round tries again
-            log.warning("reader %r could not report version %d of table %r: %s",
-                        self.reader, version, table, exc)
+            log.warning(
+                "reader %r could not report version %d of table %r: %s",
+                self.reader,
+                version,
+                table,
+                exc,
+            )
             self._sent.pop(table, None)
         else:
             self._sent[table] = (version, at, history)
@@ -250,7 +278,10 @@ def require_registry(backend: Backend) -> None:
 
 
 def wait_until_held(
-    listed: Callable[[], list[ReaderInfo]], table: str, version: int, count: int,
+    listed: Callable[[], list[ReaderInfo]],
+    table: str,
+    version: int,
+    count: int,
     limit: float | None,
 ) -> list[ReaderInfo]:
     """``wait_for_readers``: the readers ``listed()`` names that hold ``version`` or newer,
@@ -288,7 +319,7 @@ def wait_until_held(
 
 def describe(readers: list[ReaderInfo], table_version: int) -> str:
     """One line per reader, with its lag: for messages."""
-    return ", ".join(
-        f"{r.reader} at {r.version} (lag {r.lag(table_version)})" for r in readers
-    ) or "none"
-
+    return (
+        ", ".join(f"{r.reader} at {r.version} (lag {r.lag(table_version)})" for r in readers)
+        or "none"
+    )

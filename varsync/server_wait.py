@@ -61,8 +61,9 @@ def describe_wait(bound: float | None) -> str:
     return f"up to {bound:g} s" if bound else "no wait"
 
 
-def retry_until_up(attempt: Callable[[float], T], *, address: str, bound: float | None,
-                   what: str = "server") -> T:
+def retry_until_up(
+    attempt: Callable[[float], T], *, address: str, bound: float | None, what: str = "server"
+) -> T:
     """``attempt(seconds_left)``'s result (``seconds_left``: of the wait; ``inf`` if
     unbounded or a single attempt), retried while it raises
     :class:`BackendConnectionError` for up to ``bound`` seconds (``None``: no bound; ``0``:
@@ -92,7 +93,11 @@ def retry_until_up(attempt: Callable[[float], T], *, address: str, bound: float 
             if now - logged_at >= LOG_EVERY:
                 log.warning(
                     "waiting for the %s at %s to answer (%.0f s so far, %s): %s",
-                    what, address, now - started, describe_wait(bound), exc,
+                    what,
+                    address,
+                    now - started,
+                    describe_wait(bound),
+                    exc,
                 )
                 logged_at = now
             time.sleep(min(pause, left))

@@ -141,8 +141,12 @@ def flatten_values(signature: Any, values: Any) -> list[np.ndarray]:
 
     def leaf(spec: Spec, value: Any, path: nest_lib.Path) -> Any:
         if isinstance(value, np.ndarray):
-            if (type(value) is np.ndarray and value.dtype == spec.dtype
-                    and value.shape == spec.shape and value.flags.c_contiguous):
+            if (
+                type(value) is np.ndarray
+                and value.dtype == spec.dtype
+                and value.shape == spec.shape
+                and value.flags.c_contiguous
+            ):
                 return value  # already qualifies: what _leaf_array returns, without its checks
             return _leaf_array(spec, value, path)
         adapter = adapters.adapter_for(value)
@@ -206,9 +210,7 @@ def assign_all(targets: list[Any], arrays: list[np.ndarray]) -> None:
 LeafCheck = Callable[[Spec, Any, nest_lib.Path], Any]
 
 
-def _check(
-    expected: Any, got: Any, path: nest_lib.Path, out: list[Any], leaf: LeafCheck
-) -> None:
+def _check(expected: Any, got: Any, path: nest_lib.Path, out: list[Any], leaf: LeafCheck) -> None:
     """Walk ``got`` in ``expected``'s structure, appending ``leaf(spec, value, path)``."""
     if isinstance(expected, Spec):
         out.append(leaf(expected, got, path))

@@ -74,9 +74,7 @@ def from_json(text: str) -> Any:
             f"stored signature is not JSON ({exc}): {str(text)[:80]!r}"
         ) from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
-        raise CorruptDataError(
-            f"stored signature is not a {FORMAT} document: {str(text)[:80]!r}"
-        )
+        raise CorruptDataError(f"stored signature is not a {FORMAT} document: {str(text)[:80]!r}")
     version = document.get("version")
     if isinstance(version, bool) or version not in _READS:
         raise CorruptDataError(
@@ -95,7 +93,7 @@ def from_json(text: str) -> Any:
 def _decode(node: Any) -> Any:
     if not isinstance(node, dict) or len(node) != 1:
         raise CorruptDataError(f"stored signature node is malformed: {str(node)[:80]!r}")
-    (kind, body), = node.items()
+    ((kind, body),) = node.items()
     if kind == "spec":
         return Spec(body["shape"], body["dtype"])
     if kind in ("dict", "odict"):

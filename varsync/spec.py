@@ -20,15 +20,31 @@ import numpy as np
 from varsync.errors import SignatureError
 
 __all__ = [
-    "Spec", "SUPPORTED_DTYPES", "ML_DTYPE_NAMES", "canonical_dtype", "native_dtype",
+    "Spec",
+    "SUPPORTED_DTYPES",
+    "ML_DTYPE_NAMES",
+    "canonical_dtype",
+    "native_dtype",
     "is_ml_dtype",
 ]
 
 SUPPORTED_DTYPES: tuple[np.dtype, ...] = tuple(
     np.dtype(name)
     for name in (
-        "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-        "float16", "float32", "float64", "complex64", "complex128",
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+        "complex64",
+        "complex128",
     )
 )
 
@@ -38,8 +54,11 @@ SUPPORTED_DTYPES: tuple[np.dtype, ...] = tuple(
 #: ml_dtypes 0.2 (TensorFlow 2.15's) and every later version have.
 ML_DTYPE_NAMES: tuple[str, ...] = (
     "bfloat16",
-    "float8_e4m3fn", "float8_e5m2",
-    "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3b11fnuz",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e4m3fnuz",
+    "float8_e5m2fnuz",
+    "float8_e4m3b11fnuz",
 )
 
 _SUPPORTED_NAMES = ", ".join([*(d.name for d in SUPPORTED_DTYPES), *ML_DTYPE_NAMES])
@@ -72,9 +91,7 @@ def canonical_dtype(dtype: Any) -> np.dtype:
             f"dtype {resolved.name} ({resolved.type.__module__}.{resolved.type.__name__}) "
             f"is not ml_dtypes.{resolved.name}, the one varsync stores"
         )
-    raise SignatureError(
-        f"dtype {resolved} cannot be stored; expected one of {_SUPPORTED_NAMES}"
-    )
+    raise SignatureError(f"dtype {resolved} cannot be stored; expected one of {_SUPPORTED_NAMES}")
 
 
 def is_ml_dtype(dtype: np.dtype) -> bool:

@@ -45,8 +45,9 @@ def number_in(values: Any) -> int | None:
 # -- the loops ------------------------------------------------------------------------------------
 
 
-def check_pull(outcome: dict[str, Any], version: int, values: Any, held: int,
-               held_number: int) -> tuple[int, int]:
+def check_pull(
+    outcome: dict[str, Any], version: int, values: Any, held: int, held_number: int
+) -> tuple[int, int]:
     """Checks one pulled value against the one held before; the (version, number) now held."""
     number = number_in(values)
     outcome["pulls"] += 1
@@ -63,9 +64,15 @@ def check_pull(outcome: dict[str, Any], version: int, values: Any, held: int,
     return version, number if number is not None else held_number
 
 
-
-def writer(url: str, options: dict[str, Any], signature: Any, ready: Any, go: Any,
-           seconds: float, report: Any) -> None:
+def writer(
+    url: str,
+    options: dict[str, Any],
+    signature: Any,
+    ready: Any,
+    go: Any,
+    seconds: float,
+    report: Any,
+) -> None:
     outcome: dict[str, Any] = {"role": "writer", "pushes": 0, "errors": [], "wrong": []}
     try:
         with varsync.connect(url, **options) as store:
@@ -101,10 +108,23 @@ def writer(url: str, options: dict[str, Any], signature: Any, ready: Any, go: An
     report.put(outcome)
 
 
-def reader(url: str, options: dict[str, Any], mode: str, index: int, ready: Any, go: Any,
-           seconds: float, report: Any) -> None:
-    outcome: dict[str, Any] = {"role": f"reader-{index} ({mode})", "pulls": 0, "polls": 0,
-                               "errors": [], "wrong": []}
+def reader(
+    url: str,
+    options: dict[str, Any],
+    mode: str,
+    index: int,
+    ready: Any,
+    go: Any,
+    seconds: float,
+    report: Any,
+) -> None:
+    outcome: dict[str, Any] = {
+        "role": f"reader-{index} ({mode})",
+        "pulls": 0,
+        "polls": 0,
+        "errors": [],
+        "wrong": [],
+    }
     try:
         with varsync.connect(url, **options) as store:
             store.signature()  # the writer has created the table by now
@@ -184,8 +204,12 @@ def soak(backend: str, seconds: float, readers: int, megabytes: float) -> dict[s
                 runner.join(10)
         server.stop()
     return {
-        "backend": backend, "seconds": seconds, "megabytes": megabytes, "outcomes": outcomes,
-        "expected_reports": readers + 1, "server": server.memory_name,
+        "backend": backend,
+        "seconds": seconds,
+        "megabytes": megabytes,
+        "outcomes": outcomes,
+        "expected_reports": readers + 1,
+        "server": server.memory_name,
         "server_kib": (server_start, server_end),
     }
 
@@ -211,11 +235,15 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
         + (result["expected_reports"] - len(outcomes)),
         "ahead_of_label": sum(o.get("ahead_of_label", 0) for o in readers),
         "caught_up": all(o.get("last_version") == pushes for o in readers),
-        "writer_rss_mib": (writers[0].get("rss_start", 0) / 1024 if writers else 0,
-                           growth(writers[0]) if writers else 0),
+        "writer_rss_mib": (
+            writers[0].get("rss_start", 0) / 1024 if writers else 0,
+            growth(writers[0]) if writers else 0,
+        ),
         "reader_rss_growth_mib": max((growth(o) for o in readers), default=0.0),
         "server": result["server"],
-        "server_mib": (result["server_kib"][0] / 1024,
-                       (result["server_kib"][1] - result["server_kib"][0]) / 1024),
+        "server_mib": (
+            result["server_kib"][0] / 1024,
+            (result["server_kib"][1] - result["server_kib"][0]) / 1024,
+        ),
         "problems": [p for o in outcomes for p in o["errors"] + o["wrong"]][:10],
     }

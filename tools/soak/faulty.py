@@ -58,12 +58,19 @@ def resources() -> dict[str, Any]:
     for fd in os.listdir("/proc/self/fd"):
         with contextlib.suppress(OSError):
             target = os.readlink(f"/proc/self/fd/{fd}")
-            kind = target.split(":[")[0] if target.startswith(("socket", "pipe")) else (
-                target if ":" in target else os.path.dirname(target))
+            kind = (
+                target.split(":[")[0]
+                if target.startswith(("socket", "pipe"))
+                else (target if ":" in target else os.path.dirname(target))
+            )
             if not kind.startswith("/proc"):  # a listdir of /proc/self/fd, this one's too
                 kinds[kind] = kinds.get(kind, 0) + 1
-    return {"fds": open_fds(), "threads": threading.active_count(),
-            "os threads": len(os.listdir("/proc/self/task")), "fd kinds": kinds}
+    return {
+        "fds": open_fds(),
+        "threads": threading.active_count(),
+        "os threads": len(os.listdir("/proc/self/task")),
+        "fd kinds": kinds,
+    }
 
 
 class Faults:
@@ -131,11 +138,27 @@ def _interrupter(stack: contextlib.ExitStack, interrupt: bool, seed: int) -> Int
     return stack.enter_context(Interrupter(seed)) if interrupt else None
 
 
-def faulty_writer(url: str, options: dict[str, Any], signature: Any, ready: Any, go: Any,
-                  seconds: float, report: Any, final: Any, release: Any, seed: int,
-                  interrupt: bool) -> None:
-    outcome: dict[str, Any] = {"role": "writer", "pushes": 0, "errors": [], "wrong": [],
-                               "published_unheard": 0, "pushed_again": 0}
+def faulty_writer(
+    url: str,
+    options: dict[str, Any],
+    signature: Any,
+    ready: Any,
+    go: Any,
+    seconds: float,
+    report: Any,
+    final: Any,
+    release: Any,
+    seed: int,
+    interrupt: bool,
+) -> None:
+    outcome: dict[str, Any] = {
+        "role": "writer",
+        "pushes": 0,
+        "errors": [],
+        "wrong": [],
+        "published_unheard": 0,
+        "pushed_again": 0,
+    }
     if interrupt and threading.current_thread() is not threading.main_thread():
         raise RuntimeError("faulty_writer interrupts from a main thread only")
     number = 0  # the last push known published (as version == number)
@@ -190,11 +213,27 @@ def faulty_writer(url: str, options: dict[str, Any], signature: Any, ready: Any,
         faulthandler.cancel_dump_traceback_later()
 
 
-def faulty_reader(url: str, options: dict[str, Any], mode: str, index: int, ready: Any,
-                  go: Any, seconds: float, report: Any, final: Any, release: Any, seed: int,
-                  interrupt: bool) -> None:
-    outcome: dict[str, Any] = {"role": f"reader-{index} ({mode})", "pulls": 0, "polls": 0,
-                               "errors": [], "wrong": []}
+def faulty_reader(
+    url: str,
+    options: dict[str, Any],
+    mode: str,
+    index: int,
+    ready: Any,
+    go: Any,
+    seconds: float,
+    report: Any,
+    final: Any,
+    release: Any,
+    seed: int,
+    interrupt: bool,
+) -> None:
+    outcome: dict[str, Any] = {
+        "role": f"reader-{index} ({mode})",
+        "pulls": 0,
+        "polls": 0,
+        "errors": [],
+        "wrong": [],
+    }
     reported = False
     if threading.current_thread() is threading.main_thread():  # one per process
         faulthandler.dump_traceback_later(seconds + 100)
@@ -245,8 +284,9 @@ def faulty_reader(url: str, options: dict[str, Any], mode: str, index: int, read
             faulthandler.cancel_dump_traceback_later()
 
 
-def _failed(outcome: dict[str, Any], exc: Exception, reported: bool, report: Any,
-            ready: Any) -> None:
+def _failed(
+    outcome: dict[str, Any], exc: Exception, reported: bool, report: Any, ready: Any
+) -> None:
     """Reports an exception: in the outcome, or after it (closing the container)."""
     error = f"{type(exc).__name__}: {exc}"
     if reported:
@@ -275,8 +315,10 @@ def server_side(server: Any) -> Callable[[], dict[str, int]]:
 
         def clients() -> dict[str, int]:
             with redis.Redis(*server.address) as client:  # not counted: itself
-                return {"redis clients": int(client.info("clients")["connected_clients"]) - 1,
-                        "redis keys": int(client.dbsize())}
+                return {
+                    "redis clients": int(client.info("clients")["connected_clients"]) - 1,
+                    "redis keys": int(client.dbsize()),
+                }
 
         return clients
     if server.backend == "shm":
@@ -298,8 +340,9 @@ class _StartReaders:
 # -- one backend --------------------------------------------------------------------------------
 
 
-def soak_with_faults(backend: str, seconds: float, readers: int, megabytes: float,
-                     seed: int) -> dict[str, Any]:
+def soak_with_faults(
+    backend: str, seconds: float, readers: int, megabytes: float, seed: int
+) -> dict[str, Any]:
     signature = nest(megabytes)
     server = Server(backend, signature)
     options: dict[str, Any] = {"timeout": 10}
@@ -324,15 +367,29 @@ def soak_with_faults(backend: str, seconds: float, readers: int, megabytes: floa
 
     def start(target: Callable[..., None], *args: Any) -> None:
         runner = (threading.Thread if in_process else context.Process)(
-            target=target, args=args, daemon=True)
+            target=target, args=args, daemon=True
+        )
         runner.start()
         runners.append(runner)
 
     def start_readers() -> None:
         for index in range(readers):
             mode = "wait" if index == 0 else "poll"
-            start(faulty_reader, url(), options, mode, index, ready, go, seconds, report,
-                  final, release, seed + 1 + index, not in_process)
+            start(
+                faulty_reader,
+                url(),
+                options,
+                mode,
+                index,
+                ready,
+                go,
+                seconds,
+                report,
+                final,
+                release,
+                seed + 1 + index,
+                not in_process,
+            )
         for _ in range(readers):
             ready.get(timeout=300)
         go.set()
@@ -353,11 +410,34 @@ def soak_with_faults(backend: str, seconds: float, readers: int, megabytes: floa
     try:
         if in_process:
             faults_on()  # nothing to count on the server's side, no proxy
-            faulty_writer(server.url, options, signature, _StartReaders(start_readers), go,
-                          seconds, report, final, None, seed, True)
+            faulty_writer(
+                server.url,
+                options,
+                signature,
+                _StartReaders(start_readers),
+                go,
+                seconds,
+                report,
+                final,
+                None,
+                seed,
+                True,
+            )
         else:
-            start(faulty_writer, url(), options, signature, ready, go, seconds, report,
-                  final, release, seed, True)
+            start(
+                faulty_writer,
+                url(),
+                options,
+                signature,
+                ready,
+                go,
+                seconds,
+                report,
+                final,
+                release,
+                seed,
+                True,
+            )
             ready.get(timeout=300)  # the table exists before readers connect
             start_readers()
             time.sleep(WARM_UP)  # as the workers' warm-up: then faults
@@ -390,10 +470,19 @@ def soak_with_faults(backend: str, seconds: float, readers: int, megabytes: floa
     start_kib = held.get("server_start", {}).pop("memory", 0)
     end_kib = held.get("server_end", {}).pop("memory", 0)
     return {
-        "backend": backend, "faults": True, "seconds": seconds, "megabytes": megabytes,
-        "outcomes": outcomes, "expected_reports": readers + 1, "server": server.memory_name,
-        "server_kib": (start_kib, end_kib), "lost": sum(p.lost for p in proxies),
-        "server_counts": (held.get("server_start", {}), held.get("server_end", {}),
-                          held.get("server_after_exit", {})),
+        "backend": backend,
+        "faults": True,
+        "seconds": seconds,
+        "megabytes": megabytes,
+        "outcomes": outcomes,
+        "expected_reports": readers + 1,
+        "server": server.memory_name,
+        "server_kib": (start_kib, end_kib),
+        "lost": sum(p.lost for p in proxies),
+        "server_counts": (
+            held.get("server_start", {}),
+            held.get("server_end", {}),
+            held.get("server_after_exit", {}),
+        ),
         "late_errors": late,
     }

@@ -28,7 +28,8 @@ from varsync.nest import EMPTY, Ordered
 from varsync.registry import PluginWarning
 
 __all__ = [
-    "EMPTY", "Ordered",
+    "EMPTY",
+    "Ordered",
     "Adapter",
     "AdapterEntry",
     "AdapterRegistry",

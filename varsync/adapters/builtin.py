@@ -13,10 +13,9 @@ if TYPE_CHECKING:
 @hookimpl
 def varsync_register_adapters(registry: AdapterRegistry) -> None:
     registry.add(
-        "tensorflow", "varsync.adapters.tensorflow:ADAPTER",
+        "tensorflow",
+        "varsync.adapters.tensorflow:ADAPTER",
         modules=["tensorflow", "keras", "tf_keras"],
     )
     registry.add("torch", "varsync.adapters.torch:ADAPTER", modules=["torch"])
-    registry.add(
-        "jax", "varsync.adapters.jax:ADAPTER", modules=["jax", "jaxlib", "flax", "optax"]
-    )
+    registry.add("jax", "varsync.adapters.jax:ADAPTER", modules=["jax", "jaxlib", "flax", "optax"])

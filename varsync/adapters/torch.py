@@ -64,9 +64,7 @@ def _numpy_dtype(dtype: Any) -> np.dtype:
         try:
             found = np.dtype(torch.empty((), dtype=dtype).numpy().dtype)
         except TypeError as exc:
-            raise SignatureError(
-                f"torch dtype {dtype} has no numpy equivalent ({exc})"
-            ) from None
+            raise SignatureError(f"torch dtype {dtype} has no numpy equivalent ({exc})") from None
     _NUMPY_DTYPES[dtype] = found
     return found
 

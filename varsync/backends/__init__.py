@@ -29,11 +29,15 @@ def varsync_register_backends(registry: BackendRegistry) -> None:
         "rediss": "the redis backend over TLS (rediss://host:port/db)",
     }
     for scheme in ("redis+cluster", "rediss+cluster"):
-        schemes[scheme] = ("the redis backend on a Redis Cluster, each table on its slot's "
-                           f"primary ({scheme}://host:port[,host:port])")
+        schemes[scheme] = (
+            "the redis backend on a Redis Cluster, each table on its slot's "
+            f"primary ({scheme}://host:port[,host:port])"
+        )
     for scheme in ("redis+sentinel", "rediss+sentinel"):
-        schemes[scheme] = ("the redis backend, its primary and replicas found by Sentinel "
-                           f"({scheme}://host:port[,host:port]/service[/db])")
+        schemes[scheme] = (
+            "the redis backend, its primary and replicas found by Sentinel "
+            f"({scheme}://host:port[,host:port]/service[/db])"
+        )
     for scheme, description in schemes.items():
         registry.add(
             scheme,

@@ -46,10 +46,19 @@ from varsync.errors import ConfigurationError, PullTimeoutError
 from varsync.signature import Spec
 
 __all__ = [
-    "Backend", "Snapshot", "LeafSnapshot", "remaining", "deadline_after", "wait_for_change",
-    "deadline_scope", "current_deadline",
-    "read_snapshot", "write_unversioned",
-    "POLL_START", "POLL_MAX", "BLOCK_SLICE",
+    "Backend",
+    "Snapshot",
+    "LeafSnapshot",
+    "remaining",
+    "deadline_after",
+    "wait_for_change",
+    "deadline_scope",
+    "current_deadline",
+    "read_snapshot",
+    "write_unversioned",
+    "POLL_START",
+    "POLL_MAX",
+    "BLOCK_SLICE",
 ]
 
 #: Seconds of the first and the longest sleep between two looks when :meth:`Backend.block`
@@ -105,9 +114,7 @@ class Backend(abc.ABC):
     #: :class:`~varsync.UnsupportedError`.
     supports_reader_registry: ClassVar[bool] = False
 
-    def __init__(
-        self, url: str, *, timeout: float | None, namespace: str, **options: Any
-    ) -> None:
+    def __init__(self, url: str, *, timeout: float | None, namespace: str, **options: Any) -> None:
         """``url``: the URL given to ``connect`` without its query string (parse
         credentials from this argument: ``self.url`` has them redacted); ``timeout``
         bounds every network wait (``None``: no bound); ``namespace`` isolates tables;
@@ -347,9 +354,7 @@ def remaining(deadline: float) -> float:
 BLOCK_SLICE = 5.0
 
 
-def wait_for_change(
-    backend: Backend, name: str, newer_than: int, timeout: float | None
-) -> int:
+def wait_for_change(backend: Backend, name: str, newer_than: int, timeout: float | None) -> int:
     """The one wait loop: look at the version, and while it equals ``newer_than`` block
     until the backend is notified, or poll, until ``timeout`` (``None``: no bound)."""
     deadline = deadline_after(timeout)
@@ -394,8 +399,10 @@ def _takes(cls: type[Any], method: str, parameter: str, count: int) -> bool:
         except (TypeError, ValueError):  # no signature to inspect: assume the current one
             takes = True
         else:
-            takes = parameter in parameters or len(parameters) >= count or any(
-                p.kind is p.VAR_POSITIONAL for p in parameters.values()
+            takes = (
+                parameter in parameters
+                or len(parameters) >= count
+                or any(p.kind is p.VAR_POSITIONAL for p in parameters.values())
             )
         _TAKES[key] = takes
     return takes

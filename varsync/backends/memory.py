@@ -172,10 +172,14 @@ class MemoryBackend(Backend):
         version, stored, leaf_versions = self._table(name).value
         if version <= newer_than:
             return version, None, None
-        return version, list(leaf_versions), [
-            array.view() if changed > newer_than else None
-            for array, changed in zip(stored, leaf_versions)
-        ]
+        return (
+            version,
+            list(leaf_versions),
+            [
+                array.view() if changed > newer_than else None
+                for array, changed in zip(stored, leaf_versions)
+            ],
+        )
 
     def leaf_versions(self, name: str) -> tuple[int, list[int]]:
         version, _, leaf_versions = self._table(name).value

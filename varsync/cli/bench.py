@@ -32,26 +32,53 @@ def add_parser(commands: argparse._SubParsersAction[Any]) -> None:
         "missing; an existing table is used with its own signature, and overwritten).",
     )
     bench.add_argument("url", metavar="URL", help="e.g. memory://bench, redis://localhost:6379/0")
-    bench.add_argument("--size", type=parse_size, default=parse_size("40MB"),
-                       help="bytes per push: 40MB (default), 400MB, 1GiB, 512KB, 1000, ...")
+    bench.add_argument(
+        "--size",
+        type=parse_size,
+        default=parse_size("40MB"),
+        help="bytes per push: 40MB (default), 400MB, 1GiB, 512KB, 1000, ...",
+    )
     bench.add_argument("--rounds", type=int, default=5, help="pushes and pulls to time (default 5)")
-    bench.add_argument("--warmup", type=int, default=3,
-                       help="untimed rounds first, so engines that reuse memory reach their "
-                       "steady state (default 3)")
-    bench.add_argument("--polls", type=int, default=1000,
-                       help="pull_if_newer calls per round to average (default 1000)")
-    bench.add_argument("--table", "-t", default=BENCH_TABLE, metavar="T",
-                       help=f"the table to use (default {BENCH_TABLE}); it is overwritten")
-    bench.add_argument("--timeout", type=float, default=60.0, metavar="S",
-                       help="seconds any one call may take (default 60)")
-    bench.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                       help="show a progress bar on stderr (default: when stderr is a terminal)")
+    bench.add_argument(
+        "--warmup",
+        type=int,
+        default=3,
+        help="untimed rounds first, so engines that reuse memory reach their "
+        "steady state (default 3)",
+    )
+    bench.add_argument(
+        "--polls",
+        type=int,
+        default=1000,
+        help="pull_if_newer calls per round to average (default 1000)",
+    )
+    bench.add_argument(
+        "--table",
+        "-t",
+        default=BENCH_TABLE,
+        metavar="T",
+        help=f"the table to use (default {BENCH_TABLE}); it is overwritten",
+    )
+    bench.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds any one call may take (default 60)",
+    )
+    bench.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="show a progress bar on stderr (default: when stderr is a terminal)",
+    )
     bench.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bench.set_defaults(run=run)
 
 
 def bench_values(signature: Any, rng: np.random.Generator) -> Any:
     """Random values of ``signature``."""
+
     def leaf(spec: sig.Spec) -> np.ndarray:
         if spec.dtype.kind == "f":
             return rng.standard_normal(spec.shape).astype(spec.dtype)
@@ -128,8 +155,13 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         values = bench_values(signature, np.random.default_rng(0))
         targets = nest_lib.map_structure(lambda s: np.zeros(s.shape, s.dtype), signature)
         progress = _Progress(err, args.rounds * 4, show)
-        times: dict[str, list[float]] = {"push": [], "pull": [], "update": [],
-                                         "pull_if_newer": [], "version": []}
+        times: dict[str, list[float]] = {
+            "push": [],
+            "pull": [],
+            "update": [],
+            "pull_if_newer": [],
+            "version": [],
+        }
         try:
             for _ in range(args.warmup):
                 store.push(values, table=args.table)
@@ -154,27 +186,52 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             "min_s": min(samples),
             "max_s": max(samples),
             "bytes_per_s": nbytes / statistics.median(samples)
-            if name in ("push", "pull", "update") else None,
+            if name in ("push", "pull", "update")
+            else None,
         }
         for name, samples in times.items()
     }
     if args.json:
-        json.dump({"url": redact(args.url), "backend": backend, "table": args.table,
-                   "nbytes": nbytes, "leaves": len(specs), "rounds": args.rounds,
-                   "polls": args.polls, "results": results}, out, indent=2)
+        json.dump(
+            {
+                "url": redact(args.url),
+                "backend": backend,
+                "table": args.table,
+                "nbytes": nbytes,
+                "leaves": len(specs),
+                "rounds": args.rounds,
+                "polls": args.polls,
+                "results": results,
+            },
+            out,
+            indent=2,
+        )
         out.write("\n")
         return 0
-    print(f"{redact(args.url)} ({backend}): {note}; {nbytes} bytes ({human_size(nbytes)}) "
-          f"in {len(specs)} leaves, {args.rounds} rounds", file=out)
+    print(
+        f"{redact(args.url)} ({backend}): {note}; {nbytes} bytes ({human_size(nbytes)}) "
+        f"in {len(specs)} leaves, {args.rounds} rounds",
+        file=out,
+    )
     rows = [("OPERATION", "MEDIAN", "MIN", "MAX", "THROUGHPUT")]
     for name, result in results.items():
         rate = result["bytes_per_s"]
         label = name if rate is not None else f"{name} (nothing newer, mean of {args.polls})"
         if name == "version":
             label = f"version (mean of {args.polls})"
-        rows.append((label, duration(result["median_s"]), duration(result["min_s"]),
-                     duration(result["max_s"]), f"{rate / 1e9:.2f} GB/s" if rate else ""))
+        rows.append(
+            (
+                label,
+                duration(result["median_s"]),
+                duration(result["min_s"]),
+                duration(result["max_s"]),
+                f"{rate / 1e9:.2f} GB/s" if rate else "",
+            )
+        )
     print_columns(rows, out)
-    print(f"note: table {args.table!r} stays at {redact(args.url)} "
-          f"({human_size(nbytes)}); delete it with the engine's own tools", file=out)
+    print(
+        f"note: table {args.table!r} stays at {redact(args.url)} "
+        f"({human_size(nbytes)}); delete it with the engine's own tools",
+        file=out,
+    )
     return 0

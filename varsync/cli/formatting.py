@@ -8,10 +8,19 @@ from collections.abc import Sequence
 from typing import TextIO
 
 _UNITS = {
-    "": 1, "B": 1,
-    "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-    "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
-    "K": 2**10, "M": 2**20, "G": 2**30,
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+    "K": 2**10,
+    "M": 2**20,
+    "G": 2**30,
 }
 
 
@@ -19,7 +28,7 @@ def parse_size(text: str) -> int:
     """``"40MB"`` -> 40_000_000, ``"1GiB"`` -> 2**30, ``"512"`` -> 512 (bytes)."""
     cleaned = str(text).strip().replace("_", "").upper()
     number = cleaned.rstrip("KMGTIB")
-    unit = cleaned[len(number):].strip()
+    unit = cleaned[len(number) :].strip()
     try:
         value = float(number)
     except ValueError:

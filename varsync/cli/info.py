@@ -25,8 +25,13 @@ def add_parser(commands: argparse._SubParsersAction[Any]) -> None:
     )
     info.add_argument("url", metavar="URL", help="e.g. reverb://localhost:8000, shm://training")
     info.add_argument("--table", "-t", metavar="T", help="only this table")
-    info.add_argument("--timeout", type=float, default=10.0, metavar="S",
-                      help="seconds to wait for the server (default 10)")
+    info.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds to wait for the server (default 10)",
+    )
     info.add_argument("--json", action="store_true", help="print JSON instead of a tree")
     info.set_defaults(run=run)
 
@@ -117,8 +122,9 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         size = f"{info.nbytes} bytes"
         if info.nbytes >= 1024:
             size += f" ({human_size(info.nbytes)})"
-        print(f"\ntable {info.name!r}: {state}, {size}, {count(leaves, 'leaf', 'leaves')}",
-              file=out)
+        print(
+            f"\ntable {info.name!r}: {state}, {size}, {count(leaves, 'leaf', 'leaves')}", file=out
+        )
         for line in signature_tree(info.signature):
             print(f"  {line}", file=out)
         if info.details:

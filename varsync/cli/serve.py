@@ -37,18 +37,31 @@ def add_parser(commands: argparse._SubParsersAction[Any]) -> None:
         "line of stdout. Reverb listens on every interface and has no authentication: "
         "run it on a private network.",
         epilog="SPEC_FILE: a .json file, either varsync's signature format "
-        "(varsync.signature.to_json) or a nest of {\"shape\": [...], \"dtype\": \"...\"} "
-        "leaves, e.g. {\"policy\": [{\"shape\": [64, 32], \"dtype\": \"float32\"}], "
-        "\"train_step\": {\"shape\": [], \"dtype\": \"int64\"}}; or a .npz file of example "
+        '(varsync.signature.to_json) or a nest of {"shape": [...], "dtype": "..."} '
+        'leaves, e.g. {"policy": [{"shape": [64, 32], "dtype": "float32"}], '
+        '"train_step": {"shape": [], "dtype": "int64"}}; or a .npz file of example '
         "arrays (its keys become a dict). See docs/cli.md.",
     )
-    reverb.add_argument("--port", type=int, default=0, metavar="P",
-                        help="port to listen on (default 0: a free port, printed)")
-    reverb.add_argument("--table", dest="tables", action="append", required=True,
-                        metavar="NAME=SPEC_FILE", help="a table and its spec file; repeatable")
-    reverb.add_argument("--checkpoint-dir", metavar="DIR",
-                        help="restore the latest checkpoint from DIR at start and write "
-                        "checkpoints there")
+    reverb.add_argument(
+        "--port",
+        type=int,
+        default=0,
+        metavar="P",
+        help="port to listen on (default 0: a free port, printed)",
+    )
+    reverb.add_argument(
+        "--table",
+        dest="tables",
+        action="append",
+        required=True,
+        metavar="NAME=SPEC_FILE",
+        help="a table and its spec file; repeatable",
+    )
+    reverb.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help="restore the latest checkpoint from DIR at start and write checkpoints there",
+    )
     reverb.set_defaults(run=run_reverb)
 
 
@@ -89,11 +102,14 @@ def _specs_from_json(node: Any, path: nest_lib.Path, source: str) -> Any:
         except (SignatureError, TypeError) as exc:
             raise SignatureError(f"spec file {source!r}, leaf {where}: {exc}") from None
     if isinstance(node, dict):
-        return {key: _specs_from_json(value, path + (("key", key),), source)
-                for key, value in node.items()}
+        return {
+            key: _specs_from_json(value, path + (("key", key),), source)
+            for key, value in node.items()
+        }
     if isinstance(node, list):
-        return [_specs_from_json(value, path + (("index", i),), source)
-                for i, value in enumerate(node)]
+        return [
+            _specs_from_json(value, path + (("index", i),), source) for i, value in enumerate(node)
+        ]
     raise SignatureError(
         f"spec file {source!r}: {where} is {json.dumps(node)}; expected a leaf "
         '{"shape": [...], "dtype": "..."}, an object or a list'

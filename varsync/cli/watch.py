@@ -45,15 +45,33 @@ def add_parser(commands: argparse._SubParsersAction[Any]) -> None:
         '"varsync[watch]".',
     )
     watch.add_argument("url", metavar="URL", help="e.g. redis://localhost:6379/0, shm://training")
-    watch.add_argument("--table", "-t", action="append", metavar="T",
-                       help="only this table (repeat for more; default: every table)")
-    watch.add_argument("--interval", "-n", type=_seconds, default=1.0, metavar="S",
-                       help="seconds between refreshes (default 1)")
-    watch.add_argument("--timeout", type=float, default=10.0, metavar="S",
-                       help="seconds to wait for the server (default 10)")
-    watch.add_argument("--once", action="store_true",
-                       help="look twice, --interval apart (for the push rate), print the view "
-                       "once and exit")
+    watch.add_argument(
+        "--table",
+        "-t",
+        action="append",
+        metavar="T",
+        help="only this table (repeat for more; default: every table)",
+    )
+    watch.add_argument(
+        "--interval",
+        "-n",
+        type=_seconds,
+        default=1.0,
+        metavar="S",
+        help="seconds between refreshes (default 1)",
+    )
+    watch.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds to wait for the server (default 10)",
+    )
+    watch.add_argument(
+        "--once",
+        action="store_true",
+        help="look twice, --interval apart (for the push rate), print the view once and exit",
+    )
     watch.set_defaults(run=run)
 
 
@@ -121,8 +139,14 @@ class Watcher:
             return None
 
 
-def render(url: str, backend: str, views: list[TableView], interval: float,
-           live: bool, problem: str | None = None) -> Any:
+def render(
+    url: str,
+    backend: str,
+    views: list[TableView],
+    interval: float,
+    live: bool,
+    problem: str | None = None,
+) -> Any:
     """The view as a rich renderable: a heading, the tables, then the readers."""
     from rich.console import Group
     from rich.table import Table
@@ -136,13 +160,25 @@ def render(url: str, backend: str, views: list[TableView], interval: float,
     if problem:
         parts.append(Text(f"last refresh failed: {printable(problem)}", style="red"))
     tables = Table(show_edge=False, pad_edge=False, header_style="bold")
-    for column, justify in (("TABLE", "left"), ("VERSION", "right"), ("PUSHES/S", "right"),
-                            ("LEAVES", "right"), ("SIZE", "right"), ("READERS", "right"),
-                            ("MAX LAG", "right")):
+    for column, justify in (
+        ("TABLE", "left"),
+        ("VERSION", "right"),
+        ("PUSHES/S", "right"),
+        ("LEAVES", "right"),
+        ("SIZE", "right"),
+        ("READERS", "right"),
+        ("MAX LAG", "right"),
+    ):
         tables.add_column(column, justify=justify)  # type: ignore[arg-type]
     readers = Table(show_edge=False, pad_edge=False, header_style="bold")
-    for column, justify in (("TABLE", "left"), ("READER", "left"), ("HOST", "left"),
-                            ("HOLDS", "right"), ("LAG", "right"), ("SINCE", "right")):
+    for column, justify in (
+        ("TABLE", "left"),
+        ("READER", "left"),
+        ("HOST", "left"),
+        ("HOLDS", "right"),
+        ("LAG", "right"),
+        ("SINCE", "right"),
+    ):
         readers.add_column(column, justify=justify)  # type: ignore[arg-type]
     now = time.time()
     any_readers = False
@@ -153,15 +189,26 @@ def render(url: str, backend: str, views: list[TableView], interval: float,
             lags = [max(view.version - r.version, 0) for r in view.readers]
             count, worst = str(len(lags)), (str(max(lags)) if lags else "-")
         state = "empty" if view.version == 0 else str(view.version)
-        tables.add_row(_literal(view.name), state, _rate(view), str(view.leaves),
-                       human_size(view.nbytes), count, worst)
+        tables.add_row(
+            _literal(view.name),
+            state,
+            _rate(view),
+            str(view.leaves),
+            human_size(view.nbytes),
+            count,
+            worst,
+        )
         for reader in (view.readers or [])[:MAX_READERS_SHOWN]:
             any_readers = True
             since = max(now - float(getattr(reader, "at", now)), 0.0)
-            readers.add_row(_literal(view.name), _literal(reader.reader),
-                            _literal(getattr(reader, "host", "")),
-                            str(reader.version), str(max(view.version - reader.version, 0)),
-                            f"{since:.0f} s")
+            readers.add_row(
+                _literal(view.name),
+                _literal(reader.reader),
+                _literal(getattr(reader, "host", "")),
+                str(reader.version),
+                str(max(view.version - reader.version, 0)),
+                f"{since:.0f} s",
+            )
         hidden = len(view.readers or []) - MAX_READERS_SHOWN
         if hidden > 0:
             readers.add_row(_literal(view.name), f"... and {hidden} more", "", "", "", "")
@@ -216,13 +263,18 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                     console.print()
                     time.sleep(args.interval)
                     views, problem = _refresh(watcher, views)
-            with Live(render(where, backend, views, args.interval, True), console=console,
-                      auto_refresh=False, transient=False) as live:
+            with Live(
+                render(where, backend, views, args.interval, True),
+                console=console,
+                auto_refresh=False,
+                transient=False,
+            ) as live:
                 while True:
                     time.sleep(args.interval)
                     views, problem = _refresh(watcher, views)
-                    live.update(render(where, backend, views, args.interval, True, problem),
-                                refresh=True)
+                    live.update(
+                        render(where, backend, views, args.interval, True, problem), refresh=True
+                    )
         except KeyboardInterrupt:  # the way to quit: Live restored the terminal on its way out
             return 0
 

@@ -142,8 +142,7 @@ class ReverbVariableContainer:
     def _check_table(self, table: str) -> None:
         if table not in self._signatures:
             raise KeyError(
-                f"Could not find the table {table}. Available tables: "
-                f"{list(self._signatures)}"
+                f"Could not find the table {table}. Available tables: {list(self._signatures)}"
             )
 
     # -- waits ---------------------------------------------------------------------
@@ -166,8 +165,11 @@ class ReverbVariableContainer:
         past a short ``timeout``, however long the server has been back. If connecting
         fails, the next call connects again first (:meth:`_live`)."""
         with self._reconnect_lock:
-            log.warning("lost the Reverb server at %s; connecting again (%s)",
-                        self._address, describe_wait(bound))
+            log.warning(
+                "lost the Reverb server at %s; connecting again (%s)",
+                self._address,
+                describe_wait(bound),
+            )
             self._lost = True
             self.container.close()
             self.container = self._connect(bound)
@@ -202,7 +204,10 @@ class ReverbVariableContainer:
                 if now - logged_at >= LOG_EVERY:
                     log.warning(
                         "waiting for a push to the empty table %r at %s (%.0f s so far, %s)",
-                        table, self._address, now - started, describe_wait(self._wait_for_push),
+                        table,
+                        self._address,
+                        now - started,
+                        describe_wait(self._wait_for_push),
                     )
                     logged_at = now
                 with contextlib.suppress(PullTimeoutError):

@@ -29,7 +29,7 @@ import collections.abc
 import os
 import threading
 import time
-from typing import Any, Dict, Optional
+from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase  # type: ignore[import-not-found, unused-ignore]
@@ -64,7 +64,7 @@ class VarsyncTransport:
     every worker, like TorchRL's shared-memory transport: the store is the rendezvous.
     """
 
-    def __init__(self, scheme: "VarsyncWeightSyncScheme") -> None:
+    def __init__(self, scheme: VarsyncWeightSyncScheme) -> None:
         self._scheme = scheme
 
     def send_weights(self, weights: Any) -> None:
@@ -72,7 +72,7 @@ class VarsyncTransport:
 
     def receive_weights(
         self,
-        timeout: Optional[float] = None,
+        timeout: float | None = None,
         *,
         weights: Any = None,
         model: Any = None,
@@ -86,7 +86,11 @@ class VarsyncTransport:
         self._scheme._publish(None)
 
     def setup_connection_and_weights_on_receiver(
-        self, *, worker_idx: Any = None, weights: Any = None, model: Any = None,
+        self,
+        *,
+        worker_idx: Any = None,
+        weights: Any = None,
+        model: Any = None,
         strategy: Any = None,
     ) -> Any:
         return self._scheme._first_weights()
@@ -134,21 +138,24 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
         self.poll_interval = float(poll_interval)
         self.background = bool(background)
         self.sync = bool(sync)
-        self._connect_options: Dict[str, Any] = dict(connect_options)
-        self._store: Optional[varsync.VariableContainer] = None
+        self._connect_options: dict[str, Any] = dict(connect_options)
+        self._store: varsync.VariableContainer | None = None
         self._held = 0  # the version this side last published or applied
-        self._sender_pid: Optional[int] = None
+        self._sender_pid: int | None = None
         self._source: Any = None  # sender: what send() publishes when given nothing
         self._workers = 0  # sender: how many workers a confirmed send waits for
         self._reader = ""  # receiver: its id in the reader registry
-        self._reporter: Optional[readers_lib.Reporter] = None
+        self._reporter: readers_lib.Reporter | None = None
         self._apply_lock = threading.RLock()
         self._shared_transport = VarsyncTransport(self)
 
     def __repr__(self) -> str:
         side = (
-            "sender" if self.initialized_on_sender
-            else "receiver" if self.initialized_on_receiver else "not initialised"
+            "sender"
+            if self.initialized_on_sender
+            else "receiver"
+            if self.initialized_on_receiver
+            else "not initialised"
         )
         return f"<{type(self).__name__} {self.url} table={self.table!r} {side} v{self._held}>"
 
@@ -176,11 +183,11 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
     def _init_on_sender_impl(
         self,
         *,
-        model_id: Optional[str] = None,
+        model_id: str | None = None,
         context: Any = None,
         model: Any = None,
         weights: Any = None,
-        num_workers: Optional[int] = None,
+        num_workers: int | None = None,
         devices: Any = None,
         params_map: Any = None,
         **kwargs: Any,
@@ -206,7 +213,7 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
         *,
         model_id: str,
         context: Any = None,
-        worker_idx: Optional[int] = None,
+        worker_idx: int | None = None,
         model: Any = None,
         **kwargs: Any,
     ) -> None:
@@ -221,7 +228,8 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
             worker_idx = getattr(context, "worker_idx", None)
         self.worker_idx = worker_idx
         self._reader = (
-            self._worker_reader(worker_idx) if worker_idx is not None
+            self._worker_reader(worker_idx)
+            if worker_idx is not None
             else f"{model_id}-{readers_lib.reader_id()}"
         )
         if model is not None:
@@ -230,12 +238,12 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
             self.context = context
 
     def _setup_connection_and_weights_on_sender_impl(
-        self, *, worker_idx: Optional[int] = None, weights: Any = None
+        self, *, worker_idx: int | None = None, weights: Any = None
     ) -> None:
         self._publish(weights)
 
     def _setup_connection_and_weights_on_receiver_impl(
-        self, *, worker_idx: Optional[int] = None
+        self, *, worker_idx: int | None = None
     ) -> None:
         backend = self._connected().backend
         if backend.supports_reader_registry and self._reporter is None:
@@ -261,7 +269,7 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
             self._confirm(version)
         return version
 
-    def receive(self, timeout: Optional[float] = None) -> Optional[TensorDictBase]:
+    def receive(self, timeout: float | None = None) -> TensorDictBase | None:
         """Apply the table's latest version if it is newer than the one held; return
         the policy's weights then, else ``None``. ``timeout``: wait up to that many
         seconds for a newer version (``None`` or 0: look once, do not wait)."""
@@ -286,13 +294,13 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
 
     # -- pickling: the connection, the threads and the sender's model stay behind -----------
 
-    def __getstate__(self) -> Dict[str, Any]:
+    def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state.update(_store=None, _apply_lock=None, _source=None, _reporter=None, _held=0)
         state["_shared_transport"] = None
         return state
 
-    def __setstate__(self, state: Dict[str, Any]) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         self._apply_lock = threading.RLock()
         self._shared_transport = VarsyncTransport(self)
@@ -301,9 +309,7 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
 
     def _connected(self) -> varsync.VariableContainer:
         if self._store is None:
-            self._store = varsync.connect(
-                self.url, timeout=self.timeout, **self._connect_options
-            )
+            self._store = varsync.connect(self.url, timeout=self.timeout, **self._connect_options)
         return self._store
 
     def _check_confirmable(self, store: varsync.VariableContainer, context: Any) -> None:
@@ -396,14 +402,13 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
         store = self._connected()
         deadline = time.monotonic() + self.timeout
         interval = 0.0005
-        listed: Dict[str, int] = {}
+        listed: dict[str, int] = {}
         why = ""
         while True:
             left = deadline - time.monotonic()
             try:
                 listed = {
-                    r.reader: r.version
-                    for r in store.readers(self.table, timeout=max(left, 0.001))
+                    r.reader: r.version for r in store.readers(self.table, timeout=max(left, 0.001))
                 }
             except PullTimeoutError as exc:  # the store did not answer within the time left
                 why = f" (the last listing of the readers failed: {exc})"
@@ -435,9 +440,7 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
         return self._sender_pid is not None and self._sender_pid != os.getpid()
 
     def _applies_before_each_batch(self) -> bool:
-        return (
-            self.initialized_on_receiver and not self.background and self._copied_from_sender()
-        )
+        return self.initialized_on_receiver and not self.background and self._copied_from_sender()
 
     def _wait_for_table(self, deadline: float) -> None:
         store = self._connected()
@@ -472,9 +475,7 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
         while True:
             held = self._held
             try:
-                store.wait_for(
-                    held, self.table, timeout=max(deadline - time.monotonic(), 0.001)
-                )
+                store.wait_for(held, self.table, timeout=max(deadline - time.monotonic(), 0.001))
             except PullTimeoutError:
                 return False
             except TableResetError:
@@ -497,7 +498,7 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
             "without persistence?); loading its current value, or its next push"
         )
 
-    def _apply_newer(self, cascade: bool = True) -> Optional[int]:
+    def _apply_newer(self, cascade: bool = True) -> int | None:
         """Load the latest version into the model if it is newer than the one held (in
         a new history: whatever its number), tell the collector, report it; return it,
         else ``None``. Reports go out in the order of the versions applied."""
@@ -520,7 +521,7 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
                 self._reporter.held(self.table, version, history)
         return version
 
-    def _load_newer(self, held: int) -> Optional[int]:
+    def _load_newer(self, held: int) -> int | None:
         """Load the latest version into the model if it is newer than ``held``; return
         it, else ``None``. ``held`` 0: every tensor, from the store."""
         model, store = self.model, self._connected()
@@ -591,7 +592,7 @@ class _ApplyBeforeEachBatch:
     def __call__(self) -> None:
         try:
             self.scheme.receive()
-        except Exception as exc:  # noqa: BLE001 - collect on the weights held, as said
+        except Exception as exc:
             torchrl_logger.warning(
                 f"{type(self.scheme).__name__} ({self.scheme.url}, table "
                 f"{self.scheme.table!r}): {exc!r}"
@@ -600,7 +601,7 @@ class _ApplyBeforeEachBatch:
             self.then()
 
 
-def _count_workers(context: Any, num_workers: Optional[int], devices: Any) -> int:
+def _count_workers(context: Any, num_workers: int | None, devices: Any) -> int:
     """How many workers a confirmed ``send`` waits for: ``num_workers=``, one per device of
     ``devices=`` (TorchRL's own arguments), else the collector's workers; 0: none known."""
     if num_workers is not None:

@@ -35,8 +35,9 @@ class BlockingCall:
     def __init__(self, fn: Callable[[], Any], what: str) -> None:
         self.what = what
         self._outcome: list[Any] = []
-        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True,
-                                        name="varsync-blocking-call")
+        self._thread = threading.Thread(
+            target=self._run, args=(fn,), daemon=True, name="varsync-blocking-call"
+        )
         self._thread.start()
 
     def _run(self, fn: Callable[[], Any]) -> None:

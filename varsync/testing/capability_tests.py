@@ -137,8 +137,10 @@ class CapabilityTests(_Base):
         if limit is None:
             pytest.skip("backend declares no max_push_bytes")
         if limit > LARGEST_PUSH_MADE:
-            pytest.skip(f"max_push_bytes={limit} is over {LARGEST_PUSH_MADE} bytes, too big a "
-                        "push to make in a test")
+            pytest.skip(
+                f"max_push_bytes={limit} is over {LARGEST_PUSH_MADE} bytes, too big a "
+                "push to make in a test"
+            )
         values = {"big": (np.arange(limit) % 251).astype(np.uint8)}
         container = connect(make_tables({"variables": {"big": varsync.Spec((limit,), "uint8")}}))
         assert container.push(values) == 1
@@ -147,7 +149,11 @@ class CapabilityTests(_Base):
     # -- persistence -----------------------------------------------------------------------
 
     def test_tables_and_values_outlive_the_container_that_made_them(
-        self, url: str, make_tables: TableMaker, connect: Any, connect_options: dict[str, Any],
+        self,
+        url: str,
+        make_tables: TableMaker,
+        connect: Any,
+        connect_options: dict[str, Any],
         backend_cls: type[Backend],
     ) -> None:
         if backend_cls.supports_create_table:
@@ -164,7 +170,11 @@ class CapabilityTests(_Base):
         assert_bit_equal(later.pull(), filled(SMALL, 4))
 
     def test_persistent_tables_outlive_the_process_that_wrote_them(
-        self, url: str, make_tables: TableMaker, connect: Any, connect_options: dict[str, Any],
+        self,
+        url: str,
+        make_tables: TableMaker,
+        connect: Any,
+        connect_options: dict[str, Any],
         backend_cls: type[Backend],
     ) -> None:
         if not backend_cls.persistent:
@@ -189,7 +199,10 @@ class CapabilityTests(_Base):
         return None
 
     def test_persistent_tables_outlive_a_server_restart(
-        self, make_tables: TableMaker, connect: Any, backend_cls: type[Backend],
+        self,
+        make_tables: TableMaker,
+        connect: Any,
+        backend_cls: type[Backend],
         restart_server: Callable[[str], None] | None,
     ) -> None:
         """``persistent`` promises tables that outlive server restarts: after one, a new
@@ -251,7 +264,10 @@ class CapabilityTests(_Base):
     # -- shared_across_processes -----------------------------------------------------------
 
     def test_another_process_sees_a_push_exactly_when_the_store_is_shared(
-        self, make_tables: TableMaker, connect: Any, connect_options: dict[str, Any],
+        self,
+        make_tables: TableMaker,
+        connect: Any,
+        connect_options: dict[str, Any],
         backend_cls: type[Backend],
     ) -> None:
         url = make_tables({"variables": SMALL})
@@ -311,8 +327,9 @@ class CapabilityTests(_Base):
             deadline = time.monotonic() + FORKED_SECONDS
             while not receive.poll(0) and process.is_alive() and time.monotonic() < deadline:
                 seen.append(check_consistent(container.pull()))  # meanwhile, in the parent
-            report = receive.recv() if receive.poll(max(deadline - time.monotonic(), 0)) \
-                else "no report"
+            report = (
+                receive.recv() if receive.poll(max(deadline - time.monotonic(), 0)) else "no report"
+            )
             process.join(max(deadline - time.monotonic(), 1))
         finally:
             if process.is_alive():

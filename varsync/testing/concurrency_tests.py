@@ -27,8 +27,9 @@ MEGABYTES = {
 }
 
 
-def _write_versions(url: str, options: dict[str, Any], table: str, start: int, count: int,
-                    last: Any = None) -> None:
+def _write_versions(
+    url: str, options: dict[str, Any], table: str, start: int, count: int, last: Any = None
+) -> None:
     """Child process: push ``count`` consistent nests (the numbers after ``start``); the
     last push's version goes into ``last`` (a shared ``multiprocessing.Value``) if given."""
     with varsync.connect(url, **options) as container:
@@ -73,16 +74,16 @@ class ConcurrencyTests(_Base):
                 break
             elif finished:  # the writer is done; the reads have yet to catch up
                 try:
-                    container.wait_for(
-                        last_version, timeout=max(deadline - time.monotonic(), 0.01))
+                    container.wait_for(last_version, timeout=max(deadline - time.monotonic(), 0.01))
                 except varsync.PullTimeoutError:
                     break  # reported below as a reader short of the last version
         if reads == 0:
             problems.append("a reader saw no version at all while the writer pushed")
         return last_version, last_number
 
-    def _run_readers(self, url: str, connect: Any, writer: Callable[[], int],
-                     pushes: int = 0, readers: int = 0) -> list[str]:
+    def _run_readers(
+        self, url: str, connect: Any, writer: Callable[[], int], pushes: int = 0, readers: int = 0
+    ) -> list[str]:
         """Run ``readers`` reader threads (default :attr:`READERS`) while ``writer()``
         pushes ``pushes`` values (default :attr:`PUSHES`), numbered from 1, and returns its
         last push's version; the problems they saw, including a reader whose last version
@@ -109,15 +110,21 @@ class ConcurrencyTests(_Base):
         assert not any(t.is_alive() for t in threads), "a reader did not finish"
         problems += [
             f"a reader's last version was {seen}, not the writer's last push's {final[0]}"
-            for seen, _ in last_seen if seen != final[0]
+            for seen, _ in last_seen
+            if seen != final[0]
         ] + [
             f"a reader's last value was push {number}'s, not the last push's ({pushes})"
-            for seen, number in last_seen if seen == final[0] and number != pushes
+            for seen, number in last_seen
+            if seen == final[0] and number != pushes
         ]
         return problems
 
     def _guard(
-        self, container: Any, stop: threading.Event, final: list[int], problems: list[str],
+        self,
+        container: Any,
+        stop: threading.Event,
+        final: list[int],
+        problems: list[str],
         last_seen: list[tuple[int, int]],
     ) -> None:
         try:
@@ -134,8 +141,9 @@ class ConcurrencyTests(_Base):
         writer = connect(url)
 
         def write() -> int:
-            versions = [writer.push(filled(CONSISTENCY, number))
-                        for number in range(1, self.PUSHES + 1)]
+            versions = [
+                writer.push(filled(CONSISTENCY, number)) for number in range(1, self.PUSHES + 1)
+            ]
             return versions[-1]
 
         assert self._run_readers(url, connect, write) == []
@@ -165,22 +173,26 @@ class ConcurrencyTests(_Base):
             pulling = threading.Thread(target=pull_again_and_again)
             pulling.start()
             try:
-                versions = [writer.push(filled(MEGABYTES, number))
-                            for number in range(1, self.LARGE_PUSHES + 1)]
+                versions = [
+                    writer.push(filled(MEGABYTES, number))
+                    for number in range(1, self.LARGE_PUSHES + 1)
+                ]
             finally:
                 stop.set()
                 pulling.join(90)
             assert not pulling.is_alive(), "the pulling thread did not finish"
             return versions[-1]
 
-        problems += self._run_readers(url, connect, write, self.LARGE_PUSHES,
-                                      self.LARGE_READERS)
+        problems += self._run_readers(url, connect, write, self.LARGE_PUSHES, self.LARGE_READERS)
         assert problems == []
         assert pulled, "the pulling thread pulled nothing"
         assert check_consistent(writer.pull()) == self.LARGE_PUSHES
 
     def test_readers_never_see_a_mix_while_another_process_writes(
-        self, make_tables: TableMaker, connect: Any, connect_options: dict[str, Any],
+        self,
+        make_tables: TableMaker,
+        connect: Any,
+        connect_options: dict[str, Any],
         backend_cls: type[Backend],
     ) -> None:
         if not backend_cls.shared_across_processes:

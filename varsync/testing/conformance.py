@@ -15,8 +15,15 @@ __all__ = ["ConformanceTests"]
 
 
 class ConformanceTests(
-    TableTests, RoundTripTests, ValidationTests, VersionTests, ConcurrencyTests,
-    ContractTests, CapabilityTests, FaultTests, LeafVersionTests,
+    TableTests,
+    RoundTripTests,
+    ValidationTests,
+    VersionTests,
+    ConcurrencyTests,
+    ContractTests,
+    CapabilityTests,
+    FaultTests,
+    LeafVersionTests,
     ReaderRegistryTests,
 ):
     """The whole suite. Subclass it and define the ``url`` fixture."""

@@ -89,7 +89,11 @@ class ContractTests(_Base):
     # -- namespaces ------------------------------------------------------------------------
 
     def test_namespaces_isolate_tables_versions_and_data(
-        self, url: str, make_tables: TableMaker, connect: Any, backend_cls: type[Backend],
+        self,
+        url: str,
+        make_tables: TableMaker,
+        connect: Any,
+        backend_cls: type[Backend],
         other_namespace: str,
     ) -> None:
         if not backend_cls.supports_create_table:
@@ -190,10 +194,14 @@ class ContractTests(_Base):
         size = min(self.LARGE_TABLE_BYTES, backend_cls.max_push_bytes or self.LARGE_TABLE_BYTES)
         large = {"large": varsync.Spec((size,), "uint8")}
         container = connect(make_tables({"large": large, "small": SMALL}))
-        at = {"large": container.push({"large": np.full(size, 7, np.uint8)}, table="large"),
-              "small": container.push(filled(SMALL, 1), table="small")}
-        answers = {name: (lambda name=name: container.pull_if_newer(at[name], name))
-                   for name in ("large", "small")}
+        at = {
+            "large": container.push({"large": np.full(size, 7, np.uint8)}, table="large"),
+            "small": container.push(filled(SMALL, 1), table="small"),
+        }
+        answers = {
+            name: (lambda name=name: container.pull_if_newer(at[name], name))
+            for name in ("large", "small")
+        }
         assert [answer() for answer in answers.values()] == [None, None]  # warmed up
         allocated = {name: _allocated_by(answer) for name, answer in answers.items()}
         assert allocated["large"] < size // 8, (
@@ -293,7 +301,8 @@ class ContractTests(_Base):
         version_of = {
             pusher * 1000 + index + 1: version
             for pusher, versions in pushed.items()
-            for index, version in enumerate(versions) if version is not None
+            for index, version in enumerate(versions)
+            if version is not None
         }
         # A pull labelled v holds push v's value or (Reverb, docs/guarantees.md) a later
         # push's: never an older value presented as newer.
@@ -316,10 +325,12 @@ class ContractTests(_Base):
         container = connect(make_tables({"variables": SMALL, "empty": SMALL}))
         container.push(filled(SMALL, 1))
         calls = {
-            f"wait_for(1, timeout={WAIT_TIMEOUT})":
-                lambda: container.wait_for(1, timeout=WAIT_TIMEOUT),
-            f"pull(timeout={WAIT_TIMEOUT}) of an empty table":
-                lambda: container.pull("empty", timeout=WAIT_TIMEOUT),
+            f"wait_for(1, timeout={WAIT_TIMEOUT})": lambda: container.wait_for(
+                1, timeout=WAIT_TIMEOUT
+            ),
+            f"pull(timeout={WAIT_TIMEOUT}) of an empty table": lambda: container.pull(
+                "empty", timeout=WAIT_TIMEOUT
+            ),
         }
         for what, call in calls.items():
             started = time.monotonic()
@@ -361,7 +372,10 @@ class ContractTests(_Base):
                 raise AssertionError(f"{what} on a closed container did not raise")
 
     def test_a_closed_container_holds_no_connection_or_thread(
-        self, make_tables: TableMaker, connect: Any, connect_options: dict[str, Any],
+        self,
+        make_tables: TableMaker,
+        connect: Any,
+        connect_options: dict[str, Any],
         leak_counts: Callable[[], Counts],
     ) -> None:
         url = make_tables({"variables": SMALL, "warm_up": SMALL})
@@ -387,8 +401,12 @@ class ContractTests(_Base):
         finally:
             container.close()
         # threads end and servers notice, soon after
-        after = settle(lambda: resource_counts(leak_counts),
-                       lambda counts: not grown(before, counts), seconds=10, pause=0.02)
+        after = settle(
+            lambda: resource_counts(leak_counts),
+            lambda counts: not grown(before, counts),
+            seconds=10,
+            pause=0.02,
+        )
         kept = grown(before, after)
         assert not kept, (
             f"a closed container still holds these (before, after): {kept}; descriptors new "

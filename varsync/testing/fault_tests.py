@@ -108,7 +108,7 @@ class _CallTimes:
     def _timed(self, fn: Callable[[], Any]) -> Any:
         started = time.perf_counter()
         result = fn()
-        self.recent = (self.recent + [time.perf_counter() - started])[-self.KEPT:]
+        self.recent = (self.recent + [time.perf_counter() - started])[-self.KEPT :]
         return result
 
     def interrupted(self, interrupter: Interrupter, fn: Callable[[], Any]) -> tuple[bool, Any]:
@@ -131,8 +131,9 @@ def _interrupt_rounds(rounds: int, interrupter: Interrupter) -> Iterator[int]:
         yield index
 
 
-def _write_and_report(url: str, options: dict[str, Any], first: int, count: int,
-                      start: Any, results: Any) -> None:
+def _write_and_report(
+    url: str, options: dict[str, Any], first: int, count: int, start: Any, results: Any
+) -> None:
     """Child process: once every writer is ready (``start``, a barrier), push ``count``
     consistent nests numbered from ``first``; report the version each push returned
     (``None`` for a ConcurrentPushError)."""
@@ -210,17 +211,24 @@ class FaultTests(_Base):
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _assert_no_leaks(self, before: Counts, leak_counts: Callable[[], Counts],
-                         faults: int, fds_before: dict[int, str]) -> None:
+    def _assert_no_leaks(
+        self,
+        before: Counts,
+        leak_counts: Callable[[], Counts],
+        faults: int,
+        fds_before: dict[int, str],
+    ) -> None:
         """Nothing grew with the faults: a few of anything may be pooled or cached (a
         reconnection, a worker thread), one per fault may not. What other threads of a
         long test session open and close meanwhile is given a moment to settle."""
         allowance = self.LEAK_ALLOWANCE
-        after = settle(lambda: resource_counts(leak_counts),
-                       lambda counts: not grown(before, counts, allowance), seconds=2.0)
+        after = settle(
+            lambda: resource_counts(leak_counts),
+            lambda counts: not grown(before, counts, allowance),
+            seconds=2.0,
+        )
         more = grown(before, after, allowance)
-        new = {fd: target for fd, target in fd_targets().items()
-               if fds_before.get(fd) != target}
+        new = {fd: target for fd, target in fd_targets().items() if fds_before.get(fd) != target}
         assert not more, (
             f"after {faults} faults these grew (before, after): {more}; "
             f"descriptors new since: {sorted(new.values())[:20]}"
@@ -279,9 +287,7 @@ class FaultTests(_Base):
         before, fds_before = self._baseline(leak_counts)
         with Interrupter(seed=12) as interrupter:
             for index in _interrupt_rounds(self.INTERRUPTS, interrupter):
-                calls: list[Callable[[], Any]] = [
-                    reader.pull, lambda: reader.pull_if_newer(0)
-                ]
+                calls: list[Callable[[], Any]] = [reader.pull, lambda: reader.pull_if_newer(0)]
                 done, got = times.interrupted(interrupter, calls[index % 2])
                 if done:
                     check_consistent(got if index % 2 == 0 else got[1])
@@ -306,7 +312,8 @@ class FaultTests(_Base):
         with Interrupter(seed=13) as interrupter:
             for index in range(rounds):
                 wait: Callable[[], Any] = (
-                    (lambda: reader.wait_for(version, timeout=20)) if index % 2 == 0
+                    (lambda: reader.wait_for(version, timeout=20))
+                    if index % 2 == 0
                     else (lambda: reader.pull("empty", timeout=20))
                 )
                 done, _ = interrupter.call(wait, interrupter.random.uniform(0, 0.02))
@@ -326,7 +333,11 @@ class FaultTests(_Base):
     # -- lost and delayed replies ----------------------------------------------------------
 
     def test_lost_push_replies_never_lose_or_mix_published_data(
-        self, make_tables: TableMaker, connect: Any, server_address: Any, url_via: Any,
+        self,
+        make_tables: TableMaker,
+        connect: Any,
+        server_address: Any,
+        url_via: Any,
         leak_counts: Callable[[], Counts],
     ) -> None:
         url = make_tables({"variables": CONSISTENCY})
@@ -485,8 +496,11 @@ class FaultTests(_Base):
                 thread.join(timeout + 2 * SLACK)
         finally:
             os.kill(server_pid, signal.SIGCONT)
-        late = {name: f"{took:.1f} s, {outcome}" for name, (took, outcome) in outcomes.items()
-                if took >= timeout + SLACK or not outcome.startswith("raised")}
+        late = {
+            name: f"{took:.1f} s, {outcome}"
+            for name, (took, outcome) in outcomes.items()
+            if took >= timeout + SLACK or not outcome.startswith("raised")
+        }
         assert len(outcomes) == len(names) and not late, (
             f"on a paused server, with the container's timeout {timeout:g} s, these did not "
             f"raise one of {[e.__name__ for e in TRANSIENT]} within {timeout + SLACK:g} s: "
@@ -510,8 +524,9 @@ class FaultTests(_Base):
             calls["leaf_versions(timeout=1)"] = lambda: container.leaf_versions(timeout=1)
         if backend.supports_reader_registry:
             calls["readers(timeout=1)"] = lambda: container.readers(timeout=1)
-            calls["wait_for_readers(version, 1, timeout=1)"] = (
-                lambda: container.wait_for_readers(version, 1, timeout=1))
+            calls["wait_for_readers(version, 1, timeout=1)"] = lambda: container.wait_for_readers(
+                version, 1, timeout=1
+            )
         for name, call in calls.items():
             started = time.monotonic()
             with pytest.raises(TRANSIENT):
@@ -522,7 +537,10 @@ class FaultTests(_Base):
     # -- two writers -----------------------------------------------------------------------
 
     def test_two_writer_processes_never_get_the_same_version(
-        self, make_tables: TableMaker, connect: Any, connect_options: dict[str, Any],
+        self,
+        make_tables: TableMaker,
+        connect: Any,
+        connect_options: dict[str, Any],
         backend_cls: type[Backend],
     ) -> None:
         if not backend_cls.shared_across_processes:
@@ -533,8 +551,10 @@ class FaultTests(_Base):
         count = 100
         start = context.Barrier(2)
         writers = [
-            context.Process(target=_write_and_report,
-                            args=(url, dict(connect_options), first, count, start, results))
+            context.Process(
+                target=_write_and_report,
+                args=(url, dict(connect_options), first, count, start, results),
+            )
             for first in (1, 1001)
         ]
         reader = connect(url)
@@ -573,8 +593,10 @@ class FaultTests(_Base):
             given = [v for v in versions if v is not None]
             assert given == sorted(set(given)), f"writer {first} got versions out of order"
             if backend_cls.supports_concurrent_writers:
-                assert len(given) == count, "a push raised ConcurrentPushError on a backend " \
+                assert len(given) == count, (
+                    "a push raised ConcurrentPushError on a backend "
                     "that declares supports_concurrent_writers"
+                )
             returned += given
         duplicates: set[int] = {v for v in returned if returned.count(v) > 1}
         assert not duplicates, f"versions returned to both writers: {sorted(duplicates)[:10]}"

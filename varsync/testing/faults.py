@@ -30,8 +30,15 @@ import time
 from typing import Any, Callable, TypeVar
 
 __all__ = [
-    "Interrupter", "Proxy", "open_fds", "settled_fds", "settle", "resource_counts", "grown",
-    "fd_targets", "call_within",
+    "Interrupter",
+    "Proxy",
+    "open_fds",
+    "settled_fds",
+    "settle",
+    "resource_counts",
+    "grown",
+    "fd_targets",
+    "call_within",
 ]
 
 T = TypeVar("T")
@@ -42,8 +49,9 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def settle(measure: Callable[[], T], settled: Callable[[T], bool], seconds: float,
-           pause: float = 0.05) -> T:
+def settle(
+    measure: Callable[[], T], settled: Callable[[T], bool], seconds: float, pause: float = 0.05
+) -> T:
     """``measure()`` once ``settled`` holds for it, re-measured every ``pause`` seconds for
     up to ``seconds``; else the last measure. For counts that other threads of a long test
     session move for a moment (a client reconnecting in the background, a connection being
@@ -63,8 +71,9 @@ def resource_counts(extra: Callable[[], dict[str, int]] = dict) -> dict[str, int
     return {"open fds": open_fds(), "threads": threading.active_count(), **extra()}
 
 
-def grown(before: dict[str, int], after: dict[str, int],
-          allowance: int = 0) -> dict[str, tuple[int, int]]:
+def grown(
+    before: dict[str, int], after: dict[str, int], allowance: int = 0
+) -> dict[str, tuple[int, int]]:
     """``{name: (before, after)}`` of the counts that grew by more than ``allowance``."""
     return {k: (before.get(k, 0), v) for k, v in after.items() if v > before.get(k, 0) + allowance}
 
@@ -268,15 +277,23 @@ class Proxy:
             asked = threading.Event()  # a request went by since the last reply began
             for source, sink, replies in ((client, server, False), (server, client, True)):
                 thread = threading.Thread(
-                    target=self._pump, args=(source, sink, replies, pair, asked), daemon=True,
+                    target=self._pump,
+                    args=(source, sink, replies, pair, asked),
+                    daemon=True,
                     name="varsync-proxy-pump",
                 )
                 self._threads.append(thread)
                 thread.start()
             self._threads = [t for t in self._threads if t.is_alive()]
 
-    def _pump(self, source: socket.socket, sink: socket.socket, replies: bool,
-              pair: tuple[socket.socket, socket.socket], asked: threading.Event) -> None:
+    def _pump(
+        self,
+        source: socket.socket,
+        sink: socket.socket,
+        replies: bool,
+        pair: tuple[socket.socket, socket.socket],
+        asked: threading.Event,
+    ) -> None:
         try:
             while not self._closed.is_set():
                 data = source.recv(1 << 16)

@@ -44,9 +44,7 @@ LEAVES = [("a",), ("b", 0), ("b", 1), ("c",), ("step",)]
 def _nest(numbers: Sequence[int]) -> Any:
     """A nest of :data:`DELTA` whose leaf ``i`` is filled with ``numbers[i]``."""
     specs = varsync.flatten(DELTA)
-    return varsync.unflatten(
-        DELTA, [np.full(s.shape, n, s.dtype) for s, n in zip(specs, numbers)]
-    )
+    return varsync.unflatten(DELTA, [np.full(s.shape, n, s.dtype) for s, n in zip(specs, numbers)])
 
 
 def _numbers(values: Any) -> list[int]:
@@ -86,9 +84,7 @@ def _write_schedule(url: str, options: dict[str, Any], table: str, count: int) -
             container.push_leaves({LEAVES[i]: _leaf(i, k) for i in _schedule(k)}, table=table)
 
 
-def _write_one_leaf(
-    url: str, options: dict[str, Any], index: int, count: int, start: Any
-) -> None:
+def _write_one_leaf(url: str, options: dict[str, Any], index: int, count: int, start: Any) -> None:
     """Process or thread: once every writer is ready (``start``, a barrier), push leaf
     ``index`` alone with the numbers 1..count."""
     with varsync.connect(url, **options) as container:
@@ -169,9 +165,7 @@ class LeafVersionTests(_Base):
         assert delta.push_leaves({p: _leaf(i, 4) for i, p in enumerate(LEAVES)}) == 1
         assert _numbers(delta.pull()) == [4] * 5
 
-    def test_pull_if_newer_given_held_returns_exactly_the_new_version(
-        self, delta: Any
-    ) -> None:
+    def test_pull_if_newer_given_held_returns_exactly_the_new_version(self, delta: Any) -> None:
         delta.push(_nest([1] * 5))
         version, held = delta.pull_if_newer(0)
         delta.push_leaves({("c",): _leaf(3, 2)})
@@ -182,9 +176,7 @@ class LeafVersionTests(_Base):
         assert delta.pull_if_newer(version, held=values) is None
         assert_bit_equal(values, delta.pull())
 
-    def test_update_after_partial_pushes_holds_exactly_the_new_version(
-        self, delta: Any
-    ) -> None:
+    def test_update_after_partial_pushes_holds_exactly_the_new_version(self, delta: Any) -> None:
         delta.push(_nest([1] * 5))
         targets = _nest([0] * 5)
         assert delta.update(targets) == 1
@@ -255,7 +247,10 @@ class LeafVersionTests(_Base):
         assert delta.leaf_versions() == (3, _as_nest([1, 2, 1, 1, 1]))
 
     def test_a_push_after_another_writers_sends_every_leaf(
-        self, delta: Any, connect: Callable[..., Any], delta_url: str,
+        self,
+        delta: Any,
+        connect: Callable[..., Any],
+        delta_url: str,
         backend_cls: type[Backend],
     ) -> None:
         self._needs_leaf_versions(backend_cls)
@@ -306,7 +301,10 @@ class LeafVersionTests(_Base):
         assert backend.leaf_versions("variables") == (4, [4, 1, 1, 3, 1])
 
     def test_pull_if_newer_given_held_reuses_the_held_unchanged_leaves(
-        self, delta: Any, connect: Callable[..., Any], delta_url: str,
+        self,
+        delta: Any,
+        connect: Callable[..., Any],
+        delta_url: str,
         backend_cls: type[Backend],
     ) -> None:
         self._needs_leaf_versions(backend_cls)
@@ -345,7 +343,9 @@ class LeafVersionTests(_Base):
         assert _numbers(others) == [1, 1, 1, 2, 1]
 
     def test_a_leaf_unchanged_for_many_versions_stays_readable(
-        self, make_tables: TableMaker, connect: Callable[..., Any],
+        self,
+        make_tables: TableMaker,
+        connect: Callable[..., Any],
         backend_cls: type[Backend],
     ) -> None:
         self._needs_leaf_versions(backend_cls)
@@ -368,8 +368,12 @@ class LeafVersionTests(_Base):
         assert writer.leaf_versions("small") == (version, {"frozen": 1, "step": version})
 
     def test_partial_pushes_from_two_writers_lose_no_leaf(
-        self, delta: Any, delta_url: str, connect: Callable[..., Any],
-        connect_options: dict[str, Any], backend_cls: type[Backend],
+        self,
+        delta: Any,
+        delta_url: str,
+        connect: Callable[..., Any],
+        connect_options: dict[str, Any],
+        backend_cls: type[Backend],
     ) -> None:
         """Two writers (processes where shared), started together, push one leaf each;
         a reader checks that no version ever takes a leaf back to an older number (what
@@ -426,8 +430,12 @@ class LeafVersionTests(_Base):
     # -- every backend: never a mix ---------------------------------------------------------
 
     def test_readers_of_partial_pushes_never_see_a_mix(
-        self, delta: Any, delta_url: str, connect: Callable[..., Any],
-        connect_options: dict[str, Any], backend_cls: type[Backend],
+        self,
+        delta: Any,
+        delta_url: str,
+        connect: Callable[..., Any],
+        connect_options: dict[str, Any],
+        backend_cls: type[Backend],
     ) -> None:
         """A writer (another process where the store is shared) pushes some leaves at a
         time; readers pulling with ``held=`` and updating in place check every version
@@ -496,8 +504,12 @@ class LeafVersionTests(_Base):
         assert problems == []
 
     def test_a_reader_never_assembles_leaves_from_two_histories(
-        self, delta: Any, delta_url: str, connect: Callable[..., Any],
-        new_history: Callable[[str, str], None] | None, backend_cls: type[Backend],
+        self,
+        delta: Any,
+        delta_url: str,
+        connect: Callable[..., Any],
+        new_history: Callable[[str, str], None] | None,
+        backend_cls: type[Backend],
     ) -> None:
         if new_history is None:
             pytest.skip("no new_history fixture: the suite cannot restart this backend's history")

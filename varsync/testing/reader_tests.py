@@ -59,7 +59,10 @@ class ReaderRegistryTests(_Base):
             store.wait_for_readers(1, 1, timeout=0)
 
     def test_readers_report_the_version_they_hold(
-        self, learner: Any, connect: Callable[..., Any], registry_url: str,
+        self,
+        learner: Any,
+        connect: Callable[..., Any],
+        registry_url: str,
         backend_cls: type[Backend],
     ) -> None:
         self._needs_reader_registry(backend_cls)
@@ -89,7 +92,10 @@ class ReaderRegistryTests(_Base):
         assert all(r.host and r.pid > 0 and r.reported <= r.expires for r in info.values())
 
     def test_a_reader_that_stops_expires(
-        self, learner: Any, connect: Callable[..., Any], registry_url: str,
+        self,
+        learner: Any,
+        connect: Callable[..., Any],
+        registry_url: str,
         backend_cls: type[Backend],
     ) -> None:
         self._needs_reader_registry(backend_cls)
@@ -109,7 +115,10 @@ class ReaderRegistryTests(_Base):
         assert store.readers() == []
 
     def test_wait_for_readers_times_out_naming_who_holds_what(
-        self, learner: Any, connect: Callable[..., Any], registry_url: str,
+        self,
+        learner: Any,
+        connect: Callable[..., Any],
+        registry_url: str,
         backend_cls: type[Backend],
     ) -> None:
         self._needs_reader_registry(backend_cls)
@@ -128,8 +137,12 @@ class ReaderRegistryTests(_Base):
             store.wait_for_readers(2, 0)
 
     def test_a_report_of_an_earlier_history_is_never_counted(
-        self, learner: Any, connect: Callable[..., Any], registry_url: str,
-        new_history: Callable[[str, str], None] | None, backend_cls: type[Backend],
+        self,
+        learner: Any,
+        connect: Callable[..., Any],
+        registry_url: str,
+        new_history: Callable[[str, str], None] | None,
+        backend_cls: type[Backend],
     ) -> None:
         """A reader holding version 3 of a table whose store then lost it: the table made
         again and pushed past 3 is another history, and the reader holds none of it.
@@ -163,7 +176,10 @@ class ReaderRegistryTests(_Base):
         assert [r.version for r in store.readers()] == [5]
 
     def test_a_learner_waits_for_readers_in_other_processes(
-        self, learner: Any, registry_url: str, connect_options: dict[str, Any],
+        self,
+        learner: Any,
+        registry_url: str,
+        connect_options: dict[str, Any],
         backend_cls: type[Backend],
     ) -> None:
         self._needs_reader_registry(backend_cls)

@@ -51,7 +51,6 @@ def ml_dtype_values(name: str) -> dict[str, np.ndarray]:
     }
 
 
-
 class RoundTripTests(_Base):
     """Values come back bit-exact, in the signature's structure."""
 
@@ -149,7 +148,8 @@ class RoundTripTests(_Base):
 
     def test_list_and_tuple_are_interchangeable_in_pushes(self, store: Any) -> None:
         as_tuple = {
-            "policy": (np.ones((3, 2), np.float32), np.ones(2, np.float32)), "train_step": 1,
+            "policy": (np.ones((3, 2), np.float32), np.ones(2, np.float32)),
+            "train_step": 1,
         }
         store.push(as_tuple)
         pulled = store.pull()

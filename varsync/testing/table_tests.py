@@ -57,8 +57,9 @@ def _at(instant: float) -> None:
         pass
 
 
-def _create_in_rounds(url: str, options: dict[str, Any], process: int, barrier: Any,
-                      start: Any, results: Any) -> None:
+def _create_in_rounds(
+    url: str, options: dict[str, Any], process: int, barrier: Any, start: Any, results: Any
+) -> None:
     """Child process: :data:`RACERS_PER_PROCESS` threads, each with a container of its own,
     create table ``race<round>`` at each round's instant; report ``{racer: [outcome per
     round]}`` and an error or ``None``. ``barrier``: every racer connected; ``start``: a
@@ -95,8 +96,10 @@ def _create_in_rounds(url: str, options: dict[str, Any], process: int, barrier: 
         try:
             for container in containers:
                 container.tables()  # connected, imports done: the creates will overlap
-            threads = [threading.Thread(target=race, args=(racer, container))
-                       for racer, container in zip(racers, containers)]
+            threads = [
+                threading.Thread(target=race, args=(racer, container))
+                for racer, container in zip(racers, containers)
+            ]
             for thread in threads:
                 thread.start()
             for thread in threads:
@@ -135,8 +138,13 @@ class TableTests(_Base):
     ) -> None:
         container = created_by_client
         container.push(filled(SMALL, 3), table="t")
-        again = connect(url).create_table("t", {"train_step": np.int64(0), "policy": (
-            np.zeros((3, 2), np.float32), np.zeros(2, np.float32))})
+        again = connect(url).create_table(
+            "t",
+            {
+                "train_step": np.int64(0),
+                "policy": (np.zeros((3, 2), np.float32), np.zeros(2, np.float32)),
+            },
+        )
         assert varsync.flatten(again) == varsync.flatten(SMALL)
         assert container.version("t") == 1
 
@@ -175,7 +183,10 @@ class TableTests(_Base):
         assert_bit_equal(container.pull("b"), {"x": np.arange(4, dtype=np.int32)})
 
     def test_two_processes_creating_one_table_at_once_end_with_one_signature(
-        self, url: str, connect: Any, connect_options: dict[str, Any],
+        self,
+        url: str,
+        connect: Any,
+        connect_options: dict[str, Any],
         backend_cls: type[Backend],
     ) -> None:
         """``create_table`` is atomic across processes and threads. Racers (two processes,
@@ -192,8 +203,10 @@ class TableTests(_Base):
         barrier = context.Barrier(2 * RACERS_PER_PROCESS)
         start = context.RawValue("d", 0.0)
         processes = [
-            context.Process(target=_create_in_rounds,
-                            args=(url, dict(connect_options), index, barrier, start, results))
+            context.Process(
+                target=_create_in_rounds,
+                args=(url, dict(connect_options), index, barrier, start, results),
+            )
             for index in (0, 1)
         ]
         for process in processes:
@@ -217,12 +230,13 @@ class TableTests(_Base):
             if round_ % 4 == 0:  # one signature: every racer succeeds
                 right = set(created) == set(got) and set(created.values()) == {(2,)}
             else:  # racer i asks for shape (3 + i): exactly one succeeds, the others are told
-                right = (len(created) == 1 and all(
-                    shape == (3 + racer,) for racer, shape in created.items())
-                    and sum(kind == "exists" for kind, _ in got.values()) == len(got) - 1)
+                right = (
+                    len(created) == 1
+                    and all(shape == (3 + racer,) for racer, shape in created.items())
+                    and sum(kind == "exists" for kind, _ in got.values()) == len(got) - 1
+                )
             if not right or held not in created.values():
-                problems.append(f"race{round_}: the racers got {got}, the table holds "
-                                f"shape {held}")
+                problems.append(f"race{round_}: the racers got {got}, the table holds shape {held}")
         assert not problems, (
             f"racers creating a table at once, {len(problems)} rounds of {RACE_ROUNDS} wrong "
             "(every fourth round one signature, shape (2,); the others: racer i asks for "

@@ -19,14 +19,17 @@ class ValidationTests(_Base):
 
     BAD_PUSHES = {
         "wrong dtype": {
-            "policy": [np.ones((3, 2), np.float64), np.ones(2, np.float32)], "train_step": 1,
+            "policy": [np.ones((3, 2), np.float64), np.ones(2, np.float32)],
+            "train_step": 1,
         },
         "wrong shape": {
-            "policy": [np.ones((2, 3), np.float32), np.ones(2, np.float32)], "train_step": 1,
+            "policy": [np.ones((2, 3), np.float32), np.ones(2, np.float32)],
+            "train_step": 1,
         },
         "missing key": {"policy": [np.ones((3, 2), np.float32), np.ones(2, np.float32)]},
         "extra key": {
-            "policy": [np.ones((3, 2), np.float32), np.ones(2, np.float32)], "train_step": 1,
+            "policy": [np.ones((3, 2), np.float32), np.ones(2, np.float32)],
+            "train_step": 1,
             "x": 1,
         },
         "short list": {"policy": [np.ones((3, 2), np.float32)], "train_step": 1},
@@ -35,13 +38,16 @@ class ValidationTests(_Base):
             "train_step": 1,
         },
         "ragged list": {
-            "policy": [np.ones((3, 2), np.float32), [[1.0], [2.0, 3.0]]], "train_step": 1,
+            "policy": [np.ones((3, 2), np.float32), [[1.0], [2.0, 3.0]]],
+            "train_step": 1,
         },
         "string": {
-            "policy": [np.ones((3, 2), np.float32), np.ones(2, np.float32)], "train_step": "1",
+            "policy": [np.ones((3, 2), np.float32), np.ones(2, np.float32)],
+            "train_step": "1",
         },
         "float into int": {
-            "policy": [np.ones((3, 2), np.float32), np.ones(2, np.float32)], "train_step": 1.5,
+            "policy": [np.ones((3, 2), np.float32), np.ones(2, np.float32)],
+            "train_step": 1.5,
         },
         "None": {"policy": [np.ones((3, 2), np.float32), None], "train_step": 1},
     }

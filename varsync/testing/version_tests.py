@@ -68,7 +68,9 @@ class VersionTests(_Base):
         assert store.pull_if_newer(0)[0] == 1
 
     def test_a_whole_version_reader_learns_of_a_new_history_at_its_own_version(
-        self, make_tables: TableMaker, connect: Callable[..., Any],
+        self,
+        make_tables: TableMaker,
+        connect: Callable[..., Any],
         new_history: Callable[[str, str], None] | None,
     ) -> None:
         """A reader holding version 3, pulled whole (no ``held=``), of a table the store

@@ -48,8 +48,7 @@ def nothing_left_in_dev_shm():
     yield
     root = varsync_shm.DEFAULT_ROOT
     leaked = sorted(
-        entry for entry in os.listdir(root)
-        if entry.startswith(f"varsync-shm.test-{SESSION}-")
+        entry for entry in os.listdir(root) if entry.startswith(f"varsync-shm.test-{SESSION}-")
     )
     for entry in leaked:
         shutil.rmtree(os.path.join(root, entry), ignore_errors=True)

@@ -36,7 +36,6 @@ def store(url):
         yield container
 
 
-
 def files_of(store, table="variables"):
     return sorted(os.listdir(store.table_info(table).details["path"]))
 
@@ -229,7 +228,8 @@ def test_deleted_segments_do_not_stay_mapped(store):
     def mapped(deleted):
         with open("/proc/self/maps") as maps:
             return {
-                line.split()[5] for line in maps
+                line.split()[5]
+                for line in maps
                 if table in line and line.rstrip().endswith("(deleted)") == deleted
             }
 
@@ -396,10 +396,13 @@ def test_a_deleted_table_reads_as_empty_until_it_is_made_again(store, store_name
 
 
 def test_stores_and_namespaces_are_separate(url):
-    other = url[len("shm://"):] + "-other"
+    other = url[len("shm://") :] + "-other"
     try:
-        with varsync.connect(url) as a, varsync.connect(url, namespace="b") as b, \
-                varsync.connect(f"shm://{other}") as c:
+        with (
+            varsync.connect(url) as a,
+            varsync.connect(url, namespace="b") as b,
+            varsync.connect(f"shm://{other}") as c,
+        ):
             a.create_table("variables", SMALL)
             assert b.tables() == []
             assert c.tables() == []
@@ -417,8 +420,10 @@ def test_any_table_name_is_a_safe_file_name(url):
             store.create_table(name, SMALL)
             store.push(filled(SMALL, 2), table=name)
         assert store.tables() == sorted(["../escape", ".", "a/b", "ünï cødé", "%2F"])
-        assert all(os.path.dirname(store.table_info(n).details["path"]).endswith("/n_")
-                   for n in store.tables())
+        assert all(
+            os.path.dirname(store.table_info(n).details["path"]).endswith("/n_")
+            for n in store.tables()
+        )
         with pytest.raises(varsync.ConfigurationError, match="too long"):
             store.create_table("x" * 300, SMALL)
 
@@ -432,7 +437,7 @@ def test_files_are_private_to_the_user(store):
 
 
 def test_remove_store_deletes_every_file(url):
-    store_name = url[len("shm://"):]
+    store_name = url[len("shm://") :]
     with varsync.connect(url) as store:
         store.create_table("variables", SMALL)
         store.push(filled(SMALL, 1))

@@ -186,9 +186,7 @@ def delete_table(store_name):
     shutil.rmtree(layout.table_path(layout.namespace_path(store_name, ""), TABLE))
 
 
-def test_a_table_created_again_is_a_reset_for_a_delta_pull_of_the_old_history(
-    backend, store_name
-):
+def test_a_table_created_again_is_a_reset_for_a_delta_pull_of_the_old_history(backend, store_name):
     write_whole(backend, 1)
     backend.write_leaves(TABLE, {1: leaf(1, 2)}, SPECS)
     held, _ = backend.read(TABLE, 0, None, SPECS)
@@ -238,8 +236,9 @@ def _push_one_leaf(store_name, index, count, start, results):
     try:
         backend.signature(TABLE)
         start.wait(30)
-        versions = [backend.write_leaves(TABLE, {index: leaf(index, k)}, SPECS)
-                    for k in range(1, count + 1)]
+        versions = [
+            backend.write_leaves(TABLE, {index: leaf(index, k)}, SPECS) for k in range(1, count + 1)
+        ]
         results.put((index, versions))
     except Exception as exc:  # reported to the parent
         results.put((index, f"{type(exc).__name__}: {exc}"))

@@ -20,7 +20,11 @@ from varsync_shm.backend import ShmBackend
 pytest.importorskip("ml_dtypes")
 
 NAMES = (
-    "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+    "bfloat16",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e4m3fnuz",
+    "float8_e5m2fnuz",
     "float8_e4m3b11fnuz",
 )
 
@@ -76,17 +80,20 @@ def test_another_process_reads_them_importing_ml_dtypes_only_then(store_name):
     with varsync.connect(url) as store:
         store.create_table("t", values)
         store.push(values, table="t")
-        script = "\n".join([
-            "import json, sys",
-            "import varsync",
-            f"with varsync.connect({url!r}) as store:",
-            "    before = 'ml_dtypes' in sys.modules",
-            "    pulled = store.pull('t')",
-            "    out = {name: [leaf.dtype.name, leaf.reshape(-1).view('u%d' % leaf.itemsize)",
-            "                  .tolist()] for name, leaf in ((n, pulled[n]['every_bit_pattern'])",
-            "                  for n in pulled)}",
-            "print(json.dumps([before, out]))",
-        ])
+        script = "\n".join(
+            [
+                "import json, sys",
+                "import varsync",
+                f"with varsync.connect({url!r}) as store:",
+                "    before = 'ml_dtypes' in sys.modules",
+                "    pulled = store.pull('t')",
+                "    out = {name: [leaf.dtype.name,",
+                "                  leaf.reshape(-1).view('u%d' % leaf.itemsize).tolist()]",
+                "           for name, leaf in ((n, pulled[n]['every_bit_pattern'])",
+                "                              for n in pulled)}",
+                "print(json.dumps([before, out]))",
+            ]
+        )
         done = subprocess.run(
             [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
         )

@@ -35,7 +35,6 @@ def url(store_name):
     return f"shm://{store_name}"
 
 
-
 class Interrupts:
     """Interrupt repeated calls at seeded random moments, and watch for descriptors
     closed twice: a double close raises in a finalizer (reported as unraisable) or
@@ -228,7 +227,7 @@ def test_kept_mapped_pulls_of_one_version_share_one_descriptor(url):
         assert settled_fds(before + 1) <= before + 1  # the version's pin
         store.push(filled(BIG, 2))
         assert "seg-1" in store.table_info().details["segments"]  # still held, by the pin
-        assert all(check_consistent(values) == 1 for values in kept[:: 100])
+        assert all(check_consistent(values) == 1 for values in kept[::100])
         del kept
         gc.collect()
         assert settled_fds(before) <= before
@@ -398,8 +397,11 @@ def test_a_store_planted_by_another_user_is_refused(url, store_name):
     os.chmod(path, 0o777)
     with varsync.connect(url) as victim:
         refused = rf"{path} is owned by uid {NOBODY}.*mode 0777"
-        for call in (lambda: victim.pull(timeout=1),
-                     lambda: victim.create_table("variables", SMALL), victim.tables):
+        for call in (
+            lambda: victim.pull(timeout=1),
+            lambda: victim.create_table("variables", SMALL),
+            victim.tables,
+        ):
             with pytest.raises(varsync.ConfigurationError, match=refused):
                 call()
 
@@ -411,8 +413,11 @@ def test_directories_others_can_write_to_are_refused(url, store_name, level, mod
         store.create_table("variables", SMALL)
         store.push(filled(SMALL, 1))
     path = varsync_shm.store_path(store_name)
-    path = {"store": path, "namespace": os.path.join(path, "n_"),
-            "table": os.path.join(path, "n_", "t_variables")}[level]
+    path = {
+        "store": path,
+        "namespace": os.path.join(path, "n_"),
+        "table": os.path.join(path, "n_", "t_variables"),
+    }[level]
     os.chmod(path, mode)
     with varsync.connect(url) as store:
         refused = rf"{path} has mode {mode:04o}.*chmod 700"

@@ -43,9 +43,7 @@ class Descriptors:
         #: Close every descriptor recorded (a C callable: nothing between pop and close).
         self.close: Callable[[], Any] = functools.partial(collections.deque, closing, 0)
 
-    def open(
-        self, path: str, flags: int, mode: int = 0o600, *, dir_fd: int | None = None
-    ) -> int:
+    def open(self, path: str, flags: int, mode: int = 0o600, *, dir_fd: int | None = None) -> int:
         """``os.open(path, flags | O_CLOEXEC, mode, dir_fd=dir_fd)``, owned by this object."""
         opener = functools.partial(os.open, dir_fd=dir_fd)
         self._fds.extend(itertools.starmap(opener, ((path, flags | os.O_CLOEXEC, mode),)))

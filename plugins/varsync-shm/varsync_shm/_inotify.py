@@ -44,7 +44,9 @@ def _library() -> Any:
                     lib.inotify_init1.argtypes = [ctypes.c_int]
                     lib.inotify_init1.restype = ctypes.c_int
                     lib.inotify_add_watch.argtypes = [
-                        ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32
+                        ctypes.c_int,
+                        ctypes.c_char_p,
+                        ctypes.c_uint32,
                     ]
                     lib.inotify_add_watch.restype = ctypes.c_int
                     _libc = lib

@@ -106,7 +106,11 @@ class ShmBackend(ReaderRegistry, Backend):
     supports_leaf_versions = True  # in each segment's head: see varsync_shm.leaves
     #: Segments hold raw bytes; their index names these by name (see :mod:`.segment`).
     supported_ml_dtypes = (
-        "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+        "bfloat16",
+        "float8_e4m3fn",
+        "float8_e5m2",
+        "float8_e4m3fnuz",
+        "float8_e5m2fnuz",
         "float8_e4m3b11fnuz",
     )
 
@@ -164,7 +168,7 @@ class ShmBackend(ReaderRegistry, Backend):
                     out = fds.open(temporary, flags, 0o600, dir_fd=store)
                     data = memoryview(signature.encode("utf-8"))
                     while data:  # bounded: each pass writes at least one byte or raises
-                        data = data[os.write(out, data):]
+                        data = data[os.write(out, data) :]
                     os.rename(temporary, f"{rel}/{SIGNATURE}", src_dir_fd=store, dst_dir_fd=store)
                     stored = signature
                 # What the container will hold now, if it accepts the stored signature.
@@ -426,9 +430,7 @@ class ShmBackend(ReaderRegistry, Backend):
             )
         return store, rel
 
-    def table_epoch(
-        self, name: str, held: int | None = None
-    ) -> tuple[int, str, Identity | None]:
+    def table_epoch(self, name: str, held: int | None = None) -> tuple[int, str, Identity | None]:
         """:meth:`_table`, and the identity of the ``signature.json`` checked (``None``:
         no table yet)."""
         rel = self._rel(name)
@@ -470,7 +472,9 @@ class ShmBackend(ReaderRegistry, Backend):
             known = self._known.get(name)
             if known is not None and known[0] != text:
                 raise reset_error(
-                    name, self.url, self._seen.get(name, 0),
+                    name,
+                    self.url,
+                    self._seen.get(name, 0),
                     why=f"{self._table_path(name)} was created again with another signature, "
                     "which this container cannot decode",
                     remedy="connect again (varsync.connect) to use it",
@@ -518,4 +522,3 @@ class ShmBackend(ReaderRegistry, Backend):
     def writable_mapping(self, rel: str, fd: int, size: int) -> Any:
         """A writable mapping of the file open as ``fd`` (kept for the next pushes)."""
         return self.mappings.get(rel, fd, size, writable=True)
-

@@ -65,7 +65,7 @@ def _encode(prefix: str, name: str, what: str) -> str:
         encoded = prefix + quote(name, safe="")
     except UnicodeEncodeError as exc:  # a lone surrogate: no file name can hold it
         raise ConfigurationError(
-            f"{what} name {name!r} is not valid text: {exc.object[exc.start:exc.end]!r} at "
+            f"{what} name {name!r} is not valid text: {exc.object[exc.start : exc.end]!r} at "
             f"position {exc.start} is a lone surrogate, which cannot be encoded as UTF-8 "
             f"for a file name; use a name of valid Unicode characters"
         ) from None
@@ -109,7 +109,7 @@ def table_name_of(entry: str) -> str | None:
     """The table a directory entry of a namespace holds, or ``None`` for anything else."""
     if not entry.startswith(_TABLE_PREFIX):
         return None
-    return unquote(entry[len(_TABLE_PREFIX):])
+    return unquote(entry[len(_TABLE_PREFIX) :])
 
 
 def remove_store(store: str, root: str = DEFAULT_ROOT) -> bool:

@@ -67,8 +67,13 @@ Arrays = list[Optional[np.ndarray]]
 
 
 def write_leaves(
-    backend: ShmBackend, name: str, store: int, rel: str,
-    leaves: Mapping[int, np.ndarray], specs: Sequence[Spec], base: int | None,
+    backend: ShmBackend,
+    name: str,
+    store: int,
+    rel: str,
+    leaves: Mapping[int, np.ndarray],
+    specs: Sequence[Spec],
+    base: int | None,
 ) -> int:
     """Publish the current version with ``leaves`` replaced as the next version; 0 (and
     nothing written) if the table is empty, or ``base`` is not its current version in the
@@ -176,7 +181,9 @@ def read_leaves(
         handed = backend.handed.get(name)
         if handed is not None and epoch is not None and handed.older(epoch, newer_than):
             raise reset_error(
-                name, backend.url, newer_than,
+                name,
+                backend.url,
+                newer_than,
                 why="this container read or wrote version "
                 f"{newer_than} of the table's earlier history, not of its current one",
             )
@@ -205,7 +212,12 @@ def read_leaves(
 
 
 def _open(
-    backend: ShmBackend, rel: str, store: int, pointer: str, version: int, newer_than: int,
+    backend: ShmBackend,
+    rel: str,
+    store: int,
+    pointer: str,
+    version: int,
+    newer_than: int,
     fds: Descriptors,
 ) -> tuple[list[int], Arrays, int] | None:
     """Leaf versions, changed arrays and bytes read of segment ``pointer`` if it still

@@ -137,4 +137,3 @@ def _close(dropped: list[_Cached]) -> None:
     their mappings live on while arrays use them."""
     for cached in dropped:
         cached.file.close()
-

@@ -27,8 +27,13 @@ from varsync_shm.mappings import Mappings
 from varsync_shm.writing import CURRENT, SEGMENT, SIGNATURE, open_regular, try_lock
 
 __all__ = [
-    "MAP_ABOVE", "read_signature", "current_segment", "current_version", "version_of",
-    "open_version", "READ_ATTEMPTS",
+    "MAP_ABOVE",
+    "read_signature",
+    "current_segment",
+    "current_version",
+    "version_of",
+    "open_version",
+    "READ_ATTEMPTS",
 ]
 
 MAP_ABOVE = 1 << 20
@@ -79,17 +84,20 @@ def version_of(rel: str, pointer: str | None, store_path: str) -> int:
     """The version segment name ``pointer`` names; 0 for ``None`` (no push yet)."""
     if pointer is None:
         return 0
-    digits = pointer[len(SEGMENT):]
+    digits = pointer[len(SEGMENT) :]
     if not pointer.startswith(SEGMENT) or not digits.isdigit():
-        raise CorruptDataError(
-            f"{store_path}/{rel}/{CURRENT} points to {pointer!r}, not a segment"
-        )
+        raise CorruptDataError(f"{store_path}/{rel}/{CURRENT} points to {pointer!r}, not a segment")
     return int(digits)
 
 
 def open_version(
-    store: int, rel: str, pointer: str, version: int, fds: Descriptors,
-    mappings: Mappings, store_path: str,
+    store: int,
+    rel: str,
+    pointer: str,
+    version: int,
+    fds: Descriptors,
+    mappings: Mappings,
+    store_path: str,
 ) -> list[np.ndarray] | None:
     """The arrays of segment ``pointer`` if it still holds ``version``, else ``None``
     (it was retired and reused meanwhile: the caller reads the link again)."""

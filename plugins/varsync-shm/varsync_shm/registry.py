@@ -54,17 +54,20 @@ class ReaderRegistry:
                 directory = f"{rel}/{READERS}"
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(directory, 0o700, dir_fd=store)
-                entries = fds.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
-                                   dir_fd=store)
+                entries = fds.open(
+                    directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=store
+                )
                 temporary = f".{os.urandom(8).hex()}.tmp"
-                out = fds.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600,
-                               dir_fd=entries)
+                out = fds.open(
+                    temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=entries
+                )
                 try:
                     data = memoryview(body)
                     while data:  # bounded: each pass writes at least one byte or raises
-                        data = data[os.write(out, data):]
-                    os.rename(temporary, _entry_name(reader), src_dir_fd=entries,
-                              dst_dir_fd=entries)
+                        data = data[os.write(out, data) :]
+                    os.rename(
+                        temporary, _entry_name(reader), src_dir_fd=entries, dst_dir_fd=entries
+                    )
                 except BaseException:
                     _unlink(temporary, entries)
                     raise
@@ -81,9 +84,11 @@ class ReaderRegistry:
                 if store < 0:
                     raise TableNotFoundError(f"table {name!r} of {backend.url} is gone")
                 try:
-                    entries = fds.open(f"{rel}/{READERS}",
-                                       os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
-                                       dir_fd=store)
+                    entries = fds.open(
+                        f"{rel}/{READERS}",
+                        os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
+                        dir_fd=store,
+                    )
                 except FileNotFoundError:
                     return out
                 now = time.time()

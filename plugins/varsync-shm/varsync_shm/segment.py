@@ -46,8 +46,21 @@ import numpy as np
 from varsync.backend import CorruptDataError, Spec
 
 __all__ = [
-    "Plan", "Leaf", "plan", "write", "fill", "set_version", "read_version", "parse", "arrays_of",
-    "read_head", "parse_head", "leaf_versions", "head_with", "version_in", "pwrite_all",
+    "Plan",
+    "Leaf",
+    "plan",
+    "write",
+    "fill",
+    "set_version",
+    "read_version",
+    "parse",
+    "arrays_of",
+    "read_head",
+    "parse_head",
+    "leaf_versions",
+    "head_with",
+    "version_in",
+    "pwrite_all",
 ]
 
 MAGIC = b"VSYNCSHM"
@@ -197,9 +210,7 @@ def parse_head(buffer: Any, size: int, where: str) -> Parsed:
         raise CorruptDataError(
             f"{where} is {len(view)} bytes, too short to be a varsync-shm segment"
         )
-    magic, layout, start, version, total, count, index_len, versions = _HEADER.unpack_from(
-        view, 0
-    )
+    magic, layout, start, version, total, count, index_len, versions = _HEADER.unpack_from(view, 0)
     if magic != MAGIC:
         raise CorruptDataError(f"{where} is not a varsync-shm segment (magic {magic!r})")
     if layout != LAYOUT:
@@ -247,8 +258,7 @@ def leaf_versions(head: Any, parsed: Parsed, where: str) -> list[int]:
     numbers = np.where(table == 0, version, table)
     if count and int(numbers.max()) > version:
         raise CorruptDataError(
-            f"{where}: a leaf version above the file's version {version} "
-            f"({int(numbers.max())})"
+            f"{where}: a leaf version above the file's version {version} ({int(numbers.max())})"
         )
     return [int(n) for n in numbers.tolist()]
 
@@ -257,7 +267,7 @@ def head_with(layout: Plan, versions: Sequence[int], version: int) -> bytes:
     """``layout.head`` recording these leaf versions for a file of ``version``."""
     table = np.array([0 if v == version else v for v in versions], "<u8").tobytes()
     offset = layout.versions_offset
-    return layout.head[:offset] + table + layout.head[offset + len(table):]
+    return layout.head[:offset] + table + layout.head[offset + len(table) :]
 
 
 def _dtype_text(dtype: np.dtype) -> str:

@@ -37,8 +37,18 @@ if TYPE_CHECKING:  # pragma: no cover
     from varsync_shm.backend import ShmBackend
 
 __all__ = [
-    "write", "claim", "allocate", "publish", "reclaim", "pointer", "version_named",
-    "open_regular", "try_lock", "token", "unlink_all", "SPARES",
+    "write",
+    "claim",
+    "allocate",
+    "publish",
+    "reclaim",
+    "pointer",
+    "version_named",
+    "open_regular",
+    "try_lock",
+    "token",
+    "unlink_all",
+    "SPARES",
 ]
 
 SPARES = 1
@@ -90,8 +100,12 @@ def unlink_all(store: int, names: Sequence[str]) -> None:
 
 
 def write(
-    backend: ShmBackend, name: str, store: int, rel: str,
-    arrays: Sequence[np.ndarray], specs: Sequence[Spec],
+    backend: ShmBackend,
+    name: str,
+    store: int,
+    rel: str,
+    arrays: Sequence[np.ndarray],
+    specs: Sequence[Spec],
 ) -> int:
     """Fill a segment with ``arrays`` and publish it as the table's next version."""
     plan = segment.plan(specs)
@@ -151,7 +165,7 @@ def version_named(rel: str, entry: str | None) -> int:
     """The version a segment's name says (0 for ``None``)."""
     if entry is None:
         return 0
-    digits = entry[len(SEGMENT):]
+    digits = entry[len(SEGMENT) :]
     if not entry.startswith(SEGMENT) or not digits.isdigit():
         raise CorruptDataError(f"{rel}/{CURRENT} points to {entry!r}, not a segment")
     return int(digits)

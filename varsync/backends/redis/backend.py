@@ -89,7 +89,11 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
     #: Pushes of changed leaves only, pulls of leaves changed since: see :mod:`.leaves`.
     supports_leaf_versions = True
     supported_ml_dtypes = (
-        "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+        "bfloat16",
+        "float8_e4m3fn",
+        "float8_e5m2",
+        "float8_e4m3fnuz",
+        "float8_e5m2fnuz",
         "float8_e4m3b11fnuz",
     )
 
@@ -164,9 +168,9 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         listed = [keys.head, keys.events]
         if self._cluster is None:
             listed.append(self.key_base + "tables")  # in a cluster, a slot of its own
-        reply, rest = CREATE.answer(self._client.script(
-            CREATE, listed, [name, signature, fresh_token().hex(), FORMAT]
-        ))
+        reply, rest = CREATE.answer(
+            self._client.script(CREATE, listed, [name, signature, fresh_token().hex(), FORMAT])
+        )
         if reply is Created.NOT_A_HEAD:
             raise CorruptDataError(
                 f"key {keys.head!r} at {self.address} exists but is not a varsync table head; "
@@ -206,8 +210,16 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         head = self._keys(name).head
         with self._errors(f"reading table {name!r}"):
             raw = self._client.call(
-                "HMGET", head, "epoch", "version", "data", "layout", "retained", "spare",
-                "fmt", "segments",
+                "HMGET",
+                head,
+                "epoch",
+                "version",
+                "data",
+                "layout",
+                "retained",
+                "spare",
+                "fmt",
+                "segments",
             )
         epoch, _, data, layout, retained, spare, fmt, segments = (text(x) for x in raw)
         total, payload, chunks = parse_layout(self._where(name), layout) if layout else (0, 0, 0)
@@ -248,8 +260,9 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         table = self._known_table(name, deadline)
         self._vouch(name, head, held)  # a first look adopted the primary's epoch: again
         if held == 0 and not self._known.trusts(name, head.epoch):
-            stored = text(self._client.call("HGET", self._keys(name).head, "sig",
-                                            deadline=deadline))
+            stored = text(
+                self._client.call("HGET", self._keys(name).head, "sig", deadline=deadline)
+            )
             self._known.check_same_signature(name, stored, table)
         self._known.check(name, head.epoch, held, current=head.version)
         self._saw(name, head.epoch, head.version)
@@ -264,8 +277,9 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
 
     def _head(self, name: str, *fields: str, deadline: float = math.inf) -> Head | None:
         """The table's head (one small request), or ``None`` if its keys vanished."""
-        raw = self._read_client().call("HMGET", self._keys(name).head, "fmt", "epoch",
-                                       "version", *fields, deadline=deadline)
+        raw = self._read_client().call(
+            "HMGET", self._keys(name).head, "fmt", "epoch", "version", *fields, deadline=deadline
+        )
         return self._parsed_head(name, raw, fields)
 
     def _peek(self, name: str, newer_than: int, deadline: float) -> Head | None:
@@ -279,7 +293,8 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
             keys = self._keys(name)
             try:
                 raw = self._read_client().script(
-                    PEEK, [keys.head], [newer_than, keys.chunks, PEEK_BYTES], deadline=deadline)
+                    PEEK, [keys.head], [newer_than, keys.chunks, PEEK_BYTES], deadline=deadline
+                )
             except rx.NoPermissionError as exc:
                 log.info("pulls from %s take two round trips: %s", self.address, exc)
                 self._peeks = False
@@ -337,8 +352,8 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         deadline = deadline_after(self.timeout if timeout == 0 else timeout)
         with self._errors(f"pulling table {name!r}"):
             return self._routed(
-                name,
-                lambda: leaf_map.read_leaves(self, name, newer_than, deadline, specs))
+                name, lambda: leaf_map.read_leaves(self, name, newer_than, deadline, specs)
+            )
 
     def leaf_versions(self, name: str) -> tuple[int, list[int]]:
         with self._errors(f"reading the leaf versions of table {name!r}"):
@@ -354,7 +369,11 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         return None if table is None else table.epoch
 
     def _push(
-        self, name: str, arrays: Sequence[np.ndarray], count: int, leaves: str = "",
+        self,
+        name: str,
+        arrays: Sequence[np.ndarray],
+        count: int,
+        leaves: str = "",
         base: str = "",
     ) -> int:
         """Publish ``arrays`` as one new segment: the whole value (``leaves`` empty), or
@@ -367,7 +386,9 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
                 return self._push_once(name, arrays, count, leaves, base)
             return self._cluster.settled(
                 lambda: self._push_once(name, arrays, count, leaves, base),
-                self._keys(name).head, self.timeout)
+                self._keys(name).head,
+                self.timeout,
+            )
 
     def _push_once(
         self, name: str, arrays: Sequence[np.ndarray], count: int, leaves: str, base: str
@@ -391,8 +412,11 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
             nonlocal ours
             ours = False
             table.doubt(hexed)
-            return wire.command("EVALSHA", PUBLISH.sha, *self._publish_arguments(
-                keys, table, hexed, layout, chunks, recycle, extra))
+            return wire.command(
+                "EVALSHA",
+                PUBLISH.sha,
+                *self._publish_arguments(keys, table, hexed, layout, chunks, recycle, extra),
+            )
 
         try:
             recycled = recycle and self._claim(keys, table, layout, hexed) == chunks
@@ -402,7 +426,11 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
             # bytes at the right length: recycled chunks are published once their
             # replies are in (a push that large hardly notices the round trip).
             sent = self._send_chunks(
-                chunk_prefix, token, arrays, payload, recycled,
+                chunk_prefix,
+                token,
+                arrays,
+                payload,
+                recycled,
                 then=None if recycled else publish_after_chunks,
             )
             answer = sent.reply
@@ -412,8 +440,7 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
                         raise sent.error
                     ours = False
                     table.doubt(hexed)
-                    answer = self._publish(
-                        keys, table, hexed, layout, chunks, recycle, extra)
+                    answer = self._publish(keys, table, hexed, layout, chunks, recycle, extra)
                 elif isinstance(answer, rx.NoScriptError):  # the script did not run
                     ours, answer = True, None
                     continue
@@ -457,32 +484,57 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
 
     def _claim(self, keys: Keys, table: Table, layout: str, token: str) -> int:
         """How many of the spare version's chunks this push now owns (see CLAIM)."""
-        reply, rest = CLAIM.answer(self._client.script(
-            CLAIM, [keys.head], [table.epoch, layout, keys.chunks, token, PENDING_TTL_MS]
-        ))
+        reply, rest = CLAIM.answer(
+            self._client.script(
+                CLAIM, [keys.head], [table.epoch, layout, keys.chunks, token, PENDING_TTL_MS]
+            )
+        )
         return int(rest[0]) if reply is Claimed.CLAIMED else 0
 
     def _publish_arguments(
-        self, keys: Keys, table: Table, token: str, layout: str, chunks: int, recycle: bool,
+        self,
+        keys: Keys,
+        table: Table,
+        token: str,
+        layout: str,
+        chunks: int,
+        recycle: bool,
         extra: Sequence[Any],
     ) -> list[Any]:
         """The publish script's key count, keys and arguments (``extra``: leaf count,
         leaves, base; see :meth:`_push`)."""
         return [
-            2, keys.head, keys.events,
-            table.epoch, token, layout, chunks, self.keep, keys.chunks, table.published,
-            fresh_token().hex(), STREAM_LENGTH, wire.HEADER.size, "1" if recycle else "0",
-            table.vouched(), *extra,
+            2,
+            keys.head,
+            keys.events,
+            table.epoch,
+            token,
+            layout,
+            chunks,
+            self.keep,
+            keys.chunks,
+            table.published,
+            fresh_token().hex(),
+            STREAM_LENGTH,
+            wire.HEADER.size,
+            "1" if recycle else "0",
+            table.vouched(),
+            *extra,
         ]
 
     def _publish(
-        self, keys: Keys, table: Table, token: str, layout: str, chunks: int, recycle: bool,
+        self,
+        keys: Keys,
+        table: Table,
+        token: str,
+        layout: str,
+        chunks: int,
+        recycle: bool,
         extra: Sequence[Any],
     ) -> Any:
         """Run the publish script once (never retried: a second run after a lost answer
         would publish the same token twice); its raw reply."""
-        count, *rest = self._publish_arguments(
-            keys, table, token, layout, chunks, recycle, extra)
+        count, *rest = self._publish_arguments(keys, table, token, layout, chunks, recycle, extra)
         return self._client.script(PUBLISH, rest[:count], rest[count:], retry=False)
 
     def _published(self, name: str, table: Table, version: int, epoch: str, token: str) -> int:
@@ -492,8 +544,12 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
                 "table %r at %s: version %d starts a new history (epoch %s -> %s): the "
                 "server restarted or went back to an older state since the version "
                 "before was published; readers holding a version get TableResetError "
-                "and resynchronise with pull()", name, self.address, version,
-                table.epoch, epoch,
+                "and resynchronise with pull()",
+                name,
+                self.address,
+                version,
+                table.epoch,
+                epoch,
             )
             table = self._known.remember(name, epoch, table.signature)
         self._known.published(table, version, token)
@@ -507,7 +563,9 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         if reply is Published.VANISHED:  # the server lost its data
             log.warning(
                 "table %r at %s vanished (the server lost its data?); creating it again with "
-                "its signature and a new epoch", name, self.address
+                "its signature and a new epoch",
+                name,
+                self.address,
             )
             again = self._create(name, table.signature)
             self._known.check_same_signature(name, again.signature, table)
@@ -557,8 +615,11 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
                     for key in keys:  # one at a time, each where its ASK says
                         self._client.call("UNLINK", key, deadline=deadline, retry=False)
         except (rx.RedisError, OutOfTime) as exc:
-            log.warning("could not delete the chunks of a failed push (%s); they expire "
-                        "within %d s", exc, PENDING_TTL_MS // 1000)
+            log.warning(
+                "could not delete the chunks of a failed push (%s); they expire within %d s",
+                exc,
+                PENDING_TTL_MS // 1000,
+            )
 
     def read(
         self, name: str, newer_than: int, timeout: float | None, specs: Sequence[Spec]
@@ -566,9 +627,10 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         # 0 does not wait for a push (the core never asks read to); it bounds nothing else
         deadline = deadline_after(self.timeout if timeout == 0 else timeout)
         with self._errors(f"pulling table {name!r}"):
-            version, _, arrays = self._routed(name, lambda: leaf_map.read_leaves(
-                self, name, newer_than, deadline, specs, every=True
-            ))
+            version, _, arrays = self._routed(
+                name,
+                lambda: leaf_map.read_leaves(self, name, newer_than, deadline, specs, every=True),
+            )
         return version, None if arrays is None else [a for a in arrays if a is not None]
 
     def _fetch(
@@ -584,8 +646,7 @@ class RedisBackend(Waits, RoutedReads, ReaderRegistry, Backend):
         self._pulled.clear()
 
     def describe_options(self) -> Mapping[str, Any]:
-        return {"timeout": self.timeout, "namespace": self.namespace,
-                **self._settings.described()}
+        return {"timeout": self.timeout, "namespace": self.namespace, **self._settings.described()}
 
     def __repr__(self) -> str:
         return f"<RedisBackend {self.address} prefix={self.key_base!r}>"

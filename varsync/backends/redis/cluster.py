@@ -72,9 +72,7 @@ def in_motion(exc: BaseException) -> BaseException | None:
     if isinstance(exc, (*IN_MOTION, rx.MovedError)):
         return exc
     text = str(exc)
-    if isinstance(exc, rx.ResponseError) and (
-        "non local key" in text or "cluster is down" in text
-    ):
+    if isinstance(exc, rx.ResponseError) and ("non local key" in text or "cluster is down" in text):
         return SlotInMotion(text)
     return None
 
@@ -153,8 +151,7 @@ class ClusterClient:
         slot = key_slot(key.encode())
         owner = self._owners[slot]
         if owner is None:
-            raise rx.ClusterDownError(
-                f"no node of the cluster serves slot {slot} (of key {key!r})")
+            raise rx.ClusterDownError(f"no node of the cluster serves slot {slot} (of key {key!r})")
         return self.node(owner)
 
     def _moved(self, exc: rx.MovedError) -> None:
@@ -165,7 +162,10 @@ class ClusterClient:
     # -- requests ----------------------------------------------------------------------------
 
     def _redirected(
-        self, key: str | None, deadline: float, attempt: Callable[[Client, bool], T],
+        self,
+        key: str | None,
+        deadline: float,
+        attempt: Callable[[Client, bool], T],
         follow_ask: bool = True,
     ) -> T:
         """``attempt(client, asking)`` on the key's node, following MOVED (and ASK if
@@ -193,7 +193,8 @@ class ClusterClient:
                 raise
         raise rx.ClusterDownError(
             f"key {key!r}: {MAX_REDIRECTIONS} redirections in a row; the cluster's slot map "
-            "keeps changing")
+            "keeps changing"
+        )
 
     def _lost(self, deadline: float) -> None:
         """A node did not answer: it may have failed over. Ask for the slots again (a
@@ -203,25 +204,35 @@ class ClusterClient:
         failover), so that no version number names two values."""
         try:
             if self.refresh(min(deadline, time.monotonic() + 1.0)):
-                log.warning("the cluster's slot map changed after a node was lost (a "
-                            "failover?)")
+                log.warning("the cluster's slot map changed after a node was lost (a failover?)")
                 self.failovers += 1
                 self._failed_over()
         except BackendConnectionError as exc:
             log.debug("could not refresh the cluster's slot map: %s", exc)
 
     def call(self, *args: Any, deadline: float = math.inf, retry: bool = True) -> Any:
-        return self._redirected(_key_of(args), deadline, lambda client, asking: client.call(
-            *args, deadline=deadline, retry=retry, asking=asking))
+        return self._redirected(
+            _key_of(args),
+            deadline,
+            lambda client, asking: client.call(
+                *args, deadline=deadline, retry=retry, asking=asking
+            ),
+        )
 
     def script(
-        self, script: Script, keys: Sequence[str], args: Sequence[Any],
-        deadline: float = math.inf, retry: bool = True,
+        self,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        deadline: float = math.inf,
+        retry: bool = True,
     ) -> Any:
         return self._redirected(
-            keys[0], deadline,
+            keys[0],
+            deadline,
             lambda client, asking: client.script(
-                script, keys, args, deadline=deadline, retry=retry, asking=asking),
+                script, keys, args, deadline=deadline, retry=retry, asking=asking
+            ),
             follow_ask=script.name not in UNDECLARED_KEYS,
         )
 
@@ -242,8 +253,7 @@ class ClusterClient:
     def asker(self, deadline: float) -> Callable[[rx.AskError, Callable[[Any], bool]], bool]:
         def ask(exc: rx.AskError, use: Callable[[Any], bool]) -> bool:
             self.redirections += 1
-            answer: bool = self.node(HostPort(exc.host, int(exc.port))).on_connection(
-                deadline, use)
+            answer: bool = self.node(HostPort(exc.host, int(exc.port))).on_connection(deadline, use)
             return answer
 
         return ask

@@ -76,7 +76,7 @@ def reply_error(line: bytes) -> BaseException:
     for word, redirection in _REDIRECTIONS:
         if text.startswith(word):
             with contextlib.suppress(ValueError):
-                return redirection(text[len(word):])
+                return redirection(text[len(word) :])
     for code, kind in _REPLY_ERRORS:
         if text.startswith(code):
             return kind(text)

@@ -92,7 +92,8 @@ def parse_segments(where: str, text: str | None) -> dict[int, Segment]:
         version, _, rest = item.partition(":")
         token, _, layout = rest.partition(":")
         segments[_digits(where, "segments", version)] = Segment(
-            _digits(where, "segments", version), _token(where, token),
+            _digits(where, "segments", version),
+            _token(where, token),
             *parse_layout(where, layout),
         )
     return segments
@@ -136,9 +137,7 @@ def places_of(where: str, head: Head, specs: Sequence[Spec]) -> list[Place]:
         else:
             raise CorruptDataError(f"{where}: leaf {index} has no offset in segment {version}")
         if offset + specs[index].nbytes > segment.total:
-            raise CorruptDataError(
-                f"{where}: leaf {index} lies past the end of segment {version}"
-            )
+            raise CorruptDataError(f"{where}: leaf {index} lies past the end of segment {version}")
         places.append(Place(segment, offset))
     return places
 
@@ -197,7 +196,11 @@ def _spans(payload: int, wanted: list[tuple[int, memoryview]]) -> list[tuple[int
 
 
 def fetch_whole(
-    backend: RedisBackend, name: str, specs: Sequence[Spec], head: Head, chunk_prefix: str,
+    backend: RedisBackend,
+    name: str,
+    specs: Sequence[Spec],
+    head: Head,
+    chunk_prefix: str,
     deadline: float,
 ) -> list[np.ndarray] | None:
     """A whole version's arrays (format 1), or ``None`` if one of its chunks is gone."""
@@ -218,7 +221,14 @@ def fetch_whole(
         received: list[np.ndarray] | None = client.on_connection(
             deadline,
             lambda conn: wire.receive_chunks(
-                conn, deadline, chunk_prefix, token, arrays, payload, chunks, where,
+                conn,
+                deadline,
+                chunk_prefix,
+                token,
+                arrays,
+                payload,
+                chunks,
+                where,
                 client.asker(deadline),
             ),
             key=chunk_prefix,
@@ -227,8 +237,13 @@ def fetch_whole(
 
 
 def _fetch(
-    backend: RedisBackend, chunk_base: str, where: str, places: list[Place],
-    specs: Sequence[Spec], needed: list[int], deadline: float,
+    backend: RedisBackend,
+    chunk_base: str,
+    where: str,
+    places: list[Place],
+    specs: Sequence[Spec],
+    needed: list[int],
+    deadline: float,
 ) -> list[np.ndarray | None] | None:
     """The arrays of the ``needed`` leaves (``None`` elsewhere), or ``None`` if a chunk of
     one of their segments is gone."""
@@ -255,7 +270,13 @@ def _fetch(
             prefix = f"{chunk_base}{segment.token.hex()}:"
             named = f"{where} segment {segment.version}"
             if not wire.receive_selected(
-                conn, deadline, prefix, segment.token, indices, parts_of, named,
+                conn,
+                deadline,
+                prefix,
+                segment.token,
+                indices,
+                parts_of,
+                named,
                 client.asker(deadline),
             ):
                 return False
@@ -269,8 +290,13 @@ def _fetch(
 
 
 def read_leaves(
-    backend: RedisBackend, name: str, newer_than: int, deadline: float,
-    specs: Sequence[Spec], every: bool = False, first: Head | None = None,
+    backend: RedisBackend,
+    name: str,
+    newer_than: int,
+    deadline: float,
+    specs: Sequence[Spec],
+    every: bool = False,
+    first: Head | None = None,
 ) -> LeafSnapshot:
     """``Backend.read_leaves`` (``every``: all leaves, for ``read``), inside the caller's
     error translation; ``first``: the head the caller read already."""
@@ -303,9 +329,7 @@ def read_leaves(
         else:
             places = places_of(versioned, head, specs)
             versions = [p.segment.version for p in places]
-            needed = [
-                i for i, v in enumerate(versions) if every or v > newer_than
-            ]
+            needed = [i for i, v in enumerate(versions) if every or v > newer_than]
             arrays = _fetch(backend, chunk_base, versioned, places, specs, needed, deadline)
             if arrays is not None:
                 return head.version, versions, arrays
@@ -338,8 +362,11 @@ def leaf_versions(backend: RedisBackend, name: str) -> tuple[int, list[int]]:
 
 
 def write_leaves(
-    backend: RedisBackend, name: str, leaves: Mapping[int, np.ndarray],
-    specs: Sequence[Spec], base: int | None,
+    backend: RedisBackend,
+    name: str,
+    leaves: Mapping[int, np.ndarray],
+    specs: Sequence[Spec],
+    base: int | None,
 ) -> int:
     """``Backend.write_leaves``: the given leaves as one new segment (see the module)."""
     indices = sorted(leaves)
@@ -352,8 +379,9 @@ def write_leaves(
     offsets = np.cumsum([0] + [leaves[i].nbytes for i in indices]).tolist()
     placed = ",".join(f"{i}.{o}" for i, o in zip(indices, offsets))
     return backend._push(
-        name, [leaves[i] for i in indices], len(specs), "+" + placed,
+        name,
+        [leaves[i] for i in indices],
+        len(specs),
+        "+" + placed,
         "" if base is None else str(base),
     )
-
-

@@ -18,10 +18,26 @@ from varsync.backend import (
 )
 
 OPTIONS = (
-    "db", "username", "password", "prefix", "chunk_size", "keep", "connect_timeout",
-    "socket_timeout", "retries", "ssl_ca_certs", "ssl_ca_path", "ssl_certfile",
-    "ssl_keyfile", "ssl_password", "ssl_cert_reqs", "ssl_check_hostname", "replicas",
-    "read_from", "recycle_from", "reuse_pulled",
+    "db",
+    "username",
+    "password",
+    "prefix",
+    "chunk_size",
+    "keep",
+    "connect_timeout",
+    "socket_timeout",
+    "retries",
+    "ssl_ca_certs",
+    "ssl_ca_path",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_password",
+    "ssl_cert_reqs",
+    "ssl_check_hostname",
+    "replicas",
+    "read_from",
+    "recycle_from",
+    "reuse_pulled",
 )
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
@@ -82,11 +98,18 @@ class Settings:
     def described(self) -> dict[str, Any]:
         """The settings for ``describe_options``, without secrets."""
         return {
-            "server": self.address, "username": self.username, "tls": self.tls,
-            "prefix": self.prefix, "chunk_size": self.chunk_size, "keep": self.keep,
-            "recycle_from": self.recycle_from, "reuse_pulled": self.reuse_pulled,
-            "connect_timeout": self.connect_timeout, "socket_timeout": self.socket_timeout,
-            "retries": self.retries, "read_from": self.read_from,
+            "server": self.address,
+            "username": self.username,
+            "tls": self.tls,
+            "prefix": self.prefix,
+            "chunk_size": self.chunk_size,
+            "keep": self.keep,
+            "recycle_from": self.recycle_from,
+            "reuse_pulled": self.reuse_pulled,
+            "connect_timeout": self.connect_timeout,
+            "socket_timeout": self.socket_timeout,
+            "retries": self.retries,
+            "read_from": self.read_from,
             "replicas": [r.address for r in self.replicas],
             "cluster": [s.address for s in self.cluster],
         }
@@ -138,9 +161,7 @@ def parse_settings(
         )
     read_from = options.pop("read_from", "replica" if replicas else "primary")
     if read_from not in READ_FROM:
-        raise ConfigurationError(
-            f"read_from={read_from!r} is not one of {', '.join(READ_FROM)}"
-        )
+        raise ConfigurationError(f"read_from={read_from!r} is not one of {', '.join(READ_FROM)}")
     if cluster and (replicas or read_from == "replica"):
         raise ConfigurationError(
             "a redis+cluster:// container reads from each table's primary: replicas= and "
@@ -149,8 +170,7 @@ def parse_settings(
         )
     if read_from == "replica" and not (replicas or sentinels):
         raise ConfigurationError(
-            "read_from=replica needs replicas=host:port[,host:port...] or a "
-            "redis+sentinel:// URL"
+            "read_from=replica needs replicas=host:port[,host:port...] or a redis+sentinel:// URL"
         )
     db = _database(parts.path, options.pop("db", None))
     if cluster and db != 0:
@@ -175,7 +195,8 @@ def parse_settings(
     keep = parse_int(options.pop("keep", 1), "keep", 0, MAX_KEEP)
     retries = parse_int(options.pop("retries", 0), "retries", 0, MAX_RETRIES)
     recycle_from = parse_int(
-        options.pop("recycle_from", DEFAULT_RECYCLE_FROM), "recycle_from", 0, 2**62)
+        options.pop("recycle_from", DEFAULT_RECYCLE_FROM), "recycle_from", 0, 2**62
+    )
     reuse_pulled = parse_bool(options.pop("reuse_pulled", True), "reuse_pulled")
     connect_timeout = _socket_timeout("connect_timeout", options.pop("connect_timeout", timeout))
     socket_timeout = _socket_timeout("socket_timeout", options.pop("socket_timeout", timeout))
@@ -191,15 +212,35 @@ def parse_settings(
             f"ssl_cert_reqs={ssl['ssl_cert_reqs']!r} is not one of {', '.join(CERT_REQS)}"
         )
     _check_text(
-        {"host": server.host, "username": username, "password": password, "prefix": prefix,
-         "namespace": namespace, **ssl}
+        {
+            "host": server.host,
+            "username": username,
+            "password": password,
+            "prefix": prefix,
+            "namespace": namespace,
+            **ssl,
+        }
     )
     return Settings(
-        tls=tls, server=server, db=db, username=username, password=password, prefix=prefix,
-        chunk_size=chunk_size, keep=keep, retries=retries, recycle_from=recycle_from,
-        reuse_pulled=reuse_pulled, connect_timeout=connect_timeout,
-        socket_timeout=socket_timeout, ssl=ssl, replicas=replicas, sentinels=sentinels,
-        service=service, read_from=read_from, cluster=cluster,
+        tls=tls,
+        server=server,
+        db=db,
+        username=username,
+        password=password,
+        prefix=prefix,
+        chunk_size=chunk_size,
+        keep=keep,
+        retries=retries,
+        recycle_from=recycle_from,
+        reuse_pulled=reuse_pulled,
+        connect_timeout=connect_timeout,
+        socket_timeout=socket_timeout,
+        ssl=ssl,
+        replicas=replicas,
+        sentinels=sentinels,
+        service=service,
+        read_from=read_from,
+        cluster=cluster,
     )
 
 
@@ -226,10 +267,13 @@ def parse_addresses(value: Any, what: str, default_port: int) -> tuple[HostPort,
         if not isinstance(item, str):
             raise ConfigurationError(f"{what}: {item!r} is not a host:port string")
         if item.strip():
-            addresses.append(parse_host_port(
-                f"redis://{item.strip()}", default_port=default_port,
-                example=f"{what}=10.0.0.2:{default_port},10.0.0.3:{default_port}",
-            ))
+            addresses.append(
+                parse_host_port(
+                    f"redis://{item.strip()}",
+                    default_port=default_port,
+                    example=f"{what}=10.0.0.2:{default_port},10.0.0.3:{default_port}",
+                )
+            )
     if what == "the sentinels" and not addresses:
         raise ConfigurationError(
             "the URL names no sentinel; expected e.g. redis+sentinel://localhost:26379/mymaster/0"

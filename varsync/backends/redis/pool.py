@@ -92,7 +92,9 @@ class Client:
     they multiplied, ``retries`` squared tries and pauses for a call with no deadline)."""
 
     def __init__(
-        self, settings: Settings, server: HostPort | None = None,
+        self,
+        settings: Settings,
+        server: HostPort | None = None,
         before: Callable[[float], None] | None = None,
         failed: Callable[[BaseException], None] | None = None,
     ) -> None:
@@ -103,18 +105,20 @@ class Client:
         self._before, self._failed = before, failed
         self._backoff = ExponentialBackoff(cap=0.5, base=0.05)
         connection = redis.SSLConnection if settings.tls else redis.Connection
-        self.pool = Pool(lambda: connection(
-            host=self.server.host,
-            port=self.server.port,
-            db=settings.db,
-            username=settings.username,
-            password=settings.password,
-            socket_timeout=settings.socket_timeout,
-            socket_connect_timeout=settings.connect_timeout,
-            retry=Retry(NoBackoff(), 0),  # tries again in _again, not in redis-py
-            protocol=2,
-            **settings.ssl,
-        ))
+        self.pool = Pool(
+            lambda: connection(
+                host=self.server.host,
+                port=self.server.port,
+                db=settings.db,
+                username=settings.username,
+                password=settings.password,
+                socket_timeout=settings.socket_timeout,
+                socket_connect_timeout=settings.connect_timeout,
+                retry=Retry(NoBackoff(), 0),  # tries again in _again, not in redis-py
+                protocol=2,
+                **settings.ssl,
+            )
+        )
 
     def move_to(self, server: HostPort) -> None:
         """Send every request from now on to ``server`` (a failover moved the primary)."""
@@ -159,21 +163,30 @@ class Client:
             return conn.read_response()
 
         return self._again(
-            deadline, lambda: self.on_connection(deadline, command, reconnect=False),
-            self.retries if retry else 0)
+            deadline,
+            lambda: self.on_connection(deadline, command, reconnect=False),
+            self.retries if retry else 0,
+        )
 
     def script(
-        self, script: Script, keys: Sequence[str], args: Sequence[Any],
-        deadline: float = math.inf, retry: bool = True, asking: bool = False,
+        self,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        deadline: float = math.inf,
+        retry: bool = True,
+        asking: bool = False,
     ) -> Any:
         """Run ``script`` by its SHA, sending its text only if the server lacks it."""
         command = (len(keys), *keys, *args)
         try:
-            return self.call("EVALSHA", script.sha, *command, deadline=deadline, retry=retry,
-                             asking=asking)
+            return self.call(
+                "EVALSHA", script.sha, *command, deadline=deadline, retry=retry, asking=asking
+            )
         except rx.NoScriptError:
-            return self.call("EVAL", script.text, *command, deadline=deadline, retry=retry,
-                             asking=asking)
+            return self.call(
+                "EVAL", script.text, *command, deadline=deadline, retry=retry, asking=asking
+            )
 
     def asker(self, deadline: float) -> Callable[..., Any] | None:
         """How a bulk read follows an ASK redirection (:data:`.wire.Ask`): a server
@@ -181,7 +194,10 @@ class Client:
         return None
 
     def on_connection(
-        self, deadline: float, use: Callable[[Any], Any], key: str | None = None,
+        self,
+        deadline: float,
+        use: Callable[[Any], Any],
+        key: str | None = None,
         reconnect: bool = True,
     ) -> Any:
         """``use(connection)`` on a pooled, connected connection whose every socket
@@ -207,8 +223,11 @@ class Client:
                 conn.disconnect()  # the server closed it (restarted?) while it was idle
             if conn._sock is None:  # redis-py keeps the connected socket here
                 made = conn
-                self._again(deadline, lambda: self._connect(made, deadline),
-                            self.retries if reconnect else 0)
+                self._again(
+                    deadline,
+                    lambda: self._connect(made, deadline),
+                    self.retries if reconnect else 0,
+                )
             bound = self._bound(deadline)
             conn.socket_timeout = bound
             if conn._sock.gettimeout() != bound:  # each settimeout is a system call

@@ -82,13 +82,14 @@ class Prefaulted:
 
     def __enter__(self) -> Prefaulted:
         if self._ranges:
-            self._thread = threading.Thread(
-                target=self._run, name="varsync-prefault", daemon=True)
+            self._thread = threading.Thread(target=self._run, name="varsync-prefault", daemon=True)
             self._thread.start()
         return self
 
     def __exit__(
-        self, kind: type[BaseException] | None, value: BaseException | None,
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
         self._stop = True
@@ -109,7 +110,9 @@ class Prefaulted:
                     code = ctypes.get_errno()
                     if code in (errno.EINVAL, errno.ENOSYS):  # before Linux 5.14
                         _usable = False
-                        log.debug("madvise(MADV_POPULATE_WRITE) is not supported here; "
-                                  "pulls fault their pages in as they receive")
+                        log.debug(
+                            "madvise(MADV_POPULATE_WRITE) is not supported here; "
+                            "pulls fault their pages in as they receive"
+                        )
                     return  # ENOMEM and the like: the receive meets the same, and says so
                 start += size

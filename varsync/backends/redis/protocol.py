@@ -109,9 +109,7 @@ def check_format(where: str, fmt: str | None) -> None:
         )
 
 
-def parse_head(
-    where: str, key: str, raw: Sequence[Any], fields: Sequence[str]
-) -> Head | None:
+def parse_head(where: str, key: str, raw: Sequence[Any], fields: Sequence[str]) -> Head | None:
     """The head from ``HMGET key fmt epoch version *fields``, or ``None`` if its keys
     vanished."""
     fmt, epoch, version, *extra = (text(x) for x in raw)
@@ -132,8 +130,15 @@ def parse_head(
             "something else writing under this prefix?"
         ) from None
     named = dict(zip(fields, extra))
-    return Head(epoch, number, named.get("data"), named.get("layout"), fmt,
-                named.get("leaves"), named.get("segments"))
+    return Head(
+        epoch,
+        number,
+        named.get("data"),
+        named.get("layout"),
+        fmt,
+        named.get("leaves"),
+        named.get("segments"),
+    )
 
 
 def parse_layout(where: str, layout: str | None) -> tuple[int, int, int]:
@@ -196,7 +201,8 @@ class Script:
     def load(cls, name: str, replies: type[Reply]) -> Script:
         """The script ``scripts/<name>.lua`` of this package, with ``replies``."""
         body = (importlib.resources.files(__package__) / "scripts" / f"{name}.lua").read_text(
-            encoding="utf-8")
+            encoding="utf-8"
+        )
         return cls.of(name, "\n" + body, replies)  # a blank line: the SHA it always had
 
     @classmethod

@@ -74,10 +74,17 @@ class ReaderRegistry:
         index, prefix = reader_keys(head)
         member = quote(reader, safe="")
         with backend._errors(f"reporting a reader of table {name!r}"):
-            reply, _ = REPORT.answer(_settled(backend, head, lambda: backend._client.script(
-                REPORT, [prefix + member, index],
-                [head, member, record, max(int(ttl * 1000), 1)],
-            )))
+            reply, _ = REPORT.answer(
+                _settled(
+                    backend,
+                    head,
+                    lambda: backend._client.script(
+                        REPORT,
+                        [prefix + member, index],
+                        [head, member, record, max(int(ttl * 1000), 1)],
+                    ),
+                )
+            )
         if reply is Reported.NO_TABLE:
             raise TableNotFoundError(f"no table {name!r} at {backend.address}")
 
@@ -85,8 +92,9 @@ class ReaderRegistry:
         backend: Any = self
         index, prefix = reader_keys(backend._keys(name).head)
         with backend._errors(f"listing the readers of table {name!r}"):
-            return parse_listing(_settled(
-                backend, index, lambda: backend._client.script(LIST, [index], [prefix])))
+            return parse_listing(
+                _settled(backend, index, lambda: backend._client.script(LIST, [index], [prefix]))
+            )
 
 
 def _settled(backend: Any, key: str, run: Callable[[], Any]) -> Any:

@@ -102,7 +102,9 @@ class Topology:
         if settings.sentinels:
             server = self._ask_primary(math.inf)
         self.primary = Client(
-            settings, server, before=self._locate if settings.sentinels else None,
+            settings,
+            server,
+            before=self._locate if settings.sentinels else None,
             failed=self._primary_failed if settings.sentinels else None,
         )
         if settings.read_from == "replica":
@@ -131,8 +133,11 @@ class Topology:
     def replica_failed(self, exc: BaseException) -> None:
         """The replica could not serve a read: leave it alone for a while (and with
         Sentinel, choose again then: it may be the new primary, or gone)."""
-        log.debug("reading from replica %s failed (%s); reading from the primary",
-                  self.replica.server.address if self.replica else None, exc)
+        log.debug(
+            "reading from replica %s failed (%s); reading from the primary",
+            self.replica.server.address if self.replica else None,
+            exc,
+        )
         self._replica_since = time.monotonic() + REPLICA_PAUSE
         if self.sentinel and self.replica is not None:
             self.replica.close()
@@ -177,9 +182,12 @@ class Topology:
             self._stale = False
             primary = self.primary
             if isinstance(primary, Client) and server != primary.server:
-                log.warning("the primary of %r moved from %s to %s (a failover)",
-                            self._settings.service, primary.server.address,
-                            server.address)
+                log.warning(
+                    "the primary of %r moved from %s to %s (a failover)",
+                    self._settings.service,
+                    primary.server.address,
+                    server.address,
+                )
                 primary.move_to(server)
                 self._moved()
 
@@ -194,8 +202,11 @@ class Topology:
                 break
             bound = min(SENTINEL_TIMEOUT, left, self._settings.connect_timeout or math.inf)
             conn = redis.Connection(
-                host=sentinel.host, port=sentinel.port, socket_timeout=bound,
-                socket_connect_timeout=bound, protocol=2,
+                host=sentinel.host,
+                port=sentinel.port,
+                socket_timeout=bound,
+                socket_connect_timeout=bound,
+                protocol=2,
             )
             try:
                 conn.send_command(*command)
@@ -216,7 +227,8 @@ class Topology:
 
     def _ask_primary(self, deadline: float) -> HostPort:
         host, port = self._ask(
-            deadline, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self._settings.service)[:2]
+            deadline, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self._settings.service
+        )[:2]
         return HostPort(_text(host), int(port))
 
     def _ask_replicas(self, deadline: float) -> list[HostPort]:
@@ -289,8 +301,12 @@ class RoutedReads:
         if trusted is not None and head.epoch != trusted:
             raise _AskPrimary()
         floor = self._floors.get(name)
-        if (floor is not None and floor[0] == head.epoch
-                and head.version < floor[1] and held < floor[1]):
+        if (
+            floor is not None
+            and floor[0] == head.epoch
+            and head.version < floor[1]
+            and held < floor[1]
+        ):
             raise _AskPrimary()
         if head.version < held:
             raise _AskPrimary()

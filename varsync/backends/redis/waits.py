@@ -52,8 +52,15 @@ class Waits:
         def xread() -> None:
             try:
                 self._read_client().call(
-                    "XREAD", "COUNT", 1, "BLOCK", milliseconds, "STREAMS",
-                    self._keys(name).events, f"{newer_than}-1", deadline=deadline,
+                    "XREAD",
+                    "COUNT",
+                    1,
+                    "BLOCK",
+                    milliseconds,
+                    "STREAMS",
+                    self._keys(name).events,
+                    f"{newer_than}-1",
+                    deadline=deadline,
                 )
             except rx.ResponseError as exc:  # the server changed role (REPLICAOF, failover)
                 if not str(exc).startswith("UNBLOCKED"):

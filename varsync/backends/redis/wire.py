@@ -182,9 +182,7 @@ def receive_chunks(
     checking each one's length, header and checksum; ``None`` if one is gone. ``where``
     names the version in messages (``"table 'name' at <address> version 3"``)."""
     parts = chunk_parts(byte_views(arrays), payload)
-    if not receive_selected(
-        conn, deadline, chunk_prefix, token, range(chunks), parts, where, ask
-    ):
+    if not receive_selected(conn, deadline, chunk_prefix, token, range(chunks), parts, where, ask):
         return None
     return arrays
 
@@ -220,8 +218,13 @@ def receive_selected(
                 if ask is None:
                     raise
                 asked = functools.partial(
-                    _asked, key=f"{chunk_prefix}{index}".encode(), index=index, parts=parts,
-                    token=token, where=where, deadline=deadline,
+                    _asked,
+                    key=f"{chunk_prefix}{index}".encode(),
+                    index=index,
+                    parts=parts,
+                    token=token,
+                    where=where,
+                    deadline=deadline,
                 )
                 if not ask(redirection, asked):
                     return False
@@ -242,7 +245,13 @@ def receive_selected(
 
 
 def _asked(
-    conn: Any, *, key: bytes, index: int, parts: list[memoryview], token: bytes, where: str,
+    conn: Any,
+    *,
+    key: bytes,
+    index: int,
+    parts: list[memoryview],
+    token: bytes,
+    where: str,
     deadline: float,
 ) -> bool:
     """One chunk read after ``ASKING``, on the node an ASK redirection named."""
@@ -279,7 +288,8 @@ def _length_checked(length: int, index: int, parts: list[memoryview], where: str
     nbytes = sum(len(p) for p in parts)
     if length != nbytes + HEADER.size:
         raise CorruptDataError(
-            f"{where} chunk {index} holds {length} bytes; expected {nbytes + HEADER.size}")
+            f"{where} chunk {index} holds {length} bytes; expected {nbytes + HEADER.size}"
+        )
     return nbytes
 
 
@@ -314,7 +324,8 @@ def unpack_chunk(
 def _check(parts: list[memoryview], crc: int, where: str, index: int) -> None:
     if checksum(parts) != crc:
         raise CorruptDataError(
-            f"{where} chunk {index} fails its checksum: the stored bytes were changed")
+            f"{where} chunk {index} fails its checksum: the stored bytes were changed"
+        )
 
 
 def command(*args: Any) -> bytes:

@@ -101,7 +101,9 @@ class ReverbBackend(Backend):
         self._incarnations = Incarnations()
         self._sampler = SamplingPool(self.address)
         self._client = retry_until_up(  # fail now, with the address, if nothing answers
-            self._connect, address=self.address, bound=self.wait_for_server,
+            self._connect,
+            address=self.address,
+            bound=self.wait_for_server,
             what="Reverb server",
         )
 
@@ -223,7 +225,7 @@ class ReverbBackend(Backend):
     def tables(self) -> list[str]:
         prefix = f"{self.namespace}/" if self.namespace else ""
         return sorted(
-            n[len(prefix):] for n in self._server_info() if n.startswith(prefix) and n != prefix
+            n[len(prefix) :] for n in self._server_info() if n.startswith(prefix) and n != prefix
         )
 
     def details(self, name: str) -> dict[str, Any]:
@@ -334,7 +336,10 @@ class ReverbBackend(Backend):
         why = self._incarnations.restarted(key, info, asked_at, remember=newer_than == 0)
         if why is not None and newer_than:
             raise reset_error(
-                name, self.url, newer_than, current=version_of(info),
+                name,
+                self.url,
+                newer_than,
+                current=version_of(info),
                 why=f"the Reverb server restarted: {why}",
             )
 

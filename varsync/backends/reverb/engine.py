@@ -22,8 +22,14 @@ except ImportError as exc:  # pragma: no cover - exercised where the extra is mi
 from varsync.backend import BackendConnectionError, ErrorMap, translate_errors, translated_error
 
 __all__ = [
-    "reverb", "tf", "schema_pb2", "gen_reverb_ops", "nested_structure_coder", "translated",
-    "DRIVER_ERRORS", "translation",
+    "reverb",
+    "tf",
+    "schema_pb2",
+    "gen_reverb_ops",
+    "nested_structure_coder",
+    "translated",
+    "DRIVER_ERRORS",
+    "translation",
 ]
 
 #: What Reverb's client (pybind: RuntimeError; ops: tf.errors.OpError) raises when the

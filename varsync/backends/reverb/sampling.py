@@ -73,9 +73,7 @@ class SamplingPool:
         self._pid = os.getpid()
         self._closed = False
         # also when never closed (not at interpreter exit: the process frees all anyway)
-        weakref.finalize(
-            self, _release, self.idle, self._clients, self._streams
-        ).atexit = False
+        weakref.finalize(self, _release, self.idle, self._clients, self._streams).atexit = False
 
     def sample(
         self, info: Any, limit: float | None, client: Any
@@ -200,7 +198,8 @@ class SamplingPool:
             )
         with self._lock:
             raced = self._clients.setdefault(
-                key, (handle, dtypes, by_pybind, by_pybind and nbytes <= STREAM_MAX_BYTES))
+                key, (handle, dtypes, by_pybind, by_pybind and nbytes <= STREAM_MAX_BYTES)
+            )
         if raced[0] is not handle:  # another pull made one meanwhile: use that one
             _destroy_quietly(handle)
         return raced
@@ -296,7 +295,7 @@ def _taken(sampler: Any) -> tuple[list[np.ndarray], float]:
     """The next sample of a pybind sampler: its columns' single rows and its priority."""
     # key, probability, table size, priority, times sampled; the columns
     sampled = sampler.GetNextTrajectory()
-    columns = sampled[sampler.NUM_INFO_TENSORS:]
+    columns = sampled[sampler.NUM_INFO_TENSORS :]
     return [column[0, ...] for column in columns], float(sampled[3])
 
 

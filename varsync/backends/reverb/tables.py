@@ -11,8 +11,15 @@ from varsync.backend import TableConfigurationError
 from varsync.backends.reverb.engine import tf
 
 __all__ = [
-    "HOW_TO_CONFIGURE", "check_tf_nest_structure", "check_table_info", "insert_count",
-    "version_of", "age_seconds", "LABEL_FRACTION", "label_of", "labelled_version",
+    "HOW_TO_CONFIGURE",
+    "check_tf_nest_structure",
+    "check_table_info",
+    "insert_count",
+    "version_of",
+    "age_seconds",
+    "LABEL_FRACTION",
+    "label_of",
+    "labelled_version",
 ]
 
 HOW_TO_CONFIGURE = (
@@ -116,7 +123,11 @@ def age_seconds(info: Any) -> float:
     """How long the table's worker has run, in seconds (to whole milliseconds)."""
     worker = info.table_worker_time
     busy_and_idle = (  # every state the worker can be in, so the sum is its age
-        worker.running_ms + worker.sleeping_ms + worker.sampling_ms + worker.inserting_ms
-        + worker.waiting_for_sampling_ms + worker.waiting_for_inserts_ms
+        worker.running_ms
+        + worker.sleeping_ms
+        + worker.sampling_ms
+        + worker.inserting_ms
+        + worker.waiting_for_sampling_ms
+        + worker.waiting_for_inserts_ms
     )
     return busy_and_idle / 1000.0

@@ -89,5 +89,6 @@ def own_version(table: str, before: Any, after: Any, restarted: bool) -> int:
         f"it at the same time, so its version is one of {low}..{high}. Reverb cannot tell "
         "whose insert was whose: give each writer its own table (or use a backend with "
         "supports_concurrent_writers, such as redis://) if you need exact versions.",
-        low=low, high=high,
+        low=low,
+        high=high,
     )
