@@ -148,6 +148,22 @@ HOSTILE = "evil\x1b[2J\x1b]0;pwned\x07\r\x9bend"
 RAW_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")
 
 
+def interrupt_cleanly(process):
+    """Ctrl-C a running ``varsync watch``: it must end with status 0 and no traceback."""
+    process.send_signal(signal.SIGINT)
+    process.wait(timeout=30)
+    err = process.stderr.read()  # stdout is the pump's: read stderr only
+    assert process.returncode == 0, err
+    assert "Traceback" not in err
+
+
+def kill_if_running(process):
+    """After a test that failed before its Ctrl-C: stop the command anyway."""
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
 def report(store, table, reader, host="node-1", version=3):
     """Put ``reader``'s entry for ``table`` in the store's reader registry as any client
     that can write there could (another varsync, or a hostile one): straight through the
@@ -214,15 +230,9 @@ def test_a_piped_live_watch_shows_stored_strings_as_escaped_text_too(redis_names
             assert RAW_CONTROL.search(line) is None, ascii(line)
             assert reader_rows(line) == {("[/]", r"evil\x1b[2J\x1b]0;pwned\x07\r\x9bend",
                                           "node-1")}
-            process.send_signal(signal.SIGINT)
-            process.wait(timeout=30)
-            err = process.stderr.read()
+            interrupt_cleanly(process)
         finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    assert process.returncode == 0, err
-    assert "Traceback" not in err
+            kill_if_running(process)
 
 
 # -- errors -----------------------------------------------------------------------------
@@ -326,15 +336,9 @@ def test_a_server_that_goes_away_is_reported_and_the_watch_goes_on(redis_servers
         failed = next_line_with(lines, "last refresh failed:")
         assert "127.0.0.1" in failed or "connect" in failed.lower()
         next_line_with(lines, "variables │       1 │")  # the last figures stay shown
-        process.send_signal(signal.SIGINT)
-        process.wait(timeout=30)  # stdout is the pump's: read stderr only
-        err = process.stderr.read()
+        interrupt_cleanly(process)
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    assert process.returncode == 0, err
-    assert "Traceback" not in err
+        kill_if_running(process)
 
 
 # -- a real terminal --------------------------------------------------------------------
