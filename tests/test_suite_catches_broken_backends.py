@@ -15,7 +15,7 @@ rows deleted); its outcome is read from ``--junitxml``.
 
 Each reference runs the whole suite and must pass it, skipping exactly the tests of the
 abilities it does not declare, and failing exactly the tests of its known gaps
-(``REFERENCE_GAPS``: ``vsqlite://`` keeps no epoch). The broken variants run in one
+(``REFERENCE_GAPS``, none now). The broken variants run in one
 subprocess, a test class each, with ``-k`` selecting for each class the tests that must
 catch its defect (``CAUGHT_BY``): every one of them must fail, so this module also says
 which tests catch which defect. No ``-x``: every selected test must run to fail. (A
@@ -120,12 +120,11 @@ ENGINE_SKIPS = [
 ]
 
 #: The tests ``vsqlite://`` fails: rules its author did not follow, gaps of the reference
-#: that this module names rather than hides. It keeps no epoch (it was written to the
-#: protocol before histories), so a table it lost (``new_history``) and made again up to
-#: the version a reader holds is, to it, the same table: the reader hears "nothing
-#: newer". An epoch per created table, checked in ``read`` through ``Histories`` as
-#: ``vsqlite-leaves://`` does, would close it (``tests/mutants/reference.py``).
-REFERENCE_GAPS = ["test_a_whole_version_reader_learns_of_a_new_history_at_its_own_version"]
+#: that this module names rather than hides. None now: it kept no epoch, so a table it
+#: lost (``new_history``) and made again up to the version a reader held was, to it, the
+#: same table; it now mints one per created table and checks it in ``read`` through
+#: ``Histories``, as ``vsqlite-leaves://`` does.
+REFERENCE_GAPS: List[str] = []
 
 #: The tests of the reader registry (``supports_reader_registry``), which neither
 #: reference declares.

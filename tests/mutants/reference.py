@@ -31,6 +31,7 @@ from urllib.parse import unquote, urlsplit
 import numpy as np
 
 from varsync import Spec
+from varsync.backend import Histories
 from varsync.backends.base import Backend, Snapshot
 from varsync.errors import (
     BackendConnectionError,
@@ -50,6 +51,7 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS tables (
     namespace TEXT NOT NULL, name TEXT NOT NULL, signature TEXT NOT NULL,
     specs TEXT NOT NULL, version INTEGER NOT NULL DEFAULT 0,
+    epoch TEXT NOT NULL DEFAULT (lower(hex(randomblob(8)))),
     PRIMARY KEY (namespace, name));
 CREATE TABLE IF NOT EXISTS data (
     namespace TEXT NOT NULL, name TEXT NOT NULL, version INTEGER NOT NULL,
@@ -87,6 +89,9 @@ class SqliteBackend(Backend):
         self._opened: Set[sqlite3.Connection] = set()
         self._closed = False
         self._specs: Dict[str, List[Spec]] = {}
+        # Each table's history: a random epoch minted when its row is made (a table lost
+        # and made again gets another); a reader holding a version of another is told.
+        self._histories = Histories()
         with self._connection() as conn:
             conn.executescript(self.schema)
 
@@ -219,6 +224,10 @@ class SqliteBackend(Backend):
     def read(self, name: str, newer_than: int, timeout: Optional[float]) -> Snapshot:
         with self._connection() as conn:
             version = self._version(conn, name)
+            epoch = conn.execute(
+                "SELECT epoch FROM tables WHERE namespace = ? AND name = ?", (self._ns, name)
+            ).fetchone()[0]
+            self._histories.check(name, epoch, newer_than, where=self.url, current=version)
             if version <= newer_than:
                 return version, None
             rows = conn.execute(  # one statement: the version and its own data
