@@ -17,6 +17,7 @@ number is returned twice.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import signal
@@ -414,7 +415,7 @@ class FaultTests(_Base):
             assert check_consistent(slow.pull(timeout=20)) == 1
 
     def test_a_paused_server_never_holds_a_call_past_its_timeout(
-        self, make_tables: TableMaker, connect: Any, server_pid: Any
+        self, make_tables: TableMaker, connect: Any, server_pid: Any, caplog: Any
     ) -> None:
         if server_pid is None:
             pytest.skip("no server process to pause (the server_pid fixture gives none)")
@@ -431,13 +432,19 @@ class FaultTests(_Base):
             reporting.report_as("paused-server-reader", ttl=1.5)
             reporting.pull()
             container.wait_for_readers(version, 1, timeout=CHECK_SECONDS)
+        caplog.set_level(logging.WARNING, logger="varsync.readers")
         os.kill(server_pid, signal.SIGSTOP)
         try:
             self._each_call_ends_within_its_timeout(container, version)
             if reporting is not None:
                 # a report round on a hung server ends within its refresh interval (ttl /
-                # 3): closing the reader's container does not wait for the server
-                time.sleep(1.0)  # let at least one round start while the server is hung
+                # 3), logging what failed; closing the container then waits for no server
+                def failed_a_round() -> bool:
+                    return any("paused-server-reader" in r.getMessage() for r in caplog.records)
+
+                assert settle(failed_a_round, lambda done: done, 1 + SLACK), (
+                    "the reporter's round on the paused server did not end within its bound"
+                )
                 started = time.monotonic()
                 reporting.close()
                 took = time.monotonic() - started
