@@ -66,6 +66,24 @@ def start_replica(binary: str, directory: Path, primary: RedisServer,
     ]).start()
 
 
+@contextlib.contextmanager
+def cut_off(replica: RedisServer, primary: RedisServer, writable: bool = False) -> Iterator[None]:
+    """Within: the replica's replication stopped (it keeps serving what it has, pointed at a
+    port where nothing listens), and with ``writable`` open to writes by hand; linked to
+    ``primary`` again after."""
+    with replica.client() as admin:
+        admin.execute_command("REPLICAOF", "127.0.0.1", str(_free_port()))
+        if writable:
+            admin.config_set("replica-read-only", "no")
+    try:
+        yield
+    finally:
+        with replica.client() as admin:
+            if writable:
+                admin.config_set("replica-read-only", "yes")
+            admin.execute_command("REPLICAOF", "127.0.0.1", str(primary.port))
+
+
 @pytest.fixture(scope="module")
 def binary() -> str:
     found = find_redis_server()
@@ -171,9 +189,7 @@ def test_a_container_reading_a_lagging_replica_still_sees_its_own_push(
         wait_linked(*group)
         held, values = container.pull_if_newer(0)
         assert (held, check_consistent(values)) == (1, 1)
-        with replica.client() as admin:  # replication stops: the replica keeps serving v1
-            admin.execute_command("REPLICAOF", "127.0.0.1", str(_free_port()))
-        try:
+        with cut_off(replica, group[0]):  # the replica keeps serving v1
             assert container.push(filled(SIGNATURE, 2)) == 2
             before = container.backend.reads_on_primary
             version, values = container.pull_if_newer(held)
@@ -186,9 +202,6 @@ def test_a_container_reading_a_lagging_replica_still_sees_its_own_push(
             assert container.pull_if_newer(version) is None
             assert head_version(replica, url["namespace"]) == 1
             assert container.version() == 2
-        finally:
-            with replica.client() as admin:
-                admin.execute_command("REPLICAOF", "127.0.0.1", str(group[0].port))
 
 
 class _PausedFloors(dict):  # type: ignore[type-arg]
@@ -225,30 +238,25 @@ def test_a_slower_thread_never_lowers_the_version_a_container_has_seen(
         writer.push(filled(SIGNATURE, 2))
         epoch = writer.backend.history_of("variables")
     wait_linked(*group)
-    with replica.client() as admin:  # replication stops: the replica keeps serving v2
-        admin.execute_command("REPLICAOF", "127.0.0.1", str(_free_port()))
-    try:
-        with varsync.connect(url["reader"], timeout=10) as container:
-            backend = container.backend
-            floors = backend._floors
-            floors._floors = paused = _PausedFloors(floors._floors)
-            slow = threading.Thread(target=backend._saw, args=("variables", epoch, 2))
-            slow.start()
-            assert paused.entered.wait(10)
-            pushed: List[int] = []
-            fast = threading.Thread(  # notes version 3 meanwhile (or waits for the slow one)
-                target=lambda: pushed.append(container.push(filled(SIGNATURE, 3))))
-            fast.start()
-            fast.join(1.0)
-            paused.go.set()
-            slow.join(10)
-            fast.join(10)
-            assert pushed == [3]
-            assert head_version(replica, url["namespace"]) == 2
-            assert container.version() == 3
-    finally:
-        with replica.client() as admin:
-            admin.execute_command("REPLICAOF", "127.0.0.1", str(group[0].port))
+    # replication stops: the replica keeps serving v2
+    with cut_off(replica, group[0]), varsync.connect(url["reader"], timeout=10) as container:
+        backend = container.backend
+        floors = backend._floors
+        floors._floors = paused = _PausedFloors(floors._floors)
+        slow = threading.Thread(target=backend._saw, args=("variables", epoch, 2))
+        slow.start()
+        assert paused.entered.wait(10)
+        pushed: List[int] = []
+        fast = threading.Thread(  # notes version 3 meanwhile (or waits for the slow one)
+            target=lambda: pushed.append(container.push(filled(SIGNATURE, 3))))
+        fast.start()
+        fast.join(1.0)
+        paused.go.set()
+        slow.join(10)
+        fast.join(10)
+        assert pushed == [3]
+        assert head_version(replica, url["namespace"]) == 2
+        assert container.version() == 3
 
 
 def test_a_version_the_primary_answered_is_never_followed_by_an_older_one_from_the_replica(
@@ -268,10 +276,7 @@ def test_a_version_the_primary_answered_is_never_followed_by_an_older_one_from_t
         writer.push(filled(SIGNATURE, 2))
         wait_linked(*group)
         assert container.pull_if_newer(0)[0] == 2
-        with replica.client() as admin:  # replication stops: the replica keeps serving v2
-            admin.execute_command("REPLICAOF", "127.0.0.1", str(_free_port()))
-            admin.config_set("replica-read-only", "no")
-        try:
+        with cut_off(replica, group[0], writable=True):  # the replica keeps serving v2
             assert container.push(filled(SIGNATURE, 3)) == 3
             assert writer.push(filled(SIGNATURE, 4)) == 4
             assert container.version() == 4  # the replica's 2 is behind 3: the primary's
@@ -279,10 +284,6 @@ def test_a_version_the_primary_answered_is_never_followed_by_an_older_one_from_t
                 admin.hset(f"varsync:{url['namespace']}:variables:head", "version", "3")
             assert head_version(replica, url["namespace"]) == 3
             assert container.version() == 4
-        finally:
-            with replica.client() as admin:
-                admin.config_set("replica-read-only", "yes")
-                admin.execute_command("REPLICAOF", "127.0.0.1", str(group[0].port))
 
 
 def test_a_replica_that_cannot_serve_is_read_through_the_primary(
