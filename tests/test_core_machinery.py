@@ -97,27 +97,45 @@ def test_unknown_options_are_listed_with_the_known_ones() -> None:
     assert "['kep']" in str(err.value) and "keep, root, and timeout, namespace" in str(err.value)
 
 
-# -- histories -----------------------------------------------------------------------
+# -- histories: the core's one rule ------------------------------------------------------
+
+from varsync.backend import Head  # noqa: E402
+from varsync.history import UNKNOWN, Histories  # noqa: E402
 
 
 def test_the_first_epoch_is_adopted_and_the_same_one_changes_nothing() -> None:
-    histories = vb.Histories()
-    assert histories.check("t", "a", 5, where="x://h:1") is False
-    assert histories.trusted("t") == "a"
-    assert histories.check("t", "a", 5, where="x://h:1") is False
+    histories = Histories("x://h:1")
+    assert histories.epoch_of("t", 5) is UNKNOWN
+    histories.check("t", 5, Head(5, "a"))  # nothing known yet: numbers alone
+    assert histories.epoch_of("t", 5) == "a"
+    histories.check("t", 5, Head(6, "a"))
 
 
 def test_a_new_epoch_is_a_reset_for_a_holder_and_adopted_by_a_fresh_reader() -> None:
-    histories = vb.Histories()
-    histories.check("t", "a", 0, where="x://h:1")
+    histories = Histories("x://h:1")
+    histories.check("t", 0, Head(3, "a"))
     with pytest.raises(varsync.TableResetError, match="since you read version 7") as err:
-        histories.check("t", "b", 7, where="x://h:1", current=2)
+        histories.check("t", 7, Head(2, "b"))
     assert "epoch a -> b" in str(err.value) and "is at version 2" in str(err.value)
-    assert histories.trusted("t") == "a"  # every holder of an old version hears of it
-    assert histories.check("t", "b", 0, where="x://h:1") is True
-    assert histories.trusted("t") == "b"
+    assert histories.epoch_of("t", 7) == "a"  # every holder of an old version hears of it
+    with pytest.raises(varsync.TableResetError):  # a bigger number of the new history too
+        histories.check("t", 7, Head(9, "b"))
+    histories.check("t", 0, Head(2, "b"))  # a reader holding nothing moves on
+    assert histories.epoch_of("t", 2) == "b"
     histories.forget("t")
-    assert histories.trusted("t") is None
+    assert histories.epoch_of("t", 2) is UNKNOWN
+
+
+def test_a_version_keeps_the_epoch_it_was_handed_out_in() -> None:
+    histories = Histories("x://h:1")
+    histories.handed("t", Head(4, "a"))
+    histories.check("t", 0, Head(1, "b"))  # another call saw the new history
+    assert histories.epoch_of("t", 4) == "a" and histories.epoch_of("t", 9) == "b"
+    with pytest.raises(varsync.TableResetError, match="epoch a -> b"):
+        histories.check("t", 4, Head(4, "b"))  # the same number, another history
+    assert Histories.continues(Head(4, "a"), Head(5, "a"))
+    assert not Histories.continues(Head(4, "a"), Head(5, "b"))
+    assert not Histories.continues(Head(4, "a"), Head(3, "a"))
 
 
 def test_the_container_reports_a_version_below_the_held_one_with_the_same_message() -> None:
@@ -131,15 +149,21 @@ def test_the_container_reports_a_version_below_the_held_one_with_the_same_messag
 
 # -- the wait loop ---------------------------------------------------------------------
 
+import math  # noqa: E402
+import time  # noqa: E402
+
+from varsync.waiting import wait_for_change  # noqa: E402
+
 
 class _Scripted(vb.Backend):
-    """A backend whose versions come from a script, recording how it was asked to block."""
+    """A backend whose heads come from a script, recording the deadlines it was given."""
 
-    def __init__(self, versions: List[int], blocking: bool) -> None:
+    def __init__(self, versions: List[int], epoch: Any = "e") -> None:
         super().__init__("scripted://x", timeout=5.0, namespace="")
         self.versions = versions
+        self.epoch = epoch
+        self.looks: List[float] = []
         self.blocks: List[float] = []
-        self.supports_blocking_wait = blocking  # type: ignore[misc]
 
     def create_table(self, name: str, signature: str, specs: Sequence[vb.Spec]) -> str:
         return signature
@@ -150,103 +174,74 @@ class _Scripted(vb.Backend):
     def tables(self) -> List[str]:
         return []
 
-    def version(self, name: str) -> int:
-        return self.versions.pop(0) if len(self.versions) > 1 else self.versions[0]
+    def head(self, name: str, deadline: float) -> vb.Head:
+        self.looks.append(deadline)
+        version = self.versions.pop(0) if len(self.versions) > 1 else self.versions[0]
+        return vb.Head(version, self.epoch)
 
-    def write(self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[vb.Spec]) -> int:
+    def write(self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[vb.Spec],
+              deadline: float) -> vb.Head:
         raise NotImplementedError
 
-    def read(self, name: str, newer_than: int, timeout: Optional[float],
-             specs: Sequence[vb.Spec]) -> vb.Snapshot:
-        return self.version(name), None
-
-    def block(self, name: str, newer_than: int, seconds: float) -> None:
-        self.blocks.append(seconds)
+    def read(self, name: str, newer_than: int, deadline: float,
+             specs: Sequence[vb.Spec]) -> vb.Read:
+        return vb.Read(self.head(name, deadline), None)
 
 
-def test_a_polling_backend_is_asked_to_sleep_for_growing_intervals() -> None:
-    backend = _Scripted([3] * 8 + [4], blocking=False)
-    assert backend.wait("t", 3, 10.0) == 4
-    assert backend.blocks[0] == vb.POLL_START
-    assert backend.blocks == sorted(backend.blocks) and max(backend.blocks) <= vb.POLL_MAX
-    assert backend.blocks[1] == 2 * backend.blocks[0]
+class _Blocking(_Scripted, vb.SupportsBlockingWait):
+    def block(self, name: str, newer_than: int, deadline: float) -> None:
+        self.blocks.append(deadline - time.monotonic())
+
+
+def _wait(backend: vb.Backend, held: int, timeout: float, epoch: Any = UNKNOWN) -> int:
+    deadline = time.monotonic() + timeout
+    return wait_for_change(backend, "t", held, epoch, deadline, deadline, timeout).version
+
+
+def test_a_polling_backend_is_looked_at_with_growing_intervals(monkeypatch: Any) -> None:
+    sleeps: List[float] = []
+    monkeypatch.setattr("varsync.waiting.time.sleep", sleeps.append)
+    backend = _Scripted([3] * 8 + [4])
+    assert _wait(backend, 3, 10.0) == 4
+    assert sleeps[0] == vb.POLL_START and sleeps[1] == 2 * sleeps[0]
+    assert sleeps == sorted(sleeps) and max(sleeps) <= vb.POLL_MAX
 
 
 def test_a_blocking_backend_is_asked_to_block_for_the_time_left_in_slices() -> None:
-    backend = _Scripted([3, 3, 4], blocking=True)
-    assert backend.wait("t", 3, 60.0) == 4
-    assert len(backend.blocks) == 2 and all(s == vb.BLOCK_SLICE for s in backend.blocks)
-    backend = _Scripted([3, 4], blocking=True)
-    backend.wait("t", 3, 1.0)
-    assert 0.9 < backend.blocks[0] <= 1.0
+    backend = _Blocking([3, 3, 4])
+    assert _wait(backend, 3, 60.0) == 4
+    assert len(backend.blocks) == 2
+    assert all(vb.BLOCK_SLICE - 0.5 < s <= vb.BLOCK_SLICE for s in backend.blocks)
+    backend = _Blocking([3, 4])
+    _wait(backend, 3, 1.0)
+    assert 0.5 < backend.blocks[0] <= 1.0
 
 
 def test_a_wait_returns_a_version_below_the_held_one_at_once() -> None:
-    backend = _Scripted([0], blocking=True)
-    assert backend.wait("t", 3, 10.0) == 0 and backend.blocks == []
+    backend = _Blocking([0])
+    assert _wait(backend, 3, 10.0) == 0 and backend.blocks == []
+
+
+def test_a_wait_returns_a_new_epoch_at_the_held_number_at_once() -> None:
+    backend = _Blocking([3], epoch="new")
+    assert _wait(backend, 3, 10.0, epoch="old") == 3 and backend.blocks == []
 
 
 def test_a_wait_never_gives_up_before_its_timeout() -> None:
-    backend = _Scripted([3], blocking=False)
-    backend.block = lambda name, newer_than, seconds: threading.Event().wait(seconds)  # type: ignore[method-assign, assignment]
-    started = __import__("time").monotonic()
+    backend = _Scripted([3])
+    started = time.monotonic()
     with pytest.raises(varsync.PullTimeoutError, match="stayed at version 3"):
-        backend.wait("t", 3, 0.2)
-    assert __import__("time").monotonic() - started >= 0.2
+        _wait(backend, 3, 0.2)
+    assert time.monotonic() - started >= 0.2
 
 
-# -- read, with or without specs ----------------------------------------------------------
-
-
-class _OldRead(_Scripted):
-    """A backend of the first protocol: ``read`` without ``specs``."""
-
-    def read(self, name: str, newer_than: int, timeout: Optional[float]) -> vb.Snapshot:  # type: ignore[override]
-        self.got: Tuple[Any, ...] = (name, newer_than, timeout)
-        return 1, [np.zeros(2)]
-
-
-class _NewRead(_Scripted):
-    def read(self, name: str, newer_than: int, timeout: Optional[float],
-             specs: Sequence[vb.Spec]) -> vb.Snapshot:
-        self.got = (name, newer_than, timeout, specs)
-        return 1, [np.zeros(2)]
-
-
-def test_read_gets_the_specs_where_it_takes_them() -> None:
-    specs = [vb.Spec((2,), "float64")]
-    new = _NewRead([0], blocking=False)
-    vb.read_snapshot(new, "t", 0, 1.0, specs)
-    assert new.got == ("t", 0, 1.0, specs)
-    old = _OldRead([0], blocking=False)
-    vb.read_snapshot(old, "t", 0, 1.0, specs)
-    assert old.got == ("t", 0, 1.0)
-
-
-class _Held(_Scripted):
-    def version_within(self, name: str, timeout: Optional[float], held: int = 0) -> int:
-        self.looks = getattr(self, "looks", []) + [(timeout, held)]
-        return self.version(name)
-
-
-class _OldLook(_Scripted):
-    """A ``version_within`` from before ``held`` was passed."""
-
-    def version_within(self, name: str, timeout: Optional[float]) -> int:  # type: ignore[override]
-        self.looks = getattr(self, "looks", []) + [timeout]
-        return self.version(name)
-
-
-def test_the_wait_loop_tells_each_look_the_version_held_where_it_takes_it() -> None:
-    backend = _Held([3, 4], blocking=True)
-    assert backend.wait("t", 3, 10.0) == 4
-    assert [held for _, held in backend.looks] == [3, 3]
-    old = _OldLook([3, 4], blocking=True)
-    assert old.wait("t", 3, 10.0) == 4 and len(old.looks) == 2
-
-
-def test_a_wait_with_timeout_zero_looks_once_within_the_backends_own_timeout() -> None:
-    backend = _Held([3], blocking=True)
-    with pytest.raises(varsync.PullTimeoutError):
-        backend.wait("t", 3, 0)
-    assert backend.looks == [(None, 3)] and backend.blocks == []
+def test_a_wait_with_timeout_zero_looks_once_within_the_containers_timeout() -> None:
+    with varsync.connect("memory://core-machinery-zero", timeout=7) as store:
+        store.create_table("variables", {"w": np.zeros(2, np.float32)})
+        store.push({"w": np.ones(2, np.float32)})
+        looks: List[float] = []
+        head = store.backend.head
+        store.backend.head = lambda name, deadline: looks.append(deadline) or head(name, deadline)  # type: ignore[method-assign]
+        with pytest.raises(varsync.PullTimeoutError):
+            store.wait_for(1, timeout=0)
+        assert len(looks) == 1 and 6 < looks[0] - time.monotonic() <= 7

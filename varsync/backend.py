@@ -4,17 +4,19 @@ A plugin imports from this module and from :mod:`varsync` only. What is here is 
 stable protocol (see ``docs/plugins.md``, "What is stable"): names are added, deprecated
 for a minor release with a ``DeprecationWarning``, then removed; never changed silently.
 
-- the protocol: :class:`Backend`, :data:`Snapshot`, the table's :class:`Spec`;
+- the protocol (version 1): :class:`Backend`, the answers :class:`Head`, :class:`Read`
+  and :class:`LeafRead`, the abilities :class:`SupportsBlockingWait`,
+  :class:`SupportsLeafVersions` and :class:`SupportsReaderRegistry`, the table's
+  :class:`Spec`;
 - registration: :data:`hookimpl` and :class:`BackendRegistry`, the object the
   ``varsync_register_backends`` hook receives;
 - errors: every varsync error, and :func:`translate_errors` to turn a driver's exceptions
   into them;
-- time: :func:`deadline_after`, :func:`remaining`, and the core's wait loop
-  (:func:`wait_for_change`, over your :meth:`Backend.block`); :func:`current_deadline`,
-  the deadline of the core's call a method without a timeout argument runs in (set by
-  :func:`deadline_scope`): bound your requests by it too;
-- a table's history: :class:`Histories` and :func:`reset_error`, the one rule and message
-  for a store that lost or replaced its data;
+- time: every method gets an absolute deadline (``time.monotonic()``, ``inf`` for none);
+  :func:`request_timeout` turns it and your own ``timeout`` into one request's seconds,
+  :func:`remaining` and :func:`deadline_after` do the arithmetic;
+- a table's history: :func:`reset_error`, the message for a store that finds its own
+  data replaced (the core compares epochs; a backend only mints them);
 - options: :func:`parse_int`, :func:`parse_bool`, :func:`parse_timeout`,
   :func:`parse_host_port` (IPv6 in brackets), :func:`refuse_unknown`, and the
   ``wait_for_server`` option's :func:`parse_wait_for_server` with :func:`retry_until_up`;
@@ -26,6 +28,7 @@ for a minor release with a ``DeprecationWarning``, then removed; never changed s
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from varsync.backends.base import (
@@ -33,14 +36,15 @@ from varsync.backends.base import (
     POLL_MAX,
     POLL_START,
     Backend,
-    LeafSnapshot,
-    Snapshot,
-    current_deadline,
+    Head,
+    LeafRead,
+    Read,
+    SupportsBlockingWait,
+    SupportsLeafVersions,
+    SupportsReaderRegistry,
     deadline_after,
-    deadline_scope,
-    read_snapshot,
     remaining,
-    wait_for_change,
+    request_timeout,
 )
 from varsync.config import check_text, redact
 from varsync.errors import (
@@ -62,7 +66,7 @@ from varsync.errors import (
     translate_errors,
     translated_error,
 )
-from varsync.history import Histories, reset_error
+from varsync.history import reset_error
 from varsync.hookspecs import hookimpl
 from varsync.options import (
     MAX_TIMEOUT,
@@ -83,8 +87,12 @@ if TYPE_CHECKING:  # at run time, loaded on first use by __getattr__ below
 __all__ = [
     # the protocol
     "Backend",
-    "Snapshot",
-    "LeafSnapshot",
+    "Head",
+    "Read",
+    "LeafRead",
+    "SupportsBlockingWait",
+    "SupportsLeafVersions",
+    "SupportsReaderRegistry",
     "Spec",
     # registration
     "hookimpl",
@@ -108,19 +116,15 @@ __all__ = [
     "ErrorMap",
     "translate_errors",
     "translated_error",
-    # time and waits
+    # time
     "deadline_after",
     "remaining",
-    "wait_for_change",
-    "read_snapshot",
+    "request_timeout",
     "BLOCK_SLICE",
-    "current_deadline",
-    "deadline_scope",
     "POLL_START",
     "POLL_MAX",
     "MAX_TIMEOUT",
     # histories
-    "Histories",
     "reset_error",
     # options
     "HostPort",
@@ -143,10 +147,31 @@ __all__ = [
 _TEST_VALUES = ("filled", "check_consistent", "assert_bit_equal")
 
 
+#: Names of the 0.2 protocol, kept for one release: what each was, and what replaces it.
+_DEPRECATED = {
+    "Snapshot": "Read (read() answers Read(head, arrays))",
+    "LeafSnapshot": "LeafRead (read_leaves() answers LeafRead(head, leaf_versions, arrays))",
+    "Histories": "nothing: a backend mints epochs and answers them in each Head; the core "
+    "compares them",
+    "read_snapshot": "backend.read(name, newer_than, deadline, specs)",
+    "wait_for_change": "nothing: the core owns the wait loop over head() and block()",
+}
+
+
 def __getattr__(name: str) -> Any:
     # The test helpers live in varsync.testing, whose package imports pytest: only when used.
     if name in _TEST_VALUES:
         from varsync.testing import values
 
         return getattr(values, name)
+    if name in _DEPRECATED:
+        warnings.warn(
+            f"varsync.backend.{name} is the 0.2 protocol's, deprecated in 0.3 and removed in "
+            f"0.4; use {_DEPRECATED[name]} (docs/plugins.md, 'Porting a 0.2 backend')",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        from varsync.backends import legacy
+
+        return getattr(legacy, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

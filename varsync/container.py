@@ -17,11 +17,10 @@ from varsync import readers as readers_lib
 from varsync import signature as sig
 from varsync.backends.base import (
     Backend,
+    Head,
+    SupportsLeafVersions,
     deadline_after,
-    deadline_scope,
-    read_snapshot,
     remaining,
-    write_unversioned,
 )
 from varsync.errors import (
     ConfigurationError,
@@ -29,11 +28,11 @@ from varsync.errors import (
     PullTimeoutError,
     TableExistsError,
     TableNotFoundError,
-    TableResetError,
     UnsupportedError,
 )
-from varsync.history import reset_error
+from varsync.history import UNKNOWN, Histories
 from varsync.options import parse_timeout
+from varsync.waiting import wait_for_change
 
 __all__ = ["VariableContainer", "TableInfo", "DEFAULT_TABLE"]
 
@@ -72,10 +71,12 @@ class VariableContainer:
         self._likes_checked: dict[str, collections.OrderedDict[Any, None]] = {}
         self._lock = threading.Lock()
         self._closed = False
+        # the one judge of "same history / new history / went back" (varsync.history):
+        # the epoch seen last per table, and those of the versions handed out
+        self._histories = Histories(backend.url)
         # delta sync (docs/delta.md): what this container last wrote per table, the
-        # versions it handed out, the variables its updates assigned, tables not skipping
+        # variables its updates assigned, tables not skipping
         self._written: dict[str, delta.Written] = {}
-        self._handed = delta.Handed()
         self._assigned = delta.Assigned()
         self._whole_pushes: dict[str, bool] = {}
         self._reporter: readers_lib.Reporter | None = None
@@ -116,7 +117,7 @@ class VariableContainer:
         return TableInfo(
             name=name,
             signature=signature,
-            version=backend.version(name),
+            version=self._head(name).version,
             nbytes=sum(s.nbytes for s in specs),
             details={**backend.details(name), "options": dict(backend.describe_options())},
         )
@@ -137,10 +138,10 @@ class VariableContainer:
         backend, arrays, specs, whole = self._to_push(values, table, skip_unchanged)
         last = self._written.pop(table, None)
         if whole:
-            return backend.write(table, arrays, specs)
+            return self._seen(table, backend.write(table, arrays, specs, math.inf))
         written = delta.push_changed(backend, table, arrays, specs, last)
         self._written[table] = written
-        return written.version
+        return self._seen(table, written.head)
 
     def _push_unversioned(self, values: Any, table: str = DEFAULT_TABLE) -> None:
         """:meth:`push` for a caller that drops the new version (the TF-Agents drop-in,
@@ -149,9 +150,11 @@ class VariableContainer:
         backend, arrays, specs, whole = self._to_push(values, table, None)
         last = self._written.pop(table, None)
         if whole:
-            write_unversioned(backend, table, arrays, specs)
+            backend.write_unversioned(table, arrays, specs, math.inf)
         else:
-            self._written[table] = delta.push_changed(backend, table, arrays, specs, last)
+            written = delta.push_changed(backend, table, arrays, specs, last)
+            self._written[table] = written
+            self._seen(table, written.head)
 
     def _to_push(
         self, values: Any, table: str, skip_unchanged: bool | None
@@ -164,7 +167,8 @@ class VariableContainer:
         checks.push_size(table, backend, arrays)
         if skip_unchanged is None:
             skip_unchanged = not self._whole_pushes.get(table, False)
-        return backend, arrays, specs, not (skip_unchanged and backend.supports_leaf_versions)
+        with_leaves = isinstance(backend, SupportsLeafVersions)
+        return backend, arrays, specs, not (skip_unchanged and with_leaves)
 
     def push_leaves(self, leaves: Mapping[Any, Any], table: str = DEFAULT_TABLE) -> int:
         """Publish a new version that changes only the leaves given; every other leaf
@@ -187,16 +191,17 @@ class VariableContainer:
         backend = self._backend_call()
         checks.push_size(table, backend, list(given.values()))
         last = self._written.pop(table, None)
-        if not backend.supports_leaf_versions:
+        if not isinstance(backend, SupportsLeafVersions):
             return self._push_leaves_whole(table, given, specs)
-        if backend.version(table) == 0 or not (
-            version := backend.write_leaves(table, given, specs, None)
-        ):
+        head = None
+        if self._head(table).version:
+            head = backend.write_leaves(table, given, specs, None, math.inf)
+        if head is None:
             raise delta.nothing_to_keep(table, backend.url, signature, given)
-        written = delta.written_after(last, given, version, backend.history_of(table))
+        written = delta.written_after(last, given, head)
         if written is not None:  # the rest is still ours
             self._written[table] = written
-        return version
+        return self._seen(table, head)
 
     def configure_table(self, table: str = DEFAULT_TABLE, *, skip_unchanged: bool) -> None:
         """This container's settings for its pushes to ``table``: ``skip_unchanged``
@@ -212,19 +217,17 @@ class VariableContainer:
         the version at which each leaf last changed (0 everywhere while empty). One
         small request, bounded by ``timeout`` (default: the container's). Raises
         :class:`UnsupportedError` on a backend without leaf versions."""
-        with deadline_scope(deadline_after(self._timeout(timeout))):
-            return self._leaf_versions(table)
-
-    def _leaf_versions(self, table: str) -> tuple[int, Any]:
+        deadline = deadline_after(self._timeout(timeout))
         signature, specs = self._table(table)
         backend = self._backend_call()
-        if not backend.supports_leaf_versions:
+        if not isinstance(backend, SupportsLeafVersions):
             raise UnsupportedError(
                 f"{type(backend).__name__} ({backend.url}) does not record leaf versions: "
                 "its every push writes every leaf. Use version(table), or a backend with "
                 "leaf versions (memory://, redis://, shm://; docs/delta.md)."
             )
-        version, numbers = backend.leaf_versions(table)
+        head, numbers = backend.leaf_versions(table, deadline)
+        version = self._seen(table, head)
         if version == 0:
             numbers = [0] * len(specs)
         elif len(numbers) != len(specs) or any(not 0 < n <= version for n in numbers):
@@ -239,7 +242,7 @@ class VariableContainer:
     def version(self, table: str = DEFAULT_TABLE) -> int:
         """The table's current version: 0 while empty, then 1, 2, ... per push."""
         self._table(table)
-        return self._backend_call().version(table)
+        return self._head(table).version
 
     def pull(self, table: str = DEFAULT_TABLE, *, timeout: Any = None, like: Any = None) -> Any:
         """The table's latest value as a nest of numpy arrays in its signature's
@@ -274,24 +277,20 @@ class VariableContainer:
         copies. Without it (or for a ``version`` this container did not hand out) every
         leaf is fetched."""
         version = checks.version(version)
-        specs = self._table(table)[1]
+        signature, specs = self._table(table)
         shaped = None if like is None else self._like(table, like)
-        limit = self._timeout(timeout)
+        transfer = self._deadlines(timeout)[2]
         backend = self._backend_call()
-        bound = self._transfer_bound(limit)
-        handed = delta.NOT_HANDED
-        if version and backend.supports_leaf_versions:
-            handed = self._handed.history(table, version)
-            if handed is not delta.NOT_HANDED:
-                self._check_same_history(table, version, handed)
-        if held is not None and handed is not delta.NOT_HANDED:
-            held_leaves = sig.flatten_like(self._table(table)[0], held)[1]
-            current, _, changed = backend.read_leaves(table, version, bound, specs)
-            self._check_same_history(table, version, handed)  # the answer's, too
+        epoch = UNKNOWN
+        if held is not None and version and isinstance(backend, SupportsLeafVersions):
+            epoch = self._histories.handed_epoch(table, version)
+        if epoch is not UNKNOWN:  # a nest this container handed out: fetch what changed
+            held_leaves = sig.flatten_like(signature, held)[1]
+            head, _, changed = backend.read_leaves(table, version, transfer, specs)
+            self._histories.check(table, version, head, epoch=epoch)
             if changed is None:
-                self._check_not_reset(table, current, version)
                 return None
-            changed = checks.read_leaves(table, current, changed, specs)
+            changed = checks.read_leaves(table, head.version, changed, specs)
             fetched = [i for i, array in enumerate(changed) if array is not None]
             if shaped is not None:
                 made = adapters.from_numpy_all(
@@ -301,17 +300,16 @@ class VariableContainer:
                 for index, leaf in zip(fetched, made):
                     changed[index] = leaf
             leaves = [held_leaves[i] if a is None else a for i, a in enumerate(changed)]
-            self._handed.add(table, current, handed)
-            self._holds(table, current, handed)
+            self._handed(table, head)
             if shaped is None:
-                return current, nest_lib.unflatten(self._table(table)[0], leaves)
-            return current, adapters.rebuild(like, shaped[0], leaves)
-        current, arrays = read_snapshot(backend, table, version, bound, specs)
+                return head.version, nest_lib.unflatten(signature, leaves)
+            return head.version, adapters.rebuild(like, shaped[0], leaves)
+        head, arrays = backend.read(table, version, transfer, specs)
+        self._histories.check(table, version, head)
         if arrays is None:
-            self._check_not_reset(table, current, version)
             return None
-        current, arrays = self._checked(table, current, arrays)
-        return current, self._nest(table, arrays, like, shaped)
+        arrays = self._checked(table, head, arrays)
+        return head.version, self._nest(table, arrays, like, shaped)
 
     def wait_for(self, version: int, table: str = DEFAULT_TABLE, *, timeout: Any = None) -> int:
         """Block until the table's version is greater than ``version``; return it.
@@ -319,9 +317,9 @@ class VariableContainer:
         container's timeout; ``math.inf`` to wait without bound)."""
         version = checks.version(version)
         self._table(table)
-        current = self._backend_call().wait(table, version, self._timeout(timeout))
-        self._check_not_reset(table, current, version)
-        return current
+        head = self._wait(table, version, timeout)
+        self._histories.check(table, version, head)
+        return head.version
 
     def update(
         self,
@@ -344,42 +342,34 @@ class VariableContainer:
         signature, specs = self._table(table)
         targets = sig.flatten_targets(signature, variables)
         backend = self._backend_call()
-        if not backend.supports_leaf_versions:
-            version, arrays = self._pull_flat(table, timeout)
+        if not isinstance(backend, SupportsLeafVersions):
+            head, arrays = self._pull_flat(table, timeout)
             sig.assign_all(targets, arrays)
-            return version
-        history = backend.history_of(table)
-        holds = self._assigned.version_of(table, targets, history) if delta_only else 0
+            return head.version
+        holds = self._assigned.head_of(table, targets) if delta_only else None
         self._assigned.forget(table, targets)  # until this assignment is complete
         changed: list[np.ndarray | None] | None = None
-        if holds:
-            bound = self._transfer_bound(self._timeout(timeout))
-            try:
-                version, _, changed = backend.read_leaves(table, holds, bound, specs)
-            except TableResetError:
-                holds = 0  # another history: these variables hold nothing of it
-            else:
-                if backend.history_of(table) != history:
-                    holds = 0  # the answer is of another history than the variables
-                elif changed is None and version == holds:  # nothing newer: nothing to do
-                    self._assigned.assigned(table, targets, holds, history)
-                    return version
-                elif changed is None:
-                    holds = 0  # the table went back: another history
-        if not holds or changed is None:  # a first update, or the table was reset
-            version, arrays = self._pull_flat(table, timeout)
+        if holds is not None:
+            transfer = self._deadlines(timeout)[2]
+            head, _, changed = backend.read_leaves(table, holds.version, transfer, specs)
+            if not Histories.continues(holds, head):
+                holds = None  # another history: these variables hold nothing of it
+            elif changed is None:  # nothing newer: nothing to do
+                self._assigned.assigned(table, targets, holds)
+                return self._seen(table, head)
+        if holds is None or changed is None:  # a first update, or the table was reset
+            head, arrays = self._pull_flat(table, timeout)
             sig.assign_all(targets, arrays)
         else:
-            changed = checks.read_leaves(table, version, changed, specs)
+            changed = checks.read_leaves(table, head.version, changed, specs)
             fetched = [i for i, array in enumerate(changed) if array is not None]
             sig.assign_all(
                 [targets[i] for i in fetched],
                 [changed[i] for i in fetched],  # type: ignore[misc]
             )
-        history = backend.history_of(table)
-        self._assigned.assigned(table, targets, version, history)
-        self._holds(table, version, history)
-        return version
+            self._handed(table, head)
+        self._assigned.assigned(table, targets, head)
+        return head.version
 
     # -- who holds which version -------------------------------------------------------
 
@@ -407,17 +397,16 @@ class VariableContainer:
         store lost or replaced the table since) is not listed. ``timeout`` bounds the
         requests (default: the container's).
         ``info.lag(container.version(table))`` is how many versions one is behind."""
-        with deadline_scope(deadline_after(self._timeout(timeout))):
-            return self._readers(table)
+        return self._readers(table, deadline_after(self._timeout(timeout)))
 
-    def _readers(self, table: str) -> list[readers_lib.ReaderInfo]:
+    def _readers(self, table: str, deadline: float) -> list[readers_lib.ReaderInfo]:
         self._table(table)
         backend = self._backend_call()
-        readers_lib.require_registry(backend)
-        listed = readers_lib.parse_records(table, backend.readers(table))
+        registry = readers_lib.require_registry(backend)
+        listed = readers_lib.parse_records(table, registry.readers(table, deadline))
         if not listed:
             return listed
-        return readers_lib.of_history(listed, backend.current_history(table))
+        return readers_lib.of_history(listed, backend.head(table, deadline).epoch)
 
     def wait_for_readers(
         self, version: int, count: int, table: str = DEFAULT_TABLE, *, timeout: Any = None
@@ -429,14 +418,20 @@ class VariableContainer:
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ConfigurationError(f"count must be an int >= 1, got {count!r}")
         return readers_lib.wait_until_held(
-            lambda: self._readers(table), table, version, count, self._timeout(timeout)
+            lambda deadline: self._readers(table, deadline),
+            table,
+            version,
+            count,
+            self._timeout(timeout),
         )
 
-    def _holds(self, table: str, version: int, history: Any) -> None:
-        """This container handed out ``version`` of ``table``, of history ``history``."""
+    def _handed(self, table: str, head: Head) -> None:
+        """This container handed out ``head``'s version of ``table``: noted for the
+        history rule, and for the reporter."""
+        self._histories.handed(table, head)
         reporter = self._reporter
         if reporter is not None:
-            reporter.held(table, version, history)
+            reporter.held(table, head.version, head.epoch)
 
     # -- life cycle ------------------------------------------------------------------
 
@@ -500,29 +495,53 @@ class VariableContainer:
     def _timeout(self, timeout: Any) -> float | None:
         return self.timeout if timeout is None else parse_timeout(timeout, "timeout")
 
-    def _transfer_bound(self, limit: float | None) -> float | None:
-        """What bounds a read given a call's ``limit``: the limit itself, except that
-        ``timeout=0`` means "do not wait for a push", not "move no bytes": the data already
-        there comes within the container's timeout."""
-        return self.timeout if limit == 0 else limit
-
-    def _pull_flat(self, table: str, timeout: Any) -> tuple[int, list[np.ndarray]]:
-        """The latest version and arrays, waiting up to ``timeout`` for a first push. The
-        whole call, waits and transfers, ends within ``timeout`` (0: no wait)."""
-        specs = self._table(table)[1]
+    def _deadlines(self, timeout: Any) -> tuple[float | None, float, float]:
+        """A call's ``timeout`` (``None``: the container's), the deadline by which its
+        waits end, and the deadline of its transfers: the same, except that
+        ``timeout=0`` means "do not wait for a push", not "move no bytes", so the data
+        already there comes within the container's timeout. The one place that says so."""
         limit = self._timeout(timeout)
         deadline = deadline_after(limit)
+        return limit, deadline, deadline_after(self.timeout) if limit == 0 else deadline
+
+    def _seen(self, table: str, head: Head) -> int:
+        """An answer about ``table`` for no held version: its epoch is the one seen."""
+        self._histories.check(table, 0, head)
+        return head.version
+
+    def _head(self, table: str) -> Head:
+        """The table's head, each request bounded by the backend's own timeout."""
+        head = self._backend_call().head(table, math.inf)
+        self._seen(table, head)
+        return head
+
+    def _wait(
+        self, table: str, newer_than: int, timeout: Any, *, epoch: Any = UNKNOWN
+    ) -> Head:
+        """The table's head once its version is no longer ``newer_than`` (or its epoch no
+        longer that of the version held), within ``timeout``."""
+        limit, deadline, transfer = self._deadlines(timeout)
+        if epoch is UNKNOWN and newer_than:
+            epoch = self._histories.epoch_of(table, newer_than)
+        return wait_for_change(
+            self._backend_call(), table, newer_than, epoch, deadline, transfer, limit
+        )
+
+    def _pull_flat(self, table: str, timeout: Any) -> tuple[Head, list[np.ndarray]]:
+        """The latest head and arrays, waiting up to ``timeout`` for a first push. The
+        whole call, waits and transfers, ends within ``timeout`` (0: no wait)."""
+        specs = self._table(table)[1]
+        limit, deadline, transfer = self._deadlines(timeout)
         backend = self._backend_call()
-        bound = self._transfer_bound(limit)
         while True:
-            version, arrays = read_snapshot(backend, table, 0, bound, specs)
+            head, arrays = backend.read(table, 0, transfer, specs)
+            self._seen(table, head)
             if arrays is not None:
-                return self._checked(table, version, arrays)
-            left = remaining(deadline)
+                return head, self._checked(table, head, arrays)
             try:
-                if left <= 0:
+                if remaining(deadline) <= 0:
                     raise PullTimeoutError("no time left")
-                backend.wait(table, 0, None if math.isinf(left) else left)
+                wait_for_change(backend, table, 0, UNKNOWN, deadline, transfer, limit)
             except PullTimeoutError:
                 empty = PullTimeoutError(
                     f"table {table!r} at {backend.url} is still empty after {limit:g} s; "
@@ -530,8 +549,6 @@ class VariableContainer:
                 )
                 empty.still_empty = True
                 raise empty from None
-            if limit:  # what is left of the call bounds the transfer of the first push
-                bound = max(remaining(deadline), 0.001)
 
     def _like(self, table: str, like: Any) -> tuple[Any, list[Any]]:
         """``like`` checked against the table's structure: its plain form and its leaves.
@@ -561,33 +578,12 @@ class VariableContainer:
         leaves = adapters.from_numpy_all(arrays, like_leaves)
         return adapters.rebuild(like, plain_like, leaves)
 
-    def _check_same_history(self, table: str, version: int, handed: Any) -> None:
-        """A caller holding ``version``, which this container handed out in history
-        ``handed``: a reset if its backend has moved to another history since (another
-        call of this container saw the table restart)."""
-        if self._backend.history_of(table) != handed:
-            raise reset_error(
-                table,
-                self._backend.url,
-                version,
-                why="this container saw the table start a new history since it handed "
-                "out that version",
-            )
-
-    def _check_not_reset(self, table: str, current: int, held: int) -> None:
-        if current < held:
-            raise reset_error(table, self._backend.url, held, current=current)
-
-    def _checked(
-        self, table: str, version: int, arrays: list[np.ndarray]
-    ) -> tuple[int, list[np.ndarray]]:
-        """The backend's arrays, verified against the table's specs."""
-        checks.read_leaves(table, version, arrays, self._table(table)[1], whole=True)
-        history = self._backend.history_of(table)
-        if self._backend.supports_leaf_versions:
-            self._handed.add(table, version, history)
-        self._holds(table, version, history)
-        return version, list(arrays)
+    def _checked(self, table: str, head: Head, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """The backend's arrays of ``head``'s version, verified against the table's
+        specs, now handed out."""
+        checks.read_leaves(table, head.version, arrays, self._table(table)[1], whole=True)
+        self._handed(table, head)
+        return list(arrays)
 
     def _push_leaves_whole(
         self, table: str, given: dict[int, np.ndarray], specs: list[sig.Spec]
@@ -595,10 +591,11 @@ class VariableContainer:
         """``push_leaves`` on a backend without leaf versions: the current value with the
         given leaves replaced, written whole."""
         backend = self._backend_call()
-        current, arrays = read_snapshot(backend, table, 0, self.timeout, specs)
+        head, arrays = backend.read(table, 0, deadline_after(self.timeout), specs)
+        self._seen(table, head)
         if arrays is None:
             raise delta.nothing_to_keep(table, backend.url, self._table(table)[0], given)
-        arrays = list(self._checked(table, current, arrays)[1])
+        arrays = self._checked(table, head, arrays)
         for index, array in given.items():
             arrays[index] = array
-        return backend.write(table, arrays, specs)
+        return self._seen(table, backend.write(table, arrays, specs, math.inf))

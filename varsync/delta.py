@@ -21,17 +21,18 @@ Three pieces, each the core's, none a backend's (``docs/delta.md``):
 - :func:`leaf_indices`, :func:`given_leaves`: ``push_leaves``' paths to flat indices,
   with the nearest valid paths in the error for one the signature does not have;
   :class:`LeafPaths` walks the signature once for all of a push's paths.
-- :class:`Handed` and :class:`Assigned`: the versions a container handed out per table
-  (a nest passed back as ``held=`` must be one of them), and the variables an
-  ``update`` last assigned, by identity (weak references), with their version.
+- :class:`Assigned`: the variables an ``update`` last assigned, by identity (weak
+  references), with the head (version and epoch) they hold. (The versions a container
+  handed out, which a nest passed back as ``held=`` must be one of, are the history
+  rule's: ``varsync.history``.)
 """
 
 from __future__ import annotations
 
-import collections
 import difflib
+import math
 import weakref
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +40,7 @@ import numpy as np
 
 from varsync import nest as nest_lib
 from varsync import signature as sig
-from varsync.backends.base import Backend
+from varsync.backends.base import Backend, Head, SupportsLeafVersions
 from varsync.errors import (
     ConfigurationError,
     LeafPathError,
@@ -57,7 +58,6 @@ __all__ = [
     "nothing_to_keep",
     "leaf_indices",
     "LeafPaths",
-    "Handed",
     "Assigned",
     "EXACT_BYTES",
     "SAMPLE_POSITIONS",
@@ -100,15 +100,17 @@ def _hash(raw: np.ndarray) -> bytes:
 
 @dataclass
 class Written:
-    """What this container's last write to a table held: its version, and per leaf the
-    sample of its bytes and their hash (``None`` until a push found the sample
-    unchanged)."""
+    """What this container's last write to a table held: its head (version and epoch),
+    and per leaf the sample of its bytes and their hash (``None`` until a push found the
+    sample unchanged)."""
 
-    version: int
+    head: Head
     samples: list[bytes]
     hashes: list[bytes | None]
-    #: The history (``Backend.history_of``) the write landed in.
-    history: Hashable = None
+
+    @property
+    def version(self) -> int:
+        return self.head.version
 
 
 def changed_leaves(
@@ -164,29 +166,28 @@ def push_changed(
     ``last`` (this container's last write to the table), written on that version; every
     leaf if there is none, all changed, or another writer pushed since. The record of it
     for the next push."""
-    if last is not None and last.history != backend.history_of(table):
-        last = None  # the table restarted since: nothing of it is this writer's
     changed, samples, hashes = changed_leaves(last, arrays)
-    version = 0
+    head = None
     if last is not None and len(changed) < len(arrays):
+        assert isinstance(backend, SupportsLeafVersions)  # the container's choice
+        # only on exactly the head last written, epoch included: not after another
+        # writer's push, nor onto a table that started a new history since
         leaves = {index: arrays[index] for index in changed}
-        version = backend.write_leaves(table, leaves, specs, last.version)
-    if version == 0:  # everything changed, a first push, or another writer's since
-        version = backend.write(table, arrays, specs)
-    return Written(version, samples, hashes, backend.history_of(table))
+        head = backend.write_leaves(table, leaves, specs, last.head, math.inf)
+    if head is None:  # everything changed, a first push, or the table moved on
+        head = backend.write(table, arrays, specs, math.inf)
+    return Written(head, samples, hashes)
 
 
-def written_after(
-    last: Written | None, given: dict[int, np.ndarray], version: int, history: Hashable
-) -> Written | None:
-    """The record of a ``push_leaves`` that published ``version``, if the rest of it is
+def written_after(last: Written | None, given: dict[int, np.ndarray], head: Head) -> Written | None:
+    """The record of a ``push_leaves`` that published ``head``, if the rest of it is
     still ``last``'s (it was the version before, in the same history): its samples with
     the given leaves', their hashes left to the next push."""
-    if last is None or last.version != version - 1 or last.history != history:
+    if last is None or last.head != Head(head.version - 1, head.epoch):
         return None
     for index, array in given.items():
         last.samples[index], last.hashes[index] = _sample(_bytes_of(array)), None
-    last.version = version
+    last.head = head
     return last
 
 
@@ -357,41 +358,11 @@ def _no_such_path(signature: Any, wanted: tuple[Any, ...], empty: bool = False) 
 # -- what a container handed out and assigned ---------------------------------------------
 
 
-#: :meth:`Handed.history` of a version this container did not hand out (recently).
-NOT_HANDED: Any = object()
-
-
-class Handed:
-    """The last :attr:`KEEP` versions of each table this container returned, each with
-    the history it was in: a nest passed back as ``held=`` with one of those versions
-    came from this container, and its leaves may be combined only with leaves of the
-    same history."""
-
-    KEEP = 64
-
-    def __init__(self) -> None:
-        self._versions: dict[str, collections.OrderedDict[int, Hashable]] = {}
-
-    def add(self, table: str, version: int, history: Hashable) -> None:
-        versions = self._versions.setdefault(table, collections.OrderedDict())
-        versions[version] = history
-        versions.move_to_end(version)
-        while len(versions) > self.KEEP:
-            versions.popitem(last=False)
-
-    def history(self, table: str, version: int) -> Any:
-        """The history in which this container handed out ``version`` of ``table``, or
-        :data:`NOT_HANDED`."""
-        versions = self._versions.get(table)
-        return NOT_HANDED if versions is None else versions.get(version, NOT_HANDED)
-
-
 @dataclass
 class _Assignment:
-    version: int
+    head: Head
     targets: list[weakref.ref[Any]]
     ids: frozenset[int]
-    history: Hashable
 
 
 class Assigned:
@@ -402,21 +373,21 @@ class Assigned:
     def __init__(self) -> None:
         self._records: dict[str, _Assignment] = {}
 
-    def version_of(self, table: str, targets: Sequence[Any], history: Hashable) -> int:
-        """The version ``targets`` hold of ``table`` as the last update left them, or 0
-        if they are not exactly the variables it assigned (or one of them is gone), or
-        that version was of another history."""
+    def head_of(self, table: str, targets: Sequence[Any]) -> Head | None:
+        """The head (version and epoch) ``targets`` hold of ``table`` as the last update
+        left them, or ``None`` if they are not exactly the variables it assigned (or one
+        of them is gone)."""
         record = self._records.get(table)
-        if record is None or len(record.targets) != len(targets) or record.history != history:
-            return 0
+        if record is None or len(record.targets) != len(targets):
+            return None
         for ref, target in zip(record.targets, targets):
             if ref() is not target:
-                return 0
-        return record.version
+                return None
+        return record.head
 
-    def assigned(self, table: str, targets: Sequence[Any], version: int, history: Hashable) -> None:
-        """``targets`` now hold ``version`` of ``table``; nothing else holds a record of
-        any of them."""
+    def assigned(self, table: str, targets: Sequence[Any], head: Head) -> None:
+        """``targets`` now hold ``head``'s version of ``table``; nothing else holds a
+        record of any of them."""
         ids = frozenset(id(t) for t in targets)
         for other in [t for t, r in self._records.items() if r.ids & ids]:
             del self._records[other]
@@ -424,7 +395,7 @@ class Assigned:
             refs = [weakref.ref(t) for t in targets]
         except TypeError:  # a variable without weak references: updates stay whole
             return
-        self._records[table] = _Assignment(version, refs, ids, history)
+        self._records[table] = _Assignment(head, refs, ids)
 
     def forget(self, table: str, targets: Sequence[Any] | None = None) -> None:
         """Drop the record of ``table`` (and of any table whose variables overlap

@@ -2,10 +2,10 @@
 
 Off by default, and then free: :func:`varsync.connect` imports this module only when
 ``metrics`` is given, and without it the container talks to its backend directly. With it,
-the backend is wrapped in a :class:`MeteredBackend`, a thin proxy that times and counts the
-calls that move data (``write``, ``write_leaves``, ``read``, ``read_leaves``, ``wait``) and
-forwards everything else, capability flags included, so the core behaves as it would
-unwrapped. ``prometheus_client`` (extra ``varsync[metrics]``) is imported here only.
+the backend is wrapped in a :class:`MeteredBackend`, a backend of the same abilities and
+flags that times and counts the calls that move data (``write``, ``write_leaves``,
+``read``, ``read_leaves``) and the core's waits, and forwards the rest of the protocol, so
+the core behaves as it would unwrapped. ``prometheus_client`` (extra ``varsync[metrics]``) is imported here only.
 
 Every metric is labelled ``backend`` (the URL scheme) and ``table``:
 
@@ -24,20 +24,22 @@ See docs/cli.md, "Metrics", for exposing them.
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
 import numpy as np
 
 from varsync.backends.base import (
     Backend,
-    LeafSnapshot,
-    Snapshot,
-    read_snapshot,
-    write_unversioned,
+    Head,
+    LeafRead,
+    Read,
+    SupportsBlockingWait,
+    SupportsLeafVersions,
+    SupportsReaderRegistry,
+    abilities_of,
 )
 from varsync.errors import ConfigurationError, MissingDependencyError
 from varsync.options import parse_bool
@@ -71,8 +73,6 @@ SECONDS_BUCKETS = (
     60.0,
 )
 LAG_BUCKETS = (1, 2, 3, 5, 10, 20, 50, 100, 1000)
-#: Class attributes of these types are flags: constant, so a proxy may keep them.
-_CONSTANTS = (bool, int, float, str, tuple, frozenset, type(None))
 
 
 def _prometheus() -> Any:
@@ -184,49 +184,29 @@ def meters_for(registry: CollectorRegistry | None = None) -> Meters:
     return meters
 
 
-class MeteredBackend:
-    """A backend's proxy that times and counts the calls moving data, and forwards every
-    other attribute (flags, ``details``, ``close``, abilities added later) unchanged.
+class MeteredBackend(Backend):
+    """A backend that times and counts the calls of the backend it wraps that move data
+    (``write``, ``write_unversioned``, ``write_leaves``, ``read``, ``read_leaves``) and
+    the core's waits on it, and forwards every other call of the protocol unchanged.
 
-    Made by :func:`metered` as a subclass named after the wrapped backend's class, so
-    messages that name the backend's class read as they would unwrapped. It is
-    registered as a virtual subclass of :class:`~varsync.backend.Backend`, whose class
-    attributes it must not inherit: they would hide the wrapped backend's flags.
+    Made by :func:`metered` as a subclass named after the wrapped backend's class, with
+    the same abilities and flags, so the core and messages see what they would see
+    unwrapped; engine-specific attributes are the wrapped backend's (:attr:`wrapped`).
     """
 
-    # __dict__ holds what __getattr__ found on the backend's class and will find again
-    # (its methods, bound; its flags): the next lookup is a dict hit, not a __getattr__.
-    __slots__ = ("__dict__", "_backend", "_meters", "_scheme", "_tables")
-    _backend: Backend
-    _meters: Meters
-    _scheme: str
-    _tables: dict[str, _TableMeters]
-
     def __init__(self, backend: Backend, meters: Meters, scheme: str) -> None:
-        object.__setattr__(self, "_backend", backend)
-        object.__setattr__(self, "_meters", meters)
-        object.__setattr__(self, "_scheme", scheme)
-        object.__setattr__(self, "_tables", {})
+        self._backend = backend
+        self._meters = meters
+        self._scheme = scheme
+        self._tables: dict[str, _TableMeters] = {}
+        self.url = backend.url
+        self.timeout = backend.timeout
+        self.namespace = backend.namespace
 
     @property
     def wrapped(self) -> Backend:
-        """The backend this proxy forwards to."""
+        """The backend this one forwards to."""
         return self._backend
-
-    def __getattr__(self, name: str) -> Any:
-        if name in MeteredBackend.__slots__:  # not set yet (copy, pickle): no recursion
-            raise AttributeError(name)
-        backend = self._backend
-        value = getattr(backend, name)
-        if name not in getattr(backend, "__dict__", ()):  # the class's, not the instance's
-            static = inspect.getattr_static(type(backend), name, None)
-            if inspect.isfunction(static) or isinstance(static, _CONSTANTS):
-                self.__dict__[name] = value
-        return value
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        self.__dict__.pop(name, None)
-        setattr(self._backend, name, value)
 
     def __repr__(self) -> str:
         return f"<metered {self._backend!r}>"
@@ -237,115 +217,167 @@ class MeteredBackend:
             table = self._tables[name] = _TableMeters(self._meters, self._scheme, name)
         return table
 
-    def write(self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]) -> int:
+    # -- forwarded --------------------------------------------------------------------
+
+    def create_table(self, name: str, signature: str, specs: Sequence[Spec]) -> str:
+        return self._backend.create_table(name, signature, specs)
+
+    def signature(self, name: str) -> str | None:
+        return self._backend.signature(name)
+
+    def tables(self) -> list[str]:
+        return self._backend.tables()
+
+    def details(self, name: str) -> dict[str, Any]:
+        return self._backend.details(name)
+
+    def describe_options(self) -> Mapping[str, Any]:
+        return self._backend.describe_options()
+
+    def close(self) -> None:
+        self._backend.close()
+
+    def head(self, name: str, deadline: float) -> Head:
+        return self._backend.head(name, deadline)
+
+    # -- metered ----------------------------------------------------------------------
+
+    def write(
+        self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec], deadline: float
+    ) -> Head:
         table = self._table(name)
         start = time.perf_counter()
         try:
-            version = self._backend.write(name, arrays, specs)
+            head = self._backend.write(name, arrays, specs, deadline)
         except BaseException:
             table.error("push")
             raise
-        table.pushed(time.perf_counter() - start, sum(a.nbytes for a in arrays), version)
-        return version
+        table.pushed(time.perf_counter() - start, sum(a.nbytes for a in arrays), head.version)
+        return head
 
     def write_unversioned(
-        self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]
+        self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec], deadline: float
     ) -> None:
         table = self._table(name)
         start = time.perf_counter()
         try:
-            write_unversioned(self._backend, name, arrays, specs)
+            self._backend.write_unversioned(name, arrays, specs, deadline)
         except BaseException:
             table.error("push")
             raise
         table.pushed(time.perf_counter() - start, sum(a.nbytes for a in arrays), None)
+
+    def read(self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]) -> Read:
+        table = self._table(name)
+        start = time.perf_counter()
+        try:
+            answer = self._backend.read(name, newer_than, deadline, specs)
+        except BaseException:
+            table.error("pull")
+            raise
+        arrays = answer.arrays
+        nbytes = None if arrays is None else sum(a.nbytes for a in arrays)
+        table.pulled(time.perf_counter() - start, newer_than, answer.head.version, nbytes)
+        return answer
+
+    def waited(self, name: str, seconds: float, failed: bool) -> None:
+        """The core's wait loop ended a wait on table ``name`` (``varsync.waiting``)."""
+        table = self._table(name)
+        if failed:
+            table.error("wait")
+        table.wait_seconds.observe(seconds)
+
+
+class _MeteredLeaves(MeteredBackend, SupportsLeafVersions):
+    _backend: Any
 
     def write_leaves(
         self,
         name: str,
         leaves: Mapping[int, np.ndarray],
         specs: Sequence[Spec],
-        base: int | None = None,
-    ) -> int:
+        base: Head | None,
+        deadline: float,
+    ) -> Head | None:
         table = self._table(name)
         start = time.perf_counter()
         try:
-            version = self._backend.write_leaves(name, leaves, specs, base)
+            head: Head | None = self._backend.write_leaves(name, leaves, specs, base, deadline)
         except BaseException:
             table.error("push")
             raise
-        if version:  # 0: refused, nothing written (the core writes the whole nest next)
+        if head is not None:  # None: refused, nothing written (the core writes it whole)
             seconds = time.perf_counter() - start
-            table.pushed(seconds, sum(a.nbytes for a in leaves.values()), version)
-        return version
-
-    def read(
-        self,
-        name: str,
-        newer_than: int,
-        timeout: float | None,
-        specs: Sequence[Spec] | None = None,
-    ) -> Snapshot:
-        table = self._table(name)
-        start = time.perf_counter()
-        try:
-            if specs is None:  # a caller of the first protocol's read(name, newer_than, timeout)
-                read: Any = self._backend.read
-                version, arrays = read(name, newer_than, timeout)
-            else:
-                version, arrays = read_snapshot(self._backend, name, newer_than, timeout, specs)
-        except BaseException:
-            table.error("pull")
-            raise
-        nbytes = None if arrays is None else sum(a.nbytes for a in arrays)
-        table.pulled(time.perf_counter() - start, newer_than, version, nbytes)
-        return version, arrays
+            table.pushed(seconds, sum(a.nbytes for a in leaves.values()), head.version)
+        return head
 
     def read_leaves(
-        self, name: str, newer_than: int, timeout: float | None, specs: Sequence[Spec]
-    ) -> LeafSnapshot:
+        self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]
+    ) -> LeafRead:
         table = self._table(name)
         start = time.perf_counter()
         try:
-            version, numbers, arrays = self._backend.read_leaves(name, newer_than, timeout, specs)
+            answer: LeafRead = self._backend.read_leaves(name, newer_than, deadline, specs)
         except BaseException:
             table.error("pull")
             raise
+        arrays = answer.arrays
         nbytes = None if arrays is None else sum(a.nbytes for a in arrays if a is not None)
-        table.pulled(time.perf_counter() - start, newer_than, version, nbytes)
-        return version, numbers, arrays
+        table.pulled(time.perf_counter() - start, newer_than, answer.head.version, nbytes)
+        return answer
 
-    def wait(self, name: str, newer_than: int, timeout: float | None) -> int:
-        table = self._table(name)
-        start = time.perf_counter()
-        try:
-            return self._backend.wait(name, newer_than, timeout)
-        except BaseException:
-            table.error("wait")
-            raise
-        finally:  # a wait that timed out waited too
-            table.wait_seconds.observe(time.perf_counter() - start)
+    def leaf_versions(self, name: str, deadline: float) -> tuple[Head, list[int]]:
+        answer: tuple[Head, list[int]] = self._backend.leaf_versions(name, deadline)
+        return answer
 
 
-Backend.register(MeteredBackend)
+class _MeteredRegistry(MeteredBackend, SupportsReaderRegistry):
+    _backend: Any
 
+    def report_reader(
+        self, name: str, reader: str, record: str, ttl: float, deadline: float
+    ) -> None:
+        self._backend.report_reader(name, reader, record, ttl, deadline)
+
+    def readers(self, name: str, deadline: float) -> dict[str, str]:
+        listed: dict[str, str] = self._backend.readers(name, deadline)
+        return listed
+
+
+class _MeteredBlocking(MeteredBackend, SupportsBlockingWait):
+    _backend: Any
+
+    def block(self, name: str, newer_than: int, deadline: float) -> None:
+        self._backend.block(name, newer_than, deadline)
+
+
+_METERED: dict[type, type[MeteredBackend]] = {
+    SupportsLeafVersions: _MeteredLeaves,
+    SupportsReaderRegistry: _MeteredRegistry,
+    SupportsBlockingWait: _MeteredBlocking,
+}
+_FLAGS = (
+    "supports_create_table",
+    "shared_across_processes",
+    "persistent",
+    "max_push_bytes",
+    "supports_concurrent_writers",
+    "supported_ml_dtypes",
+)
 _CLASSES: dict[type, type[MeteredBackend]] = {}
 
 
-def _metered_class(cls: type) -> type[MeteredBackend]:
+def _metered_class(cls: type[Backend]) -> type[MeteredBackend]:
     made = _CLASSES.get(cls)
     if made is None:
-        made = type(
-            cls.__name__,
-            (MeteredBackend,),
-            {
-                "__slots__": (),
-                "__module__": __name__,
-                "__qualname__": f"MeteredBackend[{cls.__qualname__}]",
-                "__doc__": f"{cls.__name__}, metered (see varsync.metrics.MeteredBackend).",
-            },
-        )
-        _CLASSES[cls] = made
+        bases = tuple(_METERED[ability] for ability in abilities_of(cls)) or (MeteredBackend,)
+        namespace: dict[str, Any] = {
+            "__module__": __name__,
+            "__qualname__": f"MeteredBackend[{cls.__qualname__}]",
+            "__doc__": f"{cls.__name__}, metered (see varsync.metrics.MeteredBackend).",
+        }
+        namespace.update({flag: getattr(cls, flag) for flag in _FLAGS})
+        made = _CLASSES[cls] = type(cls.__name__, bases, namespace)
     return made
 
 
@@ -367,5 +399,4 @@ def metered(backend: Backend, metrics: Any, scheme: str) -> Backend:
                 f"metrics must be True, False or a prometheus_client.CollectorRegistry, "
                 f"got {metrics!r}"
             )
-    proxy = _metered_class(type(backend))(backend, meters_for(registry), scheme)
-    return cast(Backend, proxy)  # a virtual Backend: see MeteredBackend
+    return _metered_class(type(backend))(backend, meters_for(registry), scheme)

@@ -13,12 +13,12 @@ logged and tried again on the next round: reporting never raises into the reader
 Histories: a version means something only in its history (a Redis server restarted
 without its data, an shm store made again, start their tables at 1 again). A report
 names its history; ``readers`` and ``wait_for_readers`` count only the reports of the
-table's history now (asked of the store: ``Backend.current_history``), and a reporter
+table's history now (the epoch of the store's ``Backend.head``), and a reporter
 whose table has left the history of its note stops reporting it, until its container
 hands out a version of the new one. Every request is bounded: a listing by its call's
 timeout, a report round by the refresh interval (``ttl / 3``).
 
-The backend stores the entries (``supports_reader_registry``: ``report_reader`` and
+The backend stores the entries (``SupportsReaderRegistry``: ``report_reader`` and
 ``readers``, each one small request); the record is JSON made here, opaque to it.
 """
 
@@ -35,7 +35,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Callable
 
-from varsync.backends.base import Backend, deadline_after, deadline_scope, remaining
+from varsync.backends.base import Backend, SupportsReaderRegistry, deadline_after, remaining
 from varsync.errors import (
     ConfigurationError,
     CorruptDataError,
@@ -146,6 +146,7 @@ class Reporter:
                 f"ttl must be a number of seconds from 0.05 to 86400, got {ttl!r}"
             )
         self.backend = backend
+        self.registry = require_registry(backend)
         self.reader = reader
         self.ttl = float(ttl)
         self.host = socket.gethostname()
@@ -185,23 +186,25 @@ class Reporter:
                     return
                 held = dict(self._held)
             due = time.monotonic() >= next_round
-            with deadline_scope(time.monotonic() + refresh):  # a stopped server: one round
-                for table, note in held.items():
-                    if not due and self._sent.get(table) == note:
-                        continue
-                    if due and not self._still_current(table, note):
-                        continue
-                    self._report(table, *note)
+            deadline = time.monotonic() + refresh  # a stopped server: one round
+            for table, note in held.items():
+                if not due and self._sent.get(table) == note:
+                    continue
+                if due and not self._still_current(table, note, deadline):
+                    continue
+                self._report(table, *note, deadline)
             if due:
                 next_round = time.monotonic() + refresh
 
-    def _still_current(self, table: str, note: tuple[int, float, str | None]) -> bool:
+    def _still_current(
+        self, table: str, note: tuple[int, float, str | None], deadline: float
+    ) -> bool:
         """Whether the table is still in the history of ``note`` (asked of the store on
         each refresh round). If it left it, the note is dropped: reporting its version
         would tell a learner that this reader holds a version of the new history. An
         unanswered question keeps the note (the report itself will fail and be retried)."""
         try:
-            now = history_key(self.backend.current_history(table))
+            now = history_key(self.backend.head(table, deadline).epoch)
         except Exception as exc:  # as a failed report: logged, tried again next round
             log.warning(
                 "reader %r could not check the history of table %r: %s", self.reader, table, exc
@@ -225,7 +228,9 @@ class Reporter:
             )
         return False
 
-    def _report(self, table: str, version: int, at: float, history: str | None) -> None:
+    def _report(
+        self, table: str, version: int, at: float, history: str | None, deadline: float
+    ) -> None:
         now = time.time()
         record = json.dumps(
             {
@@ -239,7 +244,7 @@ class Reporter:
             }
         )
         try:
-            self.backend.report_reader(table, self.reader, record, self.ttl)
+            self.registry.report_reader(table, self.reader, record, self.ttl, deadline)
         except Exception as exc:  # never into the reader; the next round tries again
             log.warning(
                 "reader %r could not report version %d of table %r: %s",
@@ -267,24 +272,25 @@ def reader_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def require_registry(backend: Backend) -> None:
-    """Raise :class:`UnsupportedError` unless ``backend`` keeps a reader registry."""
-    if not backend.supports_reader_registry:
+def require_registry(backend: Backend) -> SupportsReaderRegistry:
+    """``backend`` as a reader registry; :class:`UnsupportedError` if it keeps none."""
+    if not isinstance(backend, SupportsReaderRegistry):
         raise UnsupportedError(
             f"{type(backend).__name__} ({backend.url}) keeps no reader registry: no "
             "reader can report what it holds there. Use a backend with one "
             "(memory://, redis://, shm://; docs/guide.md, who holds what)."
         )
+    return backend
 
 
 def wait_until_held(
-    listed: Callable[[], list[ReaderInfo]],
+    listed: Callable[[float], list[ReaderInfo]],
     table: str,
     version: int,
     count: int,
     limit: float | None,
 ) -> list[ReaderInfo]:
-    """``wait_for_readers``: the readers ``listed()`` names that hold ``version`` or newer,
+    """``wait_for_readers``: the readers ``listed(deadline)`` names that hold ``version`` or newer,
     once there are ``count`` of them, looked at with a backoff from 2 ms to 0.1 s; a
     :class:`PullTimeoutError` naming who holds what after ``limit`` seconds."""
     deadline = deadline_after(limit)
@@ -292,8 +298,7 @@ def wait_until_held(
     seen: list[ReaderInfo] | None = None
     while True:
         try:
-            with deadline_scope(deadline):  # each listing's requests end with the call
-                seen = listed()
+            seen = listed(deadline)  # each listing's requests end with the call
         except PullTimeoutError:
             if seen is None:
                 raise PullTimeoutError(

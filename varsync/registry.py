@@ -130,7 +130,7 @@ class BackendRegistry:
             )
         with self._lock:
             if scheme not in self._classes:
-                self._classes[scheme] = _import_target(entry)
+                self._classes[scheme] = _checked_class(entry, _import_target(entry))
             return self._classes[scheme]
 
 
@@ -152,6 +152,37 @@ def _import_target(entry: BackendEntry) -> type:
             f"the {entry.scheme}:// backend names {entry.target}, but {module_name} has no "
             f"{class_name}; the plugin from {entry.source} is broken"
         ) from None
+    return cls
+
+
+def _checked_class(entry: BackendEntry, cls: type) -> type:
+    """The class the registry hands out for ``entry``: ``cls`` if it speaks protocol 1
+    and implements every method of the abilities it declares; a 0.2-protocol class
+    adapted, once, with a ``DeprecationWarning`` (the one door for old backends)."""
+    from varsync.backends import legacy
+    from varsync.backends.base import Backend, is_legacy, missing_methods
+
+    where = f"the {entry.scheme}:// backend {entry.target} (from {entry.source})"
+    if not isinstance(cls, type):
+        raise ConfigurationError(f"{where} is not a class")
+    if is_legacy(cls):
+        warnings.warn(
+            f"{where} is written to the 0.2 Backend protocol, which varsync 0.3 adapts "
+            f"and 0.4 will not: {legacy.PORTING}",
+            DeprecationWarning,
+            stacklevel=4,
+        )
+        return legacy.adapted(cls)
+    if not issubclass(cls, Backend):
+        raise ConfigurationError(
+            f"{where} does not subclass varsync.backend.Backend (docs/plugins.md)"
+        )
+    missing = missing_methods(cls)
+    if missing:
+        raise ConfigurationError(
+            f"{where} declares methods it does not implement: "
+            + "; ".join(f"{owner}: {', '.join(names)}" for owner, names in missing.items())
+        )
     return cls
 
 

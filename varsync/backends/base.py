@@ -1,92 +1,138 @@
-"""The Backend protocol: the raw table surface one storage engine implements.
+"""The Backend protocol, version 1: the raw table surface one storage engine implements.
 
 A backend never sees a nest. It stores, per table, a signature text (JSON made by the
-core, opaque to the backend), a version (an int, 0 while empty, strictly increasing per
-table) and one flat list of numpy arrays per version. The core has already checked every
-array against the table's specs: each is C-contiguous, in native byte order and of
+core, opaque to the backend), a :class:`Head` (the version, 0 while empty and strictly
+increasing within one history, and the *epoch*: a token the store mints for each history
+of the table) and one flat list of numpy arrays per version. The core has already checked
+every array against the table's specs: each is C-contiguous, in native byte order and of
 exactly its spec's dtype and shape. A backend must not modify the arrays it is given and
 must copy what it keeps.
 
-Required: :meth:`create_table`, :meth:`signature`, :meth:`tables`, :meth:`version`,
-:meth:`write`, :meth:`read`. Optional: :meth:`block` (how to sleep until the table may
-have changed; the default sleeps, so waits poll), :meth:`version_within`,
-:meth:`details`, :meth:`describe_options`, :meth:`close`; with the ability
-``supports_leaf_versions``, :meth:`write_leaves`, :meth:`read_leaves`,
-:meth:`leaf_versions` and :meth:`history_of`; with ``supports_reader_registry``,
-:meth:`report_reader` and :meth:`readers`.
+Every answer that names a version names its epoch too: the core alone decides whether an
+answer is of the history a caller holds a version of (``varsync.history``). A backend
+keeps no memory of what a caller saw.
 
-The core owns the wait loop (:func:`wait_for_change`, behind :meth:`wait`): a backend
-gives it the primitive, :meth:`block`, not a loop of its own. A backend written before
-:meth:`block` existed may still override :meth:`wait`; the core calls it.
+Time is given as absolute deadlines (``time.monotonic()`` values, ``math.inf`` for none),
+as trio's cancel scopes give it: a backend bounds each request by the deadline and by its
+own ``timeout``. "Do not wait for a push" is decided by the core, never by a backend.
 
-Capability flags (class attributes) tell the core and the conformance suite what the
-engine can do; the suite checks each declared one and skips the tests of abilities a
-backend does not declare.
+Required: :meth:`create_table`, :meth:`signature`, :meth:`tables`, :meth:`head`,
+:meth:`write`, :meth:`read`. Optional: :meth:`write_unversioned`, :meth:`details`,
+:meth:`describe_options`, :meth:`close`. Without :class:`SupportsBlockingWait` the core's
+wait loop polls :meth:`head` with a growing interval.
+
+Abilities are types: a backend that can do more declares it by subclassing
+:class:`SupportsBlockingWait`, :class:`SupportsLeafVersions` or
+:class:`SupportsReaderRegistry` and implementing their abstract methods. Declaring an
+ability without its methods is an error at registration and, for a class marked
+``@typing.final``, for mypy. The core and the conformance suite ask ``isinstance``; the
+``supports_*`` flags of these abilities are derived from the types and read-only in
+spirit.
 """
 
 from __future__ import annotations
 
 import abc
-import contextlib
-import contextvars
 import inspect
 import math
 import time
-from collections.abc import Hashable, Iterator, Mapping, Sequence
-from typing import (
-    Any,
-    ClassVar,
-    Optional,
-)
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any, ClassVar, NamedTuple, Optional
 
 import numpy as np
 
 from varsync.config import redact
-from varsync.errors import ConfigurationError, PullTimeoutError
+from varsync.errors import ConfigurationError
 from varsync.signature import Spec
 
 __all__ = [
     "Backend",
-    "Snapshot",
-    "LeafSnapshot",
+    "Head",
+    "Read",
+    "LeafRead",
+    "SupportsBlockingWait",
+    "SupportsLeafVersions",
+    "SupportsReaderRegistry",
+    "ABILITIES",
+    "is_legacy",
+    "abilities_of",
+    "missing_methods",
     "remaining",
     "deadline_after",
-    "wait_for_change",
-    "deadline_scope",
-    "current_deadline",
-    "read_snapshot",
-    "write_unversioned",
+    "request_timeout",
     "POLL_START",
     "POLL_MAX",
     "BLOCK_SLICE",
 ]
 
-#: Seconds of the first and the longest sleep between two looks when :meth:`Backend.block`
-#: cannot be woken by the engine (``supports_blocking_wait`` false): the interval doubles.
+#: Seconds of the first and the longest sleep between two looks of the core's wait loop
+#: for a backend the engine cannot wake (no :class:`SupportsBlockingWait`): it doubles.
 POLL_START = 0.001
 POLL_MAX = 0.05
 
-Snapshot = tuple[int, Optional[list[np.ndarray]]]
-"""The table's current version and, when asked for, that one version's arrays."""
+#: The longest single :meth:`SupportsBlockingWait.block` of the wait loop, in seconds, even for a
+#: backend woken by its engine: a lost notification costs at most this much.
+BLOCK_SLICE = 5.0
 
 
-LeafSnapshot = tuple[int, Optional[list[int]], Optional[list[Optional[np.ndarray]]]]
-"""What :meth:`Backend.read_leaves` answers: the table's current version, then, if it is
-newer than asked, every leaf's leaf version and the arrays of the leaves changed since
-(``None`` in the places of the leaves the caller holds already)."""
+class Head(NamedTuple):
+    """A table's current version and the history (epoch) it counts in.
+
+    ``epoch`` is any hashable the store mints when a table's history starts (a table made,
+    a store that lost its data) and keeps with it: equal epochs, same history. A store
+    whose tables never start a new history may answer ``None``. ``Head(0, epoch)``: the
+    table holds no value yet."""
+
+    version: int
+    epoch: Hashable = None
+
+
+class Read(NamedTuple):
+    """What :meth:`Backend.read` answers: the head and, if its version is greater than
+    the one asked about, that version's arrays (else ``None``)."""
+
+    head: Head
+    arrays: Optional[list[np.ndarray]]
+
+
+class LeafRead(NamedTuple):
+    """What :meth:`SupportsLeafVersions.read_leaves` answers: the head, then, if its
+    version is greater than asked, every leaf's leaf version and the arrays of the leaves
+    changed since (``None`` in the places of the leaves the caller holds already)."""
+
+    head: Head
+    leaf_versions: Optional[list[int]]
+    arrays: Optional[list[Optional[np.ndarray]]]
+
+
+def deadline_after(timeout: float | None) -> float:
+    """The ``time.monotonic()`` at which ``timeout`` seconds run out (``inf`` for ``None``)."""
+    return math.inf if timeout is None else time.monotonic() + timeout
+
+
+def remaining(deadline: float) -> float:
+    """Seconds left until ``deadline`` (may be negative; ``inf`` for no deadline)."""
+    return deadline - time.monotonic()
+
+
+def request_timeout(deadline: float, own: float | None) -> float | None:
+    """The seconds one request may take: until ``deadline``, and at most the backend's
+    own ``timeout`` (``None``: no bound at all). Never below a millisecond, so that a
+    request made at its deadline fails as a timeout, not as an invalid argument."""
+    left = remaining(deadline)
+    if own is not None:
+        left = min(left, own)
+    return None if math.isinf(left) else max(left, 0.001)
 
 
 class Backend(abc.ABC):
-    """Base class of every backend. Subclass it, then register ``"module:Class"``."""
+    """Base class of every backend. Subclass it (and the abilities it has), then register
+    ``"module:Class"``."""
 
     #: Clients can create tables (Reverb cannot: its tables are fixed at server start).
     supports_create_table: ClassVar[bool] = True
     #: Containers in other processes see this store (memory: no; a server: yes).
     shared_across_processes: ClassVar[bool] = True
-    #: :meth:`block` is woken by the engine when the table changes, so the core's wait
-    #: loop blocks once for all the time left; ``False``: :meth:`block` only sleeps, and
-    #: the core polls with an interval growing from ``POLL_START`` to ``POLL_MAX``.
-    supports_blocking_wait: ClassVar[bool] = False
     #: Tables outlive the process that wrote them, across server restarts.
     persistent: ClassVar[bool] = False
     #: Largest total bytes of one push the engine accepts, or ``None`` for no limit.
@@ -97,27 +143,33 @@ class Backend(abc.ABC):
     supports_concurrent_writers: ClassVar[bool] = True
     #: The dtypes of :data:`~varsync.spec.ML_DTYPE_NAMES` (bfloat16, the float8 types)
     #: the engine stores bit-exactly, each by name: ``("bfloat16", "float8_e5m2")``.
-    #: Default none: numpy knows such arrays only through ``ml_dtypes`` (``memoryview``
-    #: refuses them, ``dtype.str`` calls every float8 type ``"<V1"``), so a backend not
+    #: Default none: numpy knows such arrays only through ``ml_dtypes``, so a backend not
     #: checked with them claims nothing; the suite round-trips the dtypes declared.
     supported_ml_dtypes: ClassVar[tuple[str, ...]] = ()
-    #: The engine records, with every stored version, the version at which each leaf
-    #: last changed, and implements :meth:`write_leaves`, :meth:`read_leaves` and
-    #: :meth:`leaf_versions`: pushes send only the leaves that changed and pulls fetch
-    #: only the leaves changed since what the caller holds (``docs/delta.md``). ``False``
-    #: (the default, and every backend written before this ability): the core writes and
-    #: reads whole versions, and ``push_leaves`` reads the current value to write a whole one.
+    #: Derived from the abilities (the types this class subclasses); do not set them.
+    supports_blocking_wait: ClassVar[bool] = False
     supports_leaf_versions: ClassVar[bool] = False
-    #: The engine keeps, per table, records of the readers that report what they hold
-    #: (:meth:`report_reader`, :meth:`readers`), each expiring unless reported again: the
-    #: core's ``readers`` and ``wait_for_readers``. ``False``: those raise
-    #: :class:`~varsync.UnsupportedError`.
     supports_reader_registry: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if getattr(cls, "_legacy_protocol", False) or is_legacy(cls):
+            return  # a 0.2-protocol class keeps its own flags (varsync.backends.legacy)
+        for ability, flag in ABILITIES.items():
+            has = issubclass(cls, ability)
+            declared = cls.__dict__.get(flag)
+            if declared is not None and bool(declared) != has:
+                raise ConfigurationError(
+                    f"{cls.__qualname__} sets {flag} = {declared!r}, but abilities are "
+                    f"declared by type: {'subclass' if declared else 'do not subclass'} "
+                    f"varsync.backend.{ability.__name__} (and drop the flag)"
+                )
+            setattr(cls, flag, has)
 
     def __init__(self, url: str, *, timeout: float | None, namespace: str, **options: Any) -> None:
         """``url``: the URL given to ``connect`` without its query string (parse
         credentials from this argument: ``self.url`` has them redacted); ``timeout``
-        bounds every network wait (``None``: no bound); ``namespace`` isolates tables;
+        bounds every request (``None``: no bound); ``namespace`` isolates tables;
         ``options`` are this backend's own, from keyword arguments and the URL's query
         string."""
         self.url = redact(url)  # for messages and repr: never holds a password
@@ -136,7 +188,8 @@ class Backend(abc.ABC):
         """Create table ``name`` with this signature text unless it exists, atomically.
 
         Return the signature text the table has now: ``signature`` if this call created
-        it, the stored one otherwise (the core compares them).
+        it, the stored one otherwise (the core compares them). A new table's history
+        starts here: mint its epoch.
         """
 
     @abc.abstractmethod
@@ -154,158 +207,42 @@ class Backend(abc.ABC):
     # -- data ------------------------------------------------------------------------
 
     @abc.abstractmethod
-    def version(self, name: str) -> int:
-        """The table's current version; 0 while nothing was written. Must cost one small
-        request, whatever the size of the table."""
+    def head(self, name: str, deadline: float) -> Head:
+        """The table's :class:`Head`: its version (0 while nothing was written) and
+        epoch. One small request, whatever the size of the table, ended by
+        ``deadline``."""
 
     @abc.abstractmethod
-    def write(self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]) -> int:
-        """Store ``arrays`` as the table's new value; return its version.
+    def write(
+        self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec], deadline: float
+    ) -> Head:
+        """Store ``arrays`` as the table's new value; return its head.
 
         Readers must see either the previous value or this one, never a mix; a failed
-        write must leave the previous value readable. (With ``supports_leaf_versions``:
-        every leaf's leaf version becomes the new version.)
+        write must leave the previous value readable. Bounded by ``deadline`` (a write
+        the deadline cut off may have been published or not; never half). With
+        :class:`SupportsLeafVersions`: every leaf's leaf version becomes the new version.
         """
 
     def write_unversioned(
-        self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]
+        self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec], deadline: float
     ) -> None:
-        """:meth:`write`, for a caller that drops the new version (TF-Agents' push returns
+        """:meth:`write`, for a caller that drops the new head (TF-Agents' push returns
         none): the same value, version, atomicity and errors. Default: calls
-        :meth:`write`. Override it only where learning the version costs a request of its
+        :meth:`write`. Override it only where learning the head costs a request of its
         own after the write (Reverb: a second table info), and skip that request."""
-        self.write(name, arrays, specs)
+        self.write(name, arrays, specs, deadline)
 
     @abc.abstractmethod
-    def read(
-        self, name: str, newer_than: int, timeout: float | None, specs: Sequence[Spec]
-    ) -> Snapshot:
-        """``(version, arrays)`` of the latest value if its version is greater than
-        ``newer_than``, else ``(version, None)``.
+    def read(self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]) -> Read:
+        """``Read(head, arrays)``: the arrays of the latest value if its version is
+        greater than ``newer_than``, else ``None``.
 
         Must not wait for data: when nothing is newer, answer at once at the cost of one
-        small request. ``timeout`` bounds the transfer itself, in seconds (``None``: no
-        bound beyond the backend's own ``timeout``). ``specs`` are the table's, as
-        :meth:`write` gets them: what to expect, or to read into. (A backend written
-        before ``specs`` was passed, with ``read(name, newer_than, timeout)``, still
-        works: the core passes only what its ``read`` takes.)
+        small request, reading no data. ``deadline`` bounds the transfer. ``specs`` are
+        the table's, as :meth:`write` gets them: what to expect, or to read into. The
+        arrays and the head must be of one version.
         """
-
-    # -- leaf versions (optional: only with ``supports_leaf_versions``) ------------------
-
-    def write_leaves(
-        self,
-        name: str,
-        leaves: Mapping[int, np.ndarray],
-        specs: Sequence[Spec],
-        base: int | None = None,
-    ) -> int:
-        """Store a new version in which the leaf at each flat index of ``leaves`` takes
-        that array, and every other leaf keeps the value and leaf version it has in the
-        current version; return the new version (the given leaves' leaf version).
-
-        ``base`` ``None``: on top of whatever version is current when the write lands,
-        atomically (another writer's push lands wholly before or wholly after it). An
-        int: only if the current version is ``base`` in the history this backend trusts
-        (the one its last write or read saw); otherwise write nothing and return 0 (the
-        core then writes the whole nest). The arrays are checked as for :meth:`write`;
-        ``leaves`` may hold every index. Into an empty table (version 0) only a write of
-        every leaf is possible: given fewer, write nothing and return 0 (the core checks
-        first; this covers a table emptied since).
-        Readers see the previous version or this one, never a mix; a failed write leaves
-        the previous version readable; a leaf unchanged for any number of versions stays
-        readable whatever the backend's retention.
-        """
-        raise NotImplementedError(f"{type(self).__name__} does not support leaf versions")
-
-    def read_leaves(
-        self, name: str, newer_than: int, timeout: float | None, specs: Sequence[Spec]
-    ) -> LeafSnapshot:
-        """``(version, leaf_versions, arrays)`` of the latest version if it is greater
-        than ``newer_than``, else ``(version, None, None)`` at the cost of one small
-        request, as :meth:`read`.
-
-        ``leaf_versions[i]`` is the version at which leaf ``i`` last changed (at most
-        ``version``); ``arrays[i]`` is its array if ``leaf_versions[i] > newer_than``,
-        else ``None``: the caller holds it already. ``newer_than`` 0: every leaf. The
-        caller holds version ``newer_than`` of the history this backend trusts: if the
-        table's history restarted since (another epoch), raise
-        :func:`~varsync.history.reset_error` (through :class:`Histories`), never answer
-        with the leaves of another history. ``timeout`` as for :meth:`read`.
-        """
-        raise NotImplementedError(f"{type(self).__name__} does not support leaf versions")
-
-    def history_of(self, name: str) -> Hashable:
-        """The history (epoch) of table ``name`` this backend trusts now, as its last
-        answer showed it: no request. With ``supports_leaf_versions`` the core keeps it
-        beside every version it hands out and every write it skips leaves on, and moves
-        only leaves of the same history: leaves held from one history are never
-        combined with another's, even after another call of the same backend moved to
-        the new one. Default ``None``: this store never starts a new history of a table
-        (memory); a backend whose tables can restart must override it."""
-        return None
-
-    def current_history(self, name: str) -> Hashable:
-        """The table's history (epoch) as the store holds it now, asked of the store (one
-        small request) and remembered nowhere: the reader registry counts only the
-        reports of this history (``readers``, ``wait_for_readers``), and a reporter stops
-        reporting a version of a history the table has left. ``None`` for a table that
-        is gone. Default: :meth:`history_of` (right for a store whose tables never start
-        a new history, such as memory; a backend whose tables can restart overrides it).
-        Added in 0.3."""
-        return self.history_of(name)
-
-    def leaf_versions(self, name: str) -> tuple[int, list[int]]:
-        """The table's current version and each leaf's leaf version, in one small
-        request; no data is moved. An empty table answers version 0 (its list, ``[]`` or
-        zeros, is not looked at)."""
-        raise NotImplementedError(f"{type(self).__name__} does not support leaf versions")
-
-    # -- the reader registry (optional: only with ``supports_reader_registry``) ----------
-
-    def report_reader(self, name: str, reader: str, record: str, ttl: float) -> None:
-        """Store ``record`` (JSON text made by the core, opaque here) as reader
-        ``reader``'s entry for table ``name``, replacing its previous one; it expires
-        ``ttl`` seconds from now unless reported again. One small request; it never
-        touches the table's data or version."""
-        raise NotImplementedError(f"{type(self).__name__} has no reader registry")
-
-    def readers(self, name: str) -> dict[str, str]:
-        """The table's unexpired reader entries: reader id -> record text. One small
-        request (a few, for many readers); expired entries are never returned."""
-        raise NotImplementedError(f"{type(self).__name__} has no reader registry")
-
-    def block(self, name: str, newer_than: int, seconds: float) -> None:
-        """Return after at most ``seconds``, or earlier once the table's version may
-        differ from ``newer_than``: the primitive the core's wait loop sleeps on.
-
-        A backend that can be notified arms its notification first, then returns at once
-        if the version already differs, else sleeps until notified or ``seconds`` pass;
-        it sets ``supports_blocking_wait``. Returning early is always allowed (the core
-        looks at the version again); never sleep past ``seconds``. The default sleeps.
-        """
-        time.sleep(seconds)
-
-    def wait(self, name: str, newer_than: int, timeout: float | None) -> int:
-        """Block while the table's version equals ``newer_than``; return the version.
-
-        (A version below ``newer_than`` returns at once: the core reports the reset.)
-        Raise :class:`PullTimeoutError` once ``timeout`` seconds pass (``None``: wait as
-        long as it takes). This is the core's loop, :func:`wait_for_change`, over
-        :meth:`version_within` and :meth:`block`: implement those rather than this.
-        """
-        return wait_for_change(self, name, newer_than, timeout)
-
-    def version_within(self, name: str, timeout: float | None, held: int = 0) -> int:
-        """:meth:`version`, its request bounded by ``timeout`` seconds (``None``: the
-        backend's own ``timeout``); the core's wait loop looks through it, so that a hung
-        server cannot hold a wait past its bound. ``held`` is the version the waiting
-        caller holds (0: none): a backend whose numbers mean something only with an epoch
-        checks each answer against it (:class:`~varsync.history.Histories`), so a new
-        history at or past ``held`` is a reset, not "no change" or "newer". Optional:
-        this default calls :meth:`version`, bounded by the backend's timeout only; a
-        ``version_within(name, timeout)`` without ``held`` is called without it."""
-        return self.version(name)
 
     def close(self) -> None:
         """Release connections. The container calls it once."""
@@ -315,120 +252,151 @@ class Backend(abc.ABC):
         return {"timeout": self.timeout, "namespace": self.namespace}
 
 
-_DEADLINE: contextvars.ContextVar[float] = contextvars.ContextVar(
-    "varsync_deadline", default=math.inf
-)
+class SupportsBlockingWait(abc.ABC):
+    """The ability to sleep until the engine says the table changed.
+
+    :meth:`block` arms the engine's notification first, then returns at once if the
+    version already differs from ``newer_than``, else sleeps until notified or
+    ``deadline``. Returning early is always allowed (the core looks at the head again);
+    never sleep past ``deadline``. The core's wait loop then blocks once for all the time
+    left (up to :data:`BLOCK_SLICE`) instead of polling."""
+
+    @abc.abstractmethod
+    def block(self, name: str, newer_than: int, deadline: float) -> None:
+        """See the class."""
 
 
-@contextlib.contextmanager
-def deadline_scope(deadline: float) -> Iterator[None]:
-    """Within the block, :func:`current_deadline` is ``deadline`` (or an enclosing scope's,
-    if earlier): how the core hands a call's own deadline to the requests of backend
-    methods that take none (``readers``, ``report_reader``, ``current_history``,
-    ``leaf_versions``), as trio's cancel scopes do. Per thread (a context variable)."""
-    token = _DEADLINE.set(min(deadline, _DEADLINE.get()))
-    try:
-        yield
-    finally:
-        _DEADLINE.reset(token)
+class SupportsLeafVersions(abc.ABC):
+    """The engine records, with every stored version, the version at which each leaf
+    last changed: pushes send only the leaves that changed and pulls fetch only the
+    leaves changed since what the caller holds (``docs/delta.md``).
+
+    With this ability the core also calls :meth:`Backend.write` (whose every leaf's leaf
+    version becomes the new version) and :meth:`Backend.read` as usual."""
+
+    @abc.abstractmethod
+    def write_leaves(
+        self,
+        name: str,
+        leaves: Mapping[int, np.ndarray],
+        specs: Sequence[Spec],
+        base: Head | None,
+        deadline: float,
+    ) -> Head | None:
+        """Store a new version in which the leaf at each flat index of ``leaves`` takes
+        that array, and every other leaf keeps the value and leaf version it has in the
+        current version; return the new head (the given leaves' leaf version is its
+        version).
+
+        ``base`` ``None``: on top of whatever version is current when the write lands,
+        atomically (another writer's push lands wholly before or wholly after it). A
+        :class:`Head`: only if the table's head is exactly ``base``, epoch included;
+        otherwise write nothing and return ``None`` (the core then writes the whole
+        nest). Into an empty table (version 0) only a write of every leaf is possible:
+        given fewer, write nothing and return ``None``. ``leaves`` may hold every index.
+        Readers see the previous version or this one, never a mix; a failed write leaves
+        the previous version readable; a leaf unchanged for any number of versions stays
+        readable whatever the backend's retention.
+        """
+
+    @abc.abstractmethod
+    def read_leaves(
+        self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]
+    ) -> LeafRead:
+        """``LeafRead(head, leaf_versions, arrays)`` of the latest version if its version
+        is greater than ``newer_than``, else ``LeafRead(head, None, None)`` at the cost of
+        one small request, as :meth:`Backend.read`.
+
+        ``leaf_versions[i]`` is the version at which leaf ``i`` last changed (at most the
+        head's version); ``arrays[i]`` is its array if ``leaf_versions[i] > newer_than``,
+        else ``None``. ``newer_than`` 0: every leaf. The core checks the head's epoch
+        against the history of the version it holds and drops an answer of another
+        history: answer what the store holds, and never compare epochs here.
+        """
+
+    @abc.abstractmethod
+    def leaf_versions(self, name: str, deadline: float) -> tuple[Head, list[int]]:
+        """The table's head and each leaf's leaf version, in one small request; no data
+        is moved. An empty table answers version 0 (its list, ``[]`` or zeros, is not
+        looked at)."""
 
 
-def current_deadline() -> float:
-    """The ``time.monotonic()`` by which the caller's call must end (``inf``: none set):
-    a backend bounds each request it sends by this as well as by its own timeout."""
-    return _DEADLINE.get()
+class SupportsReaderRegistry(abc.ABC):
+    """The engine keeps, per table, records of the readers that report what they hold,
+    each expiring unless reported again: the core's ``report_as``, ``readers`` and
+    ``wait_for_readers``. The core filters records by the table's epoch (its
+    :meth:`Backend.head`)."""
+
+    @abc.abstractmethod
+    def report_reader(
+        self, name: str, reader: str, record: str, ttl: float, deadline: float
+    ) -> None:
+        """Store ``record`` (JSON text made by the core, opaque here) as reader
+        ``reader``'s entry for table ``name``, replacing its previous one; it expires
+        ``ttl`` seconds from now unless reported again. One small request; it never
+        touches the table's data or version."""
+
+    @abc.abstractmethod
+    def readers(self, name: str, deadline: float) -> dict[str, str]:
+        """The table's unexpired reader entries: reader id -> record text. One small
+        request (a few, for many readers); expired entries are never returned."""
 
 
-def deadline_after(timeout: float | None) -> float:
-    """The ``time.monotonic()`` at which ``timeout`` runs out (``inf`` for ``None``)."""
-    return math.inf if timeout is None else time.monotonic() + timeout
+#: Each ability and the flag derived from it.
+ABILITIES: dict[type, str] = {
+    SupportsBlockingWait: "supports_blocking_wait",
+    SupportsLeafVersions: "supports_leaf_versions",
+    SupportsReaderRegistry: "supports_reader_registry",
+}
 
 
-def remaining(deadline: float) -> float:
-    """Seconds left until ``deadline`` (may be negative; ``inf`` for no deadline)."""
-    return deadline - time.monotonic()
+def is_legacy(cls: type) -> bool:
+    """Whether ``cls`` is a backend of the 0.2 protocol: it has ``version`` and no
+    ``head`` of its own (or only :class:`Backend`'s abstract one). The registry adapts
+    such a class once (``varsync.backends.legacy``)."""
+    head = inspect.getattr_static(cls, "head", None)
+    return callable(getattr(cls, "version", None)) and (
+        head is None or getattr(head, "__isabstractmethod__", False)
+    )
 
 
-#: The longest single :meth:`Backend.block` of the wait loop, in seconds, even for a
-#: backend woken by its engine: a lost notification costs at most this much.
-BLOCK_SLICE = 5.0
+def abilities_of(cls: type) -> tuple[type, ...]:
+    """The abilities ``cls`` declares, in :data:`ABILITIES`' order."""
+    return tuple(ability for ability in ABILITIES if issubclass(cls, ability))
 
 
-def wait_for_change(backend: Backend, name: str, newer_than: int, timeout: float | None) -> int:
-    """The one wait loop: look at the version, and while it equals ``newer_than`` block
-    until the backend is notified, or poll, until ``timeout`` (``None``: no bound)."""
-    deadline = deadline_after(timeout)
-    interval = POLL_START
-    takes_held = _takes(type(backend), "version_within", "held", 4)
-    while True:
-        left = remaining(deadline)
-        # timeout=0: one look, bounded by the backend's own timeout, as a read is then by
-        # the container's: "do not wait for a push" is not "give the server no time".
-        bound = None if math.isinf(left) or timeout == 0 else max(left, 0.001)
-        if takes_held:
-            current = backend.version_within(name, bound, newer_than)
-        else:
-            current = backend.version_within(name, bound)
-        if current != newer_than:
-            return current
-        left = remaining(deadline)
-        if left <= 0:
-            raise PullTimeoutError(
-                f"table {name!r} at {backend.url} stayed at version {current} (waiting for "
-                f"a version above {newer_than}) for {timeout:g} s"
-            )
-        if backend.supports_blocking_wait:
-            backend.block(name, newer_than, min(left, BLOCK_SLICE))
-        else:
-            backend.block(name, newer_than, min(interval, left))
-            interval = min(interval * 2, POLL_MAX)
+def missing_methods(cls: type) -> dict[str, list[str]]:
+    """Per ability (``"Backend"`` for the required methods), the abstract methods ``cls``
+    declares but does not implement: what makes it unusable."""
+    missing: dict[str, list[str]] = {}
+    for method in sorted(getattr(cls, "__abstractmethods__", ())):
+        owner = next(
+            (
+                c.__name__
+                for c in (Backend, *ABILITIES)
+                if issubclass(cls, c) and method in c.__dict__
+            ),
+            "Backend",
+        )
+        missing.setdefault(owner, []).append(method)
+    return missing
 
 
-_TAKES: dict[tuple[type[Any], str], bool] = {}
+#: The 0.2 protocol's names this module had, kept for one release (``varsync.backends.legacy``).
+_LEGACY_NAMES = ("Snapshot", "LeafSnapshot", "read_snapshot", "wait_for_change")
 
 
-def _takes(cls: type[Any], method: str, parameter: str, count: int) -> bool:
-    """Whether ``cls.method`` takes ``parameter``: by name, as its ``count``-th positional
-    parameter (``self`` included), or through ``*args``. Decided once per class, so a
-    backend written before ``parameter`` was added is called without it."""
-    key = (cls, method)
-    takes = _TAKES.get(key)
-    if takes is None:
-        try:
-            parameters = inspect.signature(getattr(cls, method)).parameters
-        except (TypeError, ValueError):  # no signature to inspect: assume the current one
-            takes = True
-        else:
-            takes = (
-                parameter in parameters
-                or len(parameters) >= count
-                or any(p.kind is p.VAR_POSITIONAL for p in parameters.values())
-            )
-        _TAKES[key] = takes
-    return takes
+def __getattr__(name: str) -> Any:
+    if name in _LEGACY_NAMES:
+        import warnings
 
+        from varsync.backends import legacy
 
-def read_snapshot(
-    backend: Backend,
-    name: str,
-    newer_than: int,
-    timeout: float | None,
-    specs: Sequence[Spec],
-) -> Snapshot:
-    """``backend.read(...)``, with ``specs`` where its ``read`` takes them (a backend of
-    the first protocol's ``read(name, newer_than, timeout)`` is called without)."""
-    if _takes(type(backend), "read", "specs", 5):
-        return backend.read(name, newer_than, timeout, specs)
-    return backend.read(name, newer_than, timeout)  # type: ignore[call-arg]
-
-
-def write_unversioned(
-    backend: Backend, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]
-) -> None:
-    """``backend.write_unversioned(...)``, or its ``write`` with the version dropped for a
-    backend that has no such method (one not subclassing :class:`Backend`)."""
-    unversioned = getattr(backend, "write_unversioned", None)
-    if unversioned is None:
-        backend.write(name, arrays, specs)
-    else:
-        unversioned(name, arrays, specs)
+        warnings.warn(
+            f"varsync.backends.base.{name} is the 0.2 protocol's, deprecated in 0.3 and "
+            f"removed in 0.4 (docs/plugins.md, 'Porting a 0.2 backend')",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(legacy, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,7 +7,10 @@ and no reader can make them writable (numpy refuses ``flags.writeable = True`` o
 it does not own). A new version replaces the table's ``(version, arrays)`` pair in one
 assignment under a lock, so a reader gets one version's arrays, never a mix.
 
-Leaf versions (``supports_leaf_versions``): each stored version is its arrays and, per
+Each table's epoch is minted when it is made; a memory table never starts another history
+(nothing can replace it but the process ending).
+
+Leaf versions (:class:`~varsync.backend.SupportsLeafVersions`): each stored version is its arrays and, per
 leaf, the version at which it last changed. A partial write copies only the leaves it is
 given and shares the other leaves' immutable arrays with the version before: nothing
 unchanged is copied, and a leaf untouched for any number of versions stays readable
@@ -22,16 +25,27 @@ sleeps on a lock of its own that the next push releases.
 from __future__ import annotations
 
 import contextlib
+import math
+import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, final
 from urllib.parse import urlsplit
 
 import numpy as np
 
-from varsync.backends.base import Backend, LeafSnapshot, Snapshot
+from varsync.backends.base import (
+    Backend,
+    Head,
+    LeafRead,
+    Read,
+    SupportsBlockingWait,
+    SupportsLeafVersions,
+    SupportsReaderRegistry,
+    remaining,
+)
 from varsync.errors import ConfigurationError
 from varsync.signature import Spec
 from varsync.spec import ML_DTYPE_NAMES
@@ -42,6 +56,8 @@ __all__ = ["MemoryBackend"]
 @dataclass
 class _Table:
     signature: str
+    #: This table's history: minted when it was made, never another.
+    epoch: str = field(default_factory=lambda: os.urandom(8).hex())
     #: ``(version, arrays, leaf versions)``, replaced whole: one assignment publishes a
     #: version.
     value: tuple[int, list[np.ndarray], list[int]] = (0, [], [])
@@ -73,14 +89,12 @@ def _frozen(array: np.ndarray) -> np.ndarray:
     return np.frombuffer(array.tobytes(), dtype=array.dtype).reshape(array.shape)
 
 
-class MemoryBackend(Backend):
+@final
+class MemoryBackend(Backend, SupportsLeafVersions, SupportsReaderRegistry, SupportsBlockingWait):
     """Tables in this process's memory, under the store named by the URL."""
 
     shared_across_processes = False
-    supports_blocking_wait = True
     supported_ml_dtypes = ML_DTYPE_NAMES  # bytes in, the spec's dtype out: any dtype
-    supports_leaf_versions = True
-    supports_reader_registry = True
 
     def __init__(self, url: str, *, timeout: float | None, namespace: str, **options: Any):
         super().__init__(url, timeout=timeout, namespace=namespace, **options)
@@ -119,30 +133,38 @@ class MemoryBackend(Backend):
         arrays = self._table(name).value[1]
         return {"store": self.store_name, "stored_bytes": sum(a.nbytes for a in arrays)}
 
-    def version(self, name: str) -> int:
-        return self._table(name).value[0]
+    def head(self, name: str, deadline: float) -> Head:
+        table = self._table(name)
+        return Head(table.value[0], table.epoch)
 
-    def write(self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]) -> int:
-        return self._publish(name, dict(enumerate(arrays)), None, whole=True)
+    def write(
+        self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec], deadline: float
+    ) -> Head:
+        head = self._publish(name, dict(enumerate(arrays)), None, whole=True)
+        assert head is not None  # a whole write always lands
+        return head
 
     def write_leaves(
         self,
         name: str,
         leaves: Mapping[int, np.ndarray],
         specs: Sequence[Spec],
-        base: int | None = None,
-    ) -> int:
+        base: Head | None,
+        deadline: float,
+    ) -> Head | None:
         return self._publish(name, leaves, base, whole=len(leaves) == len(specs))
 
     def _publish(
-        self, name: str, leaves: Mapping[int, np.ndarray], base: int | None, whole: bool
-    ) -> int:
+        self, name: str, leaves: Mapping[int, np.ndarray], base: Head | None, whole: bool
+    ) -> Head | None:
         copies = {index: _frozen(array) for index, array in leaves.items()}
         table = self._table(name)
         with self._store.lock:
             current, arrays, leaf_versions = table.value
-            if (base is not None and current != base) or (current == 0 and not whole):
-                return 0  # not on the version asked for, or nothing to keep the rest of
+            if base is not None and base != Head(current, table.epoch):
+                return None  # not on the head asked for
+            if current == 0 and not whole:
+                return None  # nothing to keep the rest of
             version = current + 1
             if whole:
                 arrays = [copies[i] for i in range(len(copies))]
@@ -156,24 +178,25 @@ class MemoryBackend(Backend):
             woken, table.waiters = table.waiters, []
         for waiter in woken:
             _release(waiter)
-        return version
+        return Head(version, table.epoch)
 
-    def read(
-        self, name: str, newer_than: int, timeout: float | None, specs: Sequence[Spec]
-    ) -> Snapshot:
-        version, stored, _ = self._table(name).value
+    def read(self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]) -> Read:
+        table = self._table(name)
+        version, stored, _ = table.value
         if version <= newer_than:
-            return version, None
-        return version, [array.view() for array in stored]
+            return Read(Head(version, table.epoch), None)
+        return Read(Head(version, table.epoch), [array.view() for array in stored])
 
     def read_leaves(
-        self, name: str, newer_than: int, timeout: float | None, specs: Sequence[Spec]
-    ) -> LeafSnapshot:
-        version, stored, leaf_versions = self._table(name).value
+        self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]
+    ) -> LeafRead:
+        table = self._table(name)
+        version, stored, leaf_versions = table.value
+        head = Head(version, table.epoch)
         if version <= newer_than:
-            return version, None, None
-        return (
-            version,
+            return LeafRead(head, None, None)
+        return LeafRead(
+            head,
             list(leaf_versions),
             [
                 array.view() if changed > newer_than else None
@@ -181,16 +204,19 @@ class MemoryBackend(Backend):
             ],
         )
 
-    def leaf_versions(self, name: str) -> tuple[int, list[int]]:
-        version, _, leaf_versions = self._table(name).value
-        return version, list(leaf_versions)
+    def leaf_versions(self, name: str, deadline: float) -> tuple[Head, list[int]]:
+        table = self._table(name)
+        version, _, leaf_versions = table.value
+        return Head(version, table.epoch), list(leaf_versions)
 
-    def report_reader(self, name: str, reader: str, record: str, ttl: float) -> None:
+    def report_reader(
+        self, name: str, reader: str, record: str, ttl: float, deadline: float
+    ) -> None:
         table = self._table(name)
         with self._store.lock:
             table.readers[reader] = (record, time.monotonic() + ttl)
 
-    def readers(self, name: str) -> dict[str, str]:
+    def readers(self, name: str, deadline: float) -> dict[str, str]:
         table = self._table(name)
         now = time.monotonic()
         with self._store.lock:
@@ -198,7 +224,7 @@ class MemoryBackend(Backend):
                 del table.readers[gone]
             return {reader: record for reader, (record, _) in table.readers.items()}
 
-    def block(self, name: str, newer_than: int, seconds: float) -> None:
+    def block(self, name: str, newer_than: int, deadline: float) -> None:
         table = self._table(name)
         waiter = threading.Lock()
         waiter.acquire()
@@ -207,7 +233,8 @@ class MemoryBackend(Backend):
                 if table.value[0] != newer_than:
                     return
                 table.waiters.append(waiter)
-            waiter.acquire(timeout=seconds)
+            left = remaining(deadline)
+            waiter.acquire(timeout=-1 if math.isinf(left) else max(left, 0.0))
         finally:
             with self._store.lock:
                 if waiter in table.waiters:

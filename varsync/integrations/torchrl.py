@@ -38,6 +38,7 @@ from torchrl.weight_update import WeightSyncScheme  # type: ignore[import-not-fo
 
 import varsync
 from varsync import readers as readers_lib
+from varsync.backend import SupportsReaderRegistry
 from varsync.config import redact
 from varsync.errors import (
     ConfigurationError,
@@ -246,7 +247,7 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
         self, *, worker_idx: int | None = None
     ) -> None:
         backend = self._connected().backend
-        if backend.supports_reader_registry and self._reporter is None:
+        if isinstance(backend, SupportsReaderRegistry) and self._reporter is None:
             self._reporter = readers_lib.Reporter(backend, self._reader, readers_lib.DEFAULT_TTL)
         self._first_weights()
         if self.background:
@@ -316,7 +317,7 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
         """Refuse what would make every confirmed ``send`` time out."""
         if not (self.sync and self._workers):
             return
-        if not store.backend.supports_reader_registry:
+        if not isinstance(store.backend, SupportsReaderRegistry):
             raise ConfigurationError(
                 f"{redact(self.url)} keeps no reader registry, so send() cannot learn that the "
                 "workers applied a version: pass sync=False (send returns once the push is "
@@ -514,7 +515,7 @@ class VarsyncWeightSyncScheme(WeightSyncScheme):  # type: ignore[misc, unused-ig
             if version is None:
                 return None
             self._held = version
-            history = self._connected().backend.history_of(self.table)
+            history = self._connected()._histories.epoch_of(self.table, version)
             if cascade:
                 self._cascade()
             if self._reporter is not None:  # applied, and the collector knows: confirmed

@@ -37,15 +37,10 @@ CONSISTENCY = {
 
 
 def _wait_codes(container: Any) -> list[Any]:
-    """The code of the container's backend's ``wait``: a thread running it is waiting.
-    (A ``wait`` without Python code: the container's calls that make it, instead.)"""
-    code = code_of(type(container.backend).wait)
-    if code is not None:
-        return [code]
-    return [
-        code_of(varsync.VariableContainer.wait_for),
-        code_of(varsync.VariableContainer._pull_flat),
-    ]
+    """The code of the core's wait loop: a thread running it is waiting."""
+    from varsync.waiting import wait_for_change
+
+    return [code_of(wait_for_change)]
 
 
 class _Base:

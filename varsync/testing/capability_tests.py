@@ -39,7 +39,7 @@ LARGEST_PUSH_MADE = 64 * 2**20
 #: Protocol calls a blocked wait may make while it waits (a look before, one after).
 POLLS_ALLOWED = 2
 #: The protocol's methods a polling wait would call.
-POLLED_METHODS = ("version", "version_within", "read", "signature", "tables", "details")
+POLLED_METHODS = ("head", "read", "signature", "tables", "details")
 #: Pushes (each followed by a pull) a forked child makes through the inherited container.
 FORKED_PUSHES = 30
 #: How long the forked child may take (it imports nothing: a second or two is typical).

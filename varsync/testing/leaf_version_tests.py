@@ -14,6 +14,7 @@ data would); without it, the test of readers across two histories skips.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import threading
 import time
@@ -24,7 +25,7 @@ import numpy as np
 import pytest
 
 import varsync
-from varsync.backends.base import Backend
+from varsync.backend import Backend, Head, SupportsLeafVersions
 from varsync.testing._base import TableMaker, _Base
 from varsync.testing.values import assert_bit_equal
 
@@ -37,6 +38,7 @@ DELTA = {
     "c": varsync.Spec((4096,), "int32"),
     "step": varsync.Spec((), "int64"),
 }
+DELTA_SPECS = varsync.flatten(DELTA)
 #: Each leaf's path, in flat order.
 LEAVES = [("a",), ("b", 0), ("b", 1), ("c",), ("step",)]
 
@@ -266,39 +268,48 @@ class LeafVersionTests(_Base):
         self, delta: Any, backend_cls: type[Backend]
     ) -> None:
         self._needs_leaf_versions(backend_cls)
-        backend, specs = delta.backend, varsync.flatten(DELTA)
-        assert backend.write_leaves("variables", {0: _leaf(0, 1)}, specs, None) == 0  # empty
-        assert delta.version() == 0
+        backend, specs, inf = delta.backend, DELTA_SPECS, math.inf
+        assert backend.write_leaves("variables", {0: _leaf(0, 1)}, specs, None, inf) is None
+        assert delta.version() == 0  # an empty table: nothing to keep the rest of
         delta.push(_nest([1] * 5))
+        first = backend.head("variables", inf)
         delta.push_leaves({("a",): _leaf(0, 2)})
-        assert backend.write_leaves("variables", {3: _leaf(3, 5)}, specs, 1) == 0
+        assert backend.write_leaves("variables", {3: _leaf(3, 5)}, specs, first, inf) is None
         assert delta.version() == 2
         assert _numbers(delta.pull()) == [2, 1, 1, 1, 1]
-        assert backend.write_leaves("variables", {3: _leaf(3, 5)}, specs, 2) == 3
+        current = backend.head("variables", inf)
+        stranger = Head(current.version, ("another", "history", current.epoch))
+        assert backend.write_leaves("variables", {3: _leaf(3, 5)}, specs, stranger, inf) is None
+        assert delta.version() == 2  # the same number in another history is not the base
+        written = backend.write_leaves("variables", {3: _leaf(3, 5)}, specs, current, inf)
+        assert written == Head(3, current.epoch)
         assert _numbers(delta.pull()) == [2, 1, 1, 5, 1]
 
     def test_read_leaves_returns_the_union_of_what_changed_since(
         self, delta: Any, backend_cls: type[Backend]
     ) -> None:
         self._needs_leaf_versions(backend_cls)
-        backend, specs = delta.backend, varsync.flatten(DELTA)
+        backend, specs, inf = delta.backend, DELTA_SPECS, math.inf
         delta.push(_nest([1] * 5))
         delta.push_leaves({("a",): _leaf(0, 2)})
         delta.push_leaves({("c",): _leaf(3, 3)})
         delta.push_leaves({("a",): _leaf(0, 4)})
-        version, leaf_versions, arrays = backend.read_leaves("variables", 1, None, specs)
-        assert version == 4
-        assert list(leaf_versions) == [4, 1, 1, 3, 1]
+        head = backend.head("variables", inf)
+        assert head.version == 4
+        answer = backend.read_leaves("variables", 1, inf, specs)
+        assert answer.head == head
+        assert list(answer.leaf_versions) == [4, 1, 1, 3, 1]
+        arrays = answer.arrays
         assert [a is not None for a in arrays] == [True, False, False, True, False]
         assert_bit_equal(arrays[0], _leaf(0, 4))
         assert_bit_equal(arrays[3], _leaf(3, 3))
-        _, _, arrays = backend.read_leaves("variables", 3, None, specs)
+        arrays = backend.read_leaves("variables", 3, inf, specs).arrays
         assert [a is not None for a in arrays] == [True, False, False, False, False]
-        assert backend.read_leaves("variables", 4, None, specs) == (4, None, None)
-        version, leaf_versions, arrays = backend.read_leaves("variables", 0, None, specs)
+        assert backend.read_leaves("variables", 4, inf, specs) == (head, None, None)
+        arrays = backend.read_leaves("variables", 0, inf, specs).arrays
         assert all(a is not None for a in arrays)
         assert _numbers(varsync.unflatten(DELTA, arrays)) == [4, 1, 1, 3, 1]
-        assert backend.leaf_versions("variables") == (4, [4, 1, 1, 3, 1])
+        assert backend.leaf_versions("variables", inf) == (head, [4, 1, 1, 3, 1])
 
     def test_pull_if_newer_given_held_reuses_the_held_unchanged_leaves(
         self,
@@ -515,6 +526,7 @@ class LeafVersionTests(_Base):
             pytest.skip("no new_history fixture: the suite cannot restart this backend's history")
         delta.push(_nest([1] * 5))
         version, held = delta.pull_if_newer(0)
+        epoch = delta.backend.head("variables", math.inf).epoch
         targets = _nest([0] * 5)
         delta.update(targets)
         new_history(delta_url, "variables")
@@ -524,11 +536,13 @@ class LeafVersionTests(_Base):
         for k in range(6, 9):  # past the version the reader holds, in the new history
             writer.push_leaves({("a",): _leaf(0, k)})
         expected = [8, 5, 5, 5, 5]
-        # the protocol itself: a holder of the old history's version is told, by number
-        # alone it would take the new history's leaves changed since for the rest
-        if backend_cls.supports_leaf_versions:
-            with pytest.raises(varsync.TableResetError):
-                delta.backend.read_leaves("variables", version, None, varsync.flatten(DELTA))
+        # the protocol itself: every answer names the new history's epoch, which the core
+        # compares with the held version's (by number alone it would take the new
+        # history's leaves changed since for the rest)
+        assert delta.backend.head("variables", math.inf).epoch != epoch
+        if isinstance(delta.backend, SupportsLeafVersions):
+            answer = delta.backend.read_leaves("variables", version, math.inf, DELTA_SPECS)
+            assert answer.head.epoch != epoch
         try:
             answer = delta.pull_if_newer(version, held=held)
         except varsync.TableResetError:
