@@ -281,29 +281,28 @@ class VariableContainer:
         shaped = None if like is None else self._like(table, like)
         transfer = self._deadlines(timeout)[2]
         backend = self._backend_call()
-        epoch = UNKNOWN
         if held is not None and version and isinstance(backend, SupportsLeafVersions):
             epoch = self._histories.handed_epoch(table, version)
-        if epoch is not UNKNOWN:  # a nest this container handed out: fetch what changed
-            held_leaves = sig.flatten_like(signature, held)[1]
-            head, _, changed = backend.read_leaves(table, version, transfer, specs)
-            self._histories.check(table, version, head, epoch=epoch)
-            if changed is None:
-                return None
-            changed = checks.read_leaves(table, head.version, changed, specs)
-            fetched = [i for i, array in enumerate(changed) if array is not None]
-            if shaped is not None:
-                made = adapters.from_numpy_all(
-                    [changed[i] for i in fetched],  # type: ignore[misc]
-                    [shaped[1][i] for i in fetched],
-                )
-                for index, leaf in zip(fetched, made):
-                    changed[index] = leaf
-            leaves = [held_leaves[i] if a is None else a for i, a in enumerate(changed)]
-            self._handed(table, head)
-            if shaped is None:
-                return head.version, nest_lib.unflatten(signature, leaves)
-            return head.version, adapters.rebuild(like, shaped[0], leaves)
+            if epoch is not UNKNOWN:  # a nest this container handed out: fetch what changed
+                held_leaves = sig.flatten_like(signature, held)[1]
+                head, _, changed = backend.read_leaves(table, version, transfer, specs)
+                self._histories.check(table, version, head, epoch=epoch)
+                if changed is None:
+                    return None
+                changed = checks.read_leaves(table, head.version, changed, specs)
+                fetched = [i for i, array in enumerate(changed) if array is not None]
+                if shaped is not None:
+                    made = adapters.from_numpy_all(
+                        [changed[i] for i in fetched],  # type: ignore[misc]
+                        [shaped[1][i] for i in fetched],
+                    )
+                    for index, leaf in zip(fetched, made):
+                        changed[index] = leaf
+                leaves = [held_leaves[i] if a is None else a for i, a in enumerate(changed)]
+                self._handed(table, head)
+                if shaped is None:
+                    return head.version, nest_lib.unflatten(signature, leaves)
+                return head.version, adapters.rebuild(like, shaped[0], leaves)
         head, arrays = backend.read(table, version, transfer, specs)
         self._histories.check(table, version, head)
         if arrays is None:
@@ -515,9 +514,7 @@ class VariableContainer:
         self._seen(table, head)
         return head
 
-    def _wait(
-        self, table: str, newer_than: int, timeout: Any, *, epoch: Any = UNKNOWN
-    ) -> Head:
+    def _wait(self, table: str, newer_than: int, timeout: Any, *, epoch: Any = UNKNOWN) -> Head:
         """The table's head once its version is no longer ``newer_than`` (or its epoch no
         longer that of the version held), within ``timeout``."""
         limit, deadline, transfer = self._deadlines(timeout)

@@ -5,7 +5,8 @@ Off by default, and then free: :func:`varsync.connect` imports this module only 
 the backend is wrapped in a :class:`MeteredBackend`, a backend of the same abilities and
 flags that times and counts the calls that move data (``write``, ``write_leaves``,
 ``read``, ``read_leaves``) and the core's waits, and forwards the rest of the protocol, so
-the core behaves as it would unwrapped. ``prometheus_client`` (extra ``varsync[metrics]``) is imported here only.
+the core behaves as it would unwrapped. ``prometheus_client`` (extra
+``varsync[metrics]``) is imported here only.
 
 Every metric is labelled ``backend`` (the URL scheme) and ``table``:
 

@@ -37,7 +37,7 @@ import inspect
 import math
 import time
 from collections.abc import Hashable, Mapping, Sequence
-from typing import Any, ClassVar, NamedTuple, Optional
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -70,8 +70,8 @@ __all__ = [
 POLL_START = 0.001
 POLL_MAX = 0.05
 
-#: The longest single :meth:`SupportsBlockingWait.block` of the wait loop, in seconds, even for a
-#: backend woken by its engine: a lost notification costs at most this much.
+#: The longest single :meth:`SupportsBlockingWait.block` of the wait loop, in seconds:
+#: a lost notification costs at most this much.
 BLOCK_SLICE = 5.0
 
 
@@ -92,7 +92,7 @@ class Read(NamedTuple):
     the one asked about, that version's arrays (else ``None``)."""
 
     head: Head
-    arrays: Optional[list[np.ndarray]]
+    arrays: list[np.ndarray] | None
 
 
 class LeafRead(NamedTuple):
@@ -101,8 +101,8 @@ class LeafRead(NamedTuple):
     changed since (``None`` in the places of the leaves the caller holds already)."""
 
     head: Head
-    leaf_versions: Optional[list[int]]
-    arrays: Optional[list[Optional[np.ndarray]]]
+    leaf_versions: list[int] | None
+    arrays: list[np.ndarray | None] | None
 
 
 def deadline_after(timeout: float | None) -> float:

@@ -16,6 +16,7 @@ the backend blocks through ``block`` or (0.1) through its own ``wait``.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import threading
@@ -236,10 +237,8 @@ class _BlockingWait(SupportsBlockingWait):
         if not self._blocks_by_wait:
             self.legacy.block(name, newer_than, seconds)
             return
-        try:  # a 0.1 backend's own wait: blocks while the version is newer_than
+        with contextlib.suppress(PullTimeoutError):  # a 0.1 backend's own wait
             self.legacy.wait(name, newer_than, seconds)
-        except PullTimeoutError:
-            pass
 
 
 _ADAPTERS: dict[type, type[LegacyBackend]] = {}
@@ -263,7 +262,7 @@ def adapted(cls: type) -> type[LegacyBackend]:
         "__qualname__": cls.__qualname__,
         "__doc__": cls.__doc__,
         "legacy_class": cls,
-        "_read_takes_specs": _takes(cls.read, "specs", 5),
+        "_read_takes_specs": _takes(getattr(cls, "read", None), "specs", 5),
         "_blocks_by_wait": blocks_by_wait,
         "_own_write_unversioned": _overrides(cls, "write_unversioned"),
     }
@@ -298,7 +297,7 @@ def _concrete(cls: type) -> type:
     made = _CONCRETE.get(cls)
     if made is None:
         namespace: dict[str, Any] = {"_legacy_protocol": True, "__module__": cls.__module__}
-        for method in cls.__abstractmethods__:
+        for method in getattr(cls, "__abstractmethods__", ()):
             namespace[method] = _not_called(method)
         made = _CONCRETE[cls] = type(cls.__name__, (cls,), namespace)
     return made
@@ -325,7 +324,7 @@ def read_snapshot(
     backend: Any, name: str, newer_than: int, timeout: float | None, specs: Sequence[Spec]
 ) -> Snapshot:
     """0.2: a 0.2 backend's ``read``, with ``specs`` where it takes them."""
-    if _takes(type(backend).read, "specs", 5):
+    if _takes(getattr(type(backend), "read", None), "specs", 5):
         snapshot: Snapshot = backend.read(name, newer_than, timeout, specs)
     else:
         snapshot = backend.read(name, newer_than, timeout)

@@ -10,10 +10,10 @@ assignment under a lock, so a reader gets one version's arrays, never a mix.
 Each table's epoch is minted when it is made; a memory table never starts another history
 (nothing can replace it but the process ending).
 
-Leaf versions (:class:`~varsync.backend.SupportsLeafVersions`): each stored version is its arrays and, per
-leaf, the version at which it last changed. A partial write copies only the leaves it is
-given and shares the other leaves' immutable arrays with the version before: nothing
-unchanged is copied, and a leaf untouched for any number of versions stays readable
+Leaf versions (:class:`~varsync.backend.SupportsLeafVersions`): each stored version is
+its arrays and, per leaf, the version at which it last changed. A partial write copies
+only the leaves it is given and shares the other leaves' immutable arrays with the
+version before: nothing unchanged is copied, and a leaf untouched for any number of versions stays readable
 because every version that shows it holds a reference to it.
 
 Every lock here is a plain ``threading.Lock`` used by ``with`` (whose ``__enter__`` is

@@ -170,7 +170,9 @@ class ReaderRegistryTests(_Base):
             writer.wait_for_readers(1, 1, timeout=self.TTL * 2)
         for learning in (writer, store):
             assert learning.readers() == []
-        assert writer.backend.readers("variables", math.inf) == {}  # the reporter stopped sending it
+        assert (
+            writer.backend.readers("variables", math.inf) == {}
+        )  # the reporter stopped sending it
         assert int(actor.pull()["train_step"]) == 15  # the actor takes the new history's value
         held = writer.wait_for_readers(5, 1, timeout=10)
         assert [(r.reader, r.version) for r in held] == [("old-weights", 5)]
