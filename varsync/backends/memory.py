@@ -13,8 +13,8 @@ Each table's epoch is minted when it is made; a memory table never starts anothe
 Leaf versions (:class:`~varsync.backend.SupportsLeafVersions`): each stored version is
 its arrays and, per leaf, the version at which it last changed. A partial write copies
 only the leaves it is given and shares the other leaves' immutable arrays with the
-version before: nothing unchanged is copied, and a leaf untouched for any number of versions stays readable
-because every version that shows it holds a reference to it.
+version before: nothing unchanged is copied, and a leaf untouched for any number of
+versions stays readable because every version that shows it holds a reference to it.
 
 Every lock here is a plain ``threading.Lock`` used by ``with`` (whose ``__enter__`` is
 C code), never a ``threading.Condition``, whose Python-level ``__enter__`` and ``wait``
