@@ -61,13 +61,13 @@ def test_a_bad_host_or_port_names_what_is_wrong_and_an_example(url, fragment) ->
 
 @pytest.mark.parametrize("text, value", [("3", 3), (3, 3), (3.0, 3), ("0", 0)])
 def test_ints_from_text_or_values(text, value) -> None:
-    assert vb.parse_int(text, "keep", 0, 10) == value
+    assert vb.parse_int(text, "keep", minimum=0, maximum=10) == value
 
 
 @pytest.mark.parametrize("bad", [True, "3.5", 3.5, "many", None, "11", -1])
 def test_bad_ints_are_refused_with_their_range(bad) -> None:
     with pytest.raises(varsync.ConfigurationError, match="keep="):
-        vb.parse_int(bad, "keep", 0, 10)
+        vb.parse_int(bad, "keep", minimum=0, maximum=10)
 
 
 @pytest.mark.parametrize(
@@ -75,6 +75,13 @@ def test_bad_ints_are_refused_with_their_range(bad) -> None:
 )
 def test_bools_from_text_or_values(text, value) -> None:
     assert vb.parse_bool(text, "tls") is value
+
+
+def test_bounds_given_by_position_still_work_with_a_deprecation_warning() -> None:
+    with pytest.warns(DeprecationWarning, match="minimum=..., maximum="):
+        assert vb.parse_int("3", "keep", 0, 10) == 3
+    with pytest.warns(DeprecationWarning), pytest.raises(varsync.ConfigurationError):
+        vb.parse_int("11", "keep", 0, 10)
 
 
 def test_a_bad_bool_says_what_is_expected() -> None:

@@ -10,6 +10,7 @@
 adapters load when first used.
 """
 
+from varsync import _plugins  # noqa: F401  (wires the plugin host into the registries)
 from varsync.connect import connect
 from varsync.container import DEFAULT_TABLE, TableInfo, VariableContainer
 from varsync.errors import (

@@ -52,6 +52,7 @@ __all__ = [
     "UnsupportedError",
     "BackendConnectionError",
     "AuthenticationError",
+    "PluginWarning",
     "translate_errors",
     "translated_error",
 ]
@@ -147,6 +148,11 @@ class PullTimeoutError(VarsyncError, TimeoutError):
 class UnsupportedError(VarsyncError, NotImplementedError):
     """The backend does not have the optional ability a call needs (e.g. leaf versions
     for ``leaf_versions``); the message says which, and what to use instead."""
+
+
+class PluginWarning(UserWarning):
+    """A varsync plugin failed to load or registered something invalid (a warning, not
+    an error: the other plugins keep working)."""
 
 
 class BackendConnectionError(VarsyncError, ConnectionError):

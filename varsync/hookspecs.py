@@ -21,21 +21,26 @@ varsync's built-in backends register through this same hook. Framework adapters
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import pluggy
-
-if TYPE_CHECKING:
-    from varsync.adapters import AdapterRegistry
-    from varsync.registry import BackendRegistry
 
 PROJECT = "varsync"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
+class Registry(Protocol):
+    """What a hook receives: :class:`varsync.backend.BackendRegistry` for
+    ``varsync_register_backends``, ``varsync.adapters.AdapterRegistry`` for
+    ``varsync_register_adapters``; each takes entries through ``add``."""
+
+    def add(self, name: str, target: str, **details: Any) -> None:
+        """Register ``target`` (``"module:Class"`` or ``"module:ATTRIBUTE"``)."""
+
+
 @hookspec
-def varsync_register_backends(registry: BackendRegistry) -> None:
+def varsync_register_backends(registry: Registry) -> None:
     """Add backends to ``registry`` with ``registry.add(scheme, "module:Class", ...)``.
 
     Name each backend class as a ``"module:Class"`` string: it is imported only when a URL
@@ -46,7 +51,7 @@ def varsync_register_backends(registry: BackendRegistry) -> None:
 
 
 @hookspec
-def varsync_register_adapters(registry: AdapterRegistry) -> None:
+def varsync_register_adapters(registry: Registry) -> None:
     """Add framework adapters to ``registry`` with
     ``registry.add(name, "module:ATTRIBUTE", modules=["myframework"])``.
 

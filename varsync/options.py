@@ -9,6 +9,7 @@ what was expected. They are public through :mod:`varsync.backend`.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Collection
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
@@ -34,17 +35,41 @@ _FALSE = ("0", "false", "no", "off")
 _NO_BOUND = ("none", "inf", "infinity", "forever")
 
 
-def parse_int(value: Any, name: str, low: int, high: int | None = None) -> int:
-    """``value`` as an int in ``[low, high]`` (``high=None``: no upper bound). Takes ints,
-    integral floats and their text; refuses ``bool``."""
+def parse_int(
+    value: Any,
+    name: str,
+    low: int | None = None,
+    high: int | None = None,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+) -> int:
+    """``value`` (an int, an integral float, or their text, as a URL's query string gives
+    it; never a ``bool``) as an int of at least ``minimum`` and at most ``maximum``
+    (``None``: no bound), else :class:`ConfigurationError` naming ``name`` and the range.
+    ``minimum`` and ``maximum`` are bounds, not defaults: a default is the caller's
+    (``options.pop("keep", 2)``). (``low`` and ``high``, the same bounds given by
+    position, are 0.2's form, deprecated.)"""
+    if low is not None or high is not None:
+        warnings.warn(
+            "parse_int(value, name, low, high) is deprecated: pass the bounds by keyword, "
+            "parse_int(value, name, minimum=..., maximum=...)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        minimum = low if minimum is None else minimum
+        maximum = high if maximum is None else maximum
     try:
         if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
             raise ValueError
         number = int(value)
     except (TypeError, ValueError, OverflowError):
         raise ConfigurationError(f"{name}={value!r} is not an integer") from None
-    if number < low or (high is not None and number > high):
-        bound = f"between {low} and {high}" if high is not None else f">= {low}"
+    if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
+        if minimum is not None and maximum is not None:
+            bound = f"between {minimum} and {maximum}"
+        else:
+            bound = f">= {minimum}" if minimum is not None else f"<= {maximum}"
         raise ConfigurationError(f"{name}={value!r} is out of range; expected {bound}")
     return number
 

@@ -9,22 +9,24 @@ is reported with a :class:`PluginWarning` and the others keep working.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import importlib.util
 import threading
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-import pluggy
-
-from varsync import hookspecs
-from varsync.errors import ConfigurationError, MissingDependencyError, UnknownBackendError
+from varsync.errors import (
+    ConfigurationError,
+    MissingDependencyError,
+    PluginWarning,
+    UnknownBackendError,
+)
 
 __all__ = [
     "BackendEntry",
+    "install",
     "BackendRegistry",
     "PluginWarning",
     "available_backends",
@@ -34,11 +36,6 @@ __all__ = [
 ]
 
 BUILTIN = "built-in"
-BUILTIN_ADAPTERS = "built-in adapters"
-
-
-class PluginWarning(UserWarning):
-    """A varsync plugin failed to load or registered something invalid."""
 
 
 @dataclass(frozen=True)
@@ -186,91 +183,18 @@ def _checked_class(entry: BackendEntry, cls: type) -> type:
     return cls
 
 
-def _entry_points() -> list[importlib.metadata.EntryPoint]:
-    found = importlib.metadata.entry_points()
-    if hasattr(found, "select"):
-        return list(found.select(group=hookspecs.PROJECT))
-    return list(found.get(hookspecs.PROJECT, ()))  # Python 3.9
-
-
-def _source_of(entry_point: importlib.metadata.EntryPoint) -> str:
-    dist = getattr(entry_point, "dist", None)
-    if dist is None:
-        return f"entry point {entry_point.name}"
-    return f"{dist.metadata['Name']} {dist.version}"
-
-
-def _plugin_manager() -> tuple[pluggy.PluginManager, dict[str, str]]:
-    """The plugin manager with the built-ins and every entry point's plugin registered,
-    and each plugin's source (distribution and version), built once per registry reset."""
-    global _MANAGER
-    if _MANAGER is not None:
-        return _MANAGER
-    from varsync import backends as builtin
-
-    manager = pluggy.PluginManager(hookspecs.PROJECT)
-    manager.add_hookspecs(hookspecs)
-    manager.register(builtin, name=BUILTIN)
-    manager.register(importlib.import_module("varsync.adapters.builtin"), name=BUILTIN_ADAPTERS)
-    sources = {BUILTIN: BUILTIN, BUILTIN_ADAPTERS: BUILTIN}
-    for entry_point in _entry_points():
-        source = _source_of(entry_point)
-        name = f"{source}: {entry_point.name}"
-        if manager.has_plugin(name):
-            continue  # the same distribution found twice on sys.path
-        try:
-            manager.register(entry_point.load(), name=name)
-            sources[name] = source
-        except Exception as exc:  # a broken plugin must not break the others
-            _warn_broken(entry_point.name, source, exc)
-    _MANAGER = (manager, sources)
-    return _MANAGER
-
-
-def _call_in_order(hook_name: str, registry: Any) -> None:
-    """Call each implementation of the hook ``hook_name`` with ``registry``, built-ins
-    first (so they keep their names: get_hookimpls() keeps registration order only among
-    plain hookimpls, pluggy puts trylast ones first), telling the registry whose it is."""
-    with _MANAGER_LOCK:
-        manager, sources = _plugin_manager()
-    impls = getattr(manager.hook, hook_name).get_hookimpls()
-    for impl in sorted(impls, key=lambda impl: sources[impl.plugin_name] != BUILTIN):
-        registry._source = sources[impl.plugin_name]
-        try:
-            impl.function(registry=registry)
-        except Exception as exc:
-            _warn_broken(impl.plugin_name, registry._source, exc)
-    registry._source = BUILTIN
-
-
-def _build_registry() -> BackendRegistry:
-    registry = BackendRegistry()
-    _call_in_order("varsync_register_backends", registry)
-    return registry
-
-
-def build_adapter_registry() -> Any:
-    """The framework adapters every plugin registers (``varsync_register_adapters``)."""
-    from varsync.adapters import AdapterRegistry
-
-    registry = AdapterRegistry()
-    _call_in_order("varsync_register_adapters", registry)
-    return registry
-
-
-def _warn_broken(name: str, source: str, exc: Exception) -> None:
-    warnings.warn(
-        f"varsync plugin {name!r} from {source} failed to load and was skipped: "
-        f"{type(exc).__name__}: {exc}",
-        PluginWarning,
-        stacklevel=3,
-    )
-
-
 _REGISTRY: BackendRegistry | None = None
-_MANAGER: tuple[pluggy.PluginManager, dict[str, str]] | None = None
 _REGISTRY_LOCK = threading.Lock()
-_MANAGER_LOCK = threading.Lock()
+#: Set by the plugin host (``varsync._plugins``) when ``varsync`` is imported: how to
+#: build the registry, and how to make the host scan the entry points again.
+_BUILD: Callable[[], BackendRegistry] | None = None
+_RESET: Callable[[], None] | None = None
+
+
+def install(build: Callable[[], BackendRegistry], reset: Callable[[], None]) -> None:
+    """The plugin host's hand-over: ``build`` makes the registry on first use."""
+    global _BUILD, _RESET
+    _BUILD, _RESET = build, reset
 
 
 def get_registry() -> BackendRegistry:
@@ -278,20 +202,20 @@ def get_registry() -> BackendRegistry:
     global _REGISTRY
     with _REGISTRY_LOCK:
         if _REGISTRY is None:
-            _REGISTRY = _build_registry()
+            if _BUILD is None:  # pragma: no cover - importing varsync installs it
+                raise RuntimeError("varsync's plugin host is not installed: import varsync")
+            _REGISTRY = _BUILD()
         return _REGISTRY
 
 
 def reset_registry() -> None:
     """Forget the registries (backends and framework adapters) so the next use scans the
     entry points again."""
-    global _REGISTRY, _MANAGER
-    with _REGISTRY_LOCK, _MANAGER_LOCK:
+    global _REGISTRY
+    with _REGISTRY_LOCK:
         _REGISTRY = None
-        _MANAGER = None
-    from varsync.adapters import reset_adapter_registry
-
-    reset_adapter_registry()
+    if _RESET is not None:
+        _RESET()
 
 
 def available_backends() -> list[BackendEntry]:

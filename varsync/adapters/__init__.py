@@ -16,16 +16,15 @@ import importlib
 import sys
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
 from varsync import nest as nest_lib
-from varsync.errors import ConfigurationError
+from varsync.errors import ConfigurationError, PluginWarning
 from varsync.nest import EMPTY, Ordered
-from varsync.registry import PluginWarning
 
 __all__ = [
     "EMPTY",
@@ -38,6 +37,7 @@ __all__ = [
     "from_numpy",
     "from_numpy_all",
     "get_adapter_registry",
+    "install",
     "leaves_and_key",
     "rebuild",
     "reset_adapter_registry",
@@ -217,6 +217,14 @@ _PLAIN = frozenset(
 
 _REGISTRY: AdapterRegistry | None = None
 _REGISTRY_LOCK = threading.Lock()
+#: Set by the plugin host (``varsync._plugins``) when ``varsync`` is imported.
+_BUILD: Callable[[], AdapterRegistry] | None = None
+
+
+def install(build: Callable[[], AdapterRegistry]) -> None:
+    """The plugin host's hand-over: ``build`` makes the registry on first use."""
+    global _BUILD
+    _BUILD = build
 
 
 def get_adapter_registry() -> AdapterRegistry:
@@ -224,9 +232,9 @@ def get_adapter_registry() -> AdapterRegistry:
     global _REGISTRY
     with _REGISTRY_LOCK:
         if _REGISTRY is None:
-            from varsync.registry import build_adapter_registry
-
-            _REGISTRY = build_adapter_registry()
+            if _BUILD is None:  # pragma: no cover - importing varsync installs it
+                raise RuntimeError("varsync's plugin host is not installed: import varsync")
+            _REGISTRY = _BUILD()
         return _REGISTRY
 
 

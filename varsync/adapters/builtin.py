@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from varsync.hookspecs import hookimpl
-
-if TYPE_CHECKING:
-    from varsync.adapters import AdapterRegistry
+from varsync.hookspecs import Registry, hookimpl
 
 
 @hookimpl
-def varsync_register_adapters(registry: AdapterRegistry) -> None:
+def varsync_register_adapters(registry: Registry) -> None:
     registry.add(
         "tensorflow",
         "varsync.adapters.tensorflow:ADAPTER",

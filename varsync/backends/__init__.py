@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from varsync.hookspecs import hookimpl
-
-if TYPE_CHECKING:
-    from varsync.registry import BackendRegistry
+from varsync.hookspecs import Registry, hookimpl
 
 
 @hookimpl
-def varsync_register_backends(registry: BackendRegistry) -> None:
+def varsync_register_backends(registry: Registry) -> None:
     registry.add(
         "memory",
         "varsync.backends.memory:MemoryBackend",
