@@ -369,7 +369,8 @@ def test_wait_for_wakes_on_a_push_without_spinning(store, url, engine, monkeypat
 
 def test_block_returns_at_once_when_the_version_already_differs(store):
     store.push(filled(BIG, 1))
-    thread = threading.Thread(target=store.backend.block, args=("variables", 0, 600))
+    deadline = time.monotonic() + 600
+    thread = threading.Thread(target=store.backend.block, args=("variables", 0, deadline))
     thread.start()
     thread.join(60)
     assert not thread.is_alive(), "block slept although the table was past version 0"

@@ -332,14 +332,11 @@ def test_wait_with_timeout_0_checks_once_and_does_not_wait(url, engine, monkeypa
         monkeypatch.setattr(shm_backend.Watch, "open", classmethod(lambda cls, *a, **k: None))
     with varsync.connect(url) as store:
         store.create_table("variables", SMALL)
-        backend = store.backend
         started = time.monotonic()
         with pytest.raises(varsync.PullTimeoutError):
-            backend.wait("variables", 0, 0)
+            store.wait_for(0, timeout=0)
         store.push(filled(SMALL, 1))
-        assert backend.wait("variables", 0, 0) == 1
-        with pytest.raises(varsync.PullTimeoutError):
-            backend.wait("variables", 1, 0)
+        assert store.wait_for(0, timeout=0) == 1
         with pytest.raises(varsync.PullTimeoutError):
             store.wait_for(1, timeout=0)
         assert time.monotonic() - started < 5  # far below any wait (the default is 30 s)

@@ -1,13 +1,17 @@
 """``shm://<store>``: tables shared by the processes of one host, in files under /dev/shm.
 
-Each table is a directory (see :mod:`varsync_shm.layout` for where)::
+:class:`ShmBackend` translates the Backend protocol (v1) to the files of a store and
+nothing more; each part is composed, not mixed in, and takes what it uses:
 
-    signature.json   the core's signature text; written once, by rename, under the lock
-    lock             the writers' lock (flock): held for bookkeeping, never while copying
-    current          symlink -> seg-<version>: the published version, replaced by rename(2)
-    seg-<version>    one complete version; never changed while a reader holds it
-    spare-<token>    a retired segment no reader holds, kept for the next push to refill
-    .fill-<token>    a segment a writer is filling (it holds flock LOCK_EX on it)
+- :class:`~varsync_shm.store.SegmentStore`: the store's checked directory and its tables'
+  directories (:class:`~varsync_shm.store.TableDir`), whose ``signature.json``'s identity
+  is the table's epoch (:class:`~varsync_shm.store.Epoch`);
+- :class:`~varsync_shm.signatures.Signatures`: the signature this backend handed out per
+  table (a table made again with *another* one is the one reset the backend raises);
+- :mod:`varsync_shm.reading`, :mod:`varsync_shm.writing`, :mod:`varsync_shm.leaves` and
+  :mod:`varsync_shm.registry`: functions of a :class:`~varsync_shm.store.TableDir` (and of
+  the :class:`~varsync_shm.mappings.Mappings` they map segments with);
+- :mod:`varsync_shm._inotify`: the sleep of :meth:`ShmBackend.block`.
 
 Guarantees, and how:
 
@@ -17,39 +21,27 @@ Guarantees, and how:
   checks that the segment's header names the version the link named. Writers refill a
   segment only under an *exclusive* flock and zero its version first, so a reader that
   holds the shared lock and sees the right version has exactly that version's bytes.
+- **Every answer is of one history.** An answer's epoch is read before and after what it
+  answers (one ``stat`` each); if they differ the table was made again meanwhile and the
+  read starts over. The core compares epochs: the backend remembers nothing of what a
+  caller saw.
 - **Writers never wait for readers**; a crashed reader or writer leaves nothing locked;
   a crashed writer leaves the last complete version readable; old versions are
   reclaimed (see :mod:`varsync_shm.writing`).
-- **Only this user's directories are used** (:mod:`varsync_shm._dirs`): the store's
-  directory is opened once, checked, and every table is addressed relative to it.
-- **A table created again is a new history**: each backend remembers the signature it
-  handed out per table and which ``signature.json`` held it. That file's identity (device,
-  inode, mtime) is the table's epoch, kept in a :class:`~varsync.backend.Histories`: a
-  reader holding a version of the old file's history gets
-  :class:`~varsync.TableResetError`, and so does every call once the new file holds
-  another signature.
+- **Only this user's directories are used** (:mod:`varsync_shm._dirs`).
 - **No interrupt leaks a descriptor or closes one twice**: every descriptor a call opens
   belongs to a :class:`~varsync_shm._fds.Descriptors` made before the ``try`` that
   closes it; those that outlive a call belong to ``mmap``/``FileIO`` objects.
-
-Pulls (:mod:`varsync_shm.reading`) of more than :data:`MAP_ABOVE` bytes return read-only
-arrays viewing the segment (no copy), which keep its shared lock while any of them lives
-(:mod:`varsync_shm.mappings`); smaller pulls copy the segment in one ``pread``.
-:meth:`ShmBackend.block`, which the core's wait loop sleeps on, sleeps on an inotify watch
-of the table's directory (:mod:`varsync_shm._inotify`), or where there is none, for at
-most ``POLL_MAX`` (50 ms). Leaf versions (``supports_leaf_versions``: partial pushes,
-pulls of only what changed) are recorded in each segment's head: :mod:`varsync_shm.leaves`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import math
 import os
-import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar, final
 
 import numpy as np
 
@@ -61,49 +53,46 @@ from varsync.backend import (
     ConfigurationError,
     CorruptDataError,
     ErrorMap,
-    Histories,
-    LeafSnapshot,
+    Head,
+    LeafRead,
     PullTimeoutError,
-    Snapshot,
+    Read,
     Spec,
-    deadline_after,
+    SupportsBlockingWait,
+    SupportsLeafVersions,
+    SupportsReaderRegistry,
+    TableNotFoundError,
     refuse_unknown,
     remaining,
-    reset_error,
+    request_timeout,
     translate_errors,
 )
-from varsync_shm import _dirs, layout, reading, writing
+from varsync_shm import layout, reading, registry, writing
 from varsync_shm import leaves as leafsync
 from varsync_shm._fds import Descriptors
 from varsync_shm._inotify import Watch
-from varsync_shm.epochs import (
-    Handed,
-    Identity,
-    epoch_now,
-    identity_of,
-    record,
-    table_exists,
-)
 from varsync_shm.mappings import Mappings
 from varsync_shm.reading import MAP_ABOVE, READ_ATTEMPTS
-from varsync_shm.registry import ReaderRegistry
-from varsync_shm.writing import LOCK, SIGNATURE, token
+from varsync_shm.signatures import Signatures, gone
+from varsync_shm.store import Epoch, SegmentStore, TableDir
 
 __all__ = ["ShmBackend", "MAP_ABOVE", "SPARES"]
 
 SPARES = writing.SPARES
 
 _ERRORS: ErrorMap = {PermissionError: AuthenticationError, OSError: BackendConnectionError}
+_T = TypeVar("_T")
+#: Opens segment ``pointer`` of a table, if it still holds ``version``: what a read reads.
+_Opener = Callable[[TableDir, str, int, Descriptors], "_T | None"]
 
 
-class ShmBackend(ReaderRegistry, Backend):
+@final
+class ShmBackend(Backend, SupportsBlockingWait, SupportsLeafVersions, SupportsReaderRegistry):
     """Tables in files under /dev/shm, shared by every process of the host that names
     the same store. Options: ``root`` (the directory holding stores; default /dev/shm)."""
 
     shared_across_processes = True
-    supports_blocking_wait = True
     persistent = False  # tables outlive processes, not a reboot (tmpfs)
-    supports_leaf_versions = True  # in each segment's head: see varsync_shm.leaves
     #: Segments hold raw bytes; their index names these by name (see :mod:`.segment`).
     supported_ml_dtypes = (
         "bfloat16",
@@ -128,112 +117,61 @@ class ShmBackend(ReaderRegistry, Backend):
         self.store = layout.store_name_of(url)
         if not isinstance(root, str):
             raise ConfigurationError(f"shm root must be a directory name, got {root!r}")
-        _dirs.check_root(root)
         self.root = root
-        self.path = layout.namespace_path(self.store, namespace, root)
-        self._store_entry = layout.store_entry(self.store)
-        self.store_path = layout.store_path(self.store, root)  # for messages
-        self._namespace_entry = layout.namespace_entry(namespace)
+        self.files = SegmentStore(self.store, namespace, root)
         self.mappings = Mappings()
-        self._held = Descriptors()  # the store directories this backend opened
-        self._store_fd = -1
-        self._store_lock = threading.Lock()
-        self._known: dict[str, tuple[str, Identity]] = {}  # signature, its file
-        self._histories = Histories()  # the signature file each table's readers trust
-        self._seen: dict[str, int] = {}  # the last version seen per table, for messages
-        self._paths: dict[str, tuple[str, str]] = {}
-        #: per table, the history of this backend's last write or read, and what it handed out
-        self.handed: dict[str, Handed] = {}
-        self.leaf_bytes: dict[str, dict[str, int]] = {}  # per table, for details()
+        self._signatures = Signatures(self.files, self.url)
+        self._moved: dict[str, dict[str, int]] = {}  # per table, for details()
 
     # -- tables ----------------------------------------------------------------------
 
     def create_table(self, name: str, signature: str, specs: Sequence[Spec]) -> str:
-        table = self._table_path(name)
-        fds = Descriptors()
-        made: list[str] = []  # names this call created, removed if not renamed
-        store = -1
-        try:
-            with self._errors(table):
-                store = self._store(create=True)
-                self._private_table(store, name, fds, create=True)
-                rel = self._rel(name)
-                lock = fds.open(f"{rel}/{LOCK}", os.O_RDWR | os.O_CREAT, 0o600, dir_fd=store)
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                stored = reading.read_signature(store, rel, fds, self.store_path)
-                if stored is None:
-                    temporary = f"{rel}/.sig-{token()}"
-                    made.append(temporary)
-                    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-                    out = fds.open(temporary, flags, 0o600, dir_fd=store)
-                    data = memoryview(signature.encode("utf-8"))
-                    while data:  # bounded: each pass writes at least one byte or raises
-                        data = data[os.write(out, data) :]
-                    os.rename(temporary, f"{rel}/{SIGNATURE}", src_dir_fd=store, dst_dir_fd=store)
-                    stored = signature
-                # What the container will hold now, if it accepts the stored signature.
-                identity = self._remember(name, stored, store, rel, replace=stored == signature)
-                self._histories.adopt(name, identity)
-                return stored
-        finally:
-            fds.close()  # first: it releases the writers' lock
-            writing.unlink_all(store, made)
+        with self._errors(self.files.table_path(name)):
+            stored, epoch = self.files.create(name, signature)
+            # What the container will hold now, if it accepts the stored signature.
+            self._signatures.remember(name, stored, epoch, replace=stored == signature)
+            return stored
 
     def signature(self, name: str) -> str | None:
-        table = self._table_path(name)
         fds = Descriptors()
         try:
-            with self._errors(table):
-                store = self._store(create=False)
-                if store < 0 or self._private_table(store, name, fds, create=False) is None:
+            with self._errors(self.files.table_path(name)):
+                table = self.files.open(name, fds)
+                found = None if table is None else table.read_signature(fds)
+                if found is None:
                     return None
-                rel = self._rel(name)
-                text = reading.read_signature(store, rel, fds, self.store_path)
-                if text is not None and name not in self._known:
-                    self._histories.adopt(name, self._remember(name, text, store, rel))
+                text, epoch = found
+                if not self._signatures.knows(name):
+                    self._signatures.remember(name, text, epoch)
                 return text
         finally:
             fds.close()
 
     def tables(self) -> list[str]:
-        fds = Descriptors()
-        try:
-            with self._errors(self.path):
-                store = self._store(create=False)
-                if store < 0:
-                    return []
-                namespace = _dirs.enter(store, self._namespace_entry, self.path, fds, create=False)
-                if namespace < 0:
-                    return []
-                names = []
-                for entry in os.listdir(namespace):
-                    name = layout.table_name_of(entry)
-                    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-                        if name is not None and os.stat(f"{entry}/{SIGNATURE}", dir_fd=namespace):
-                            names.append(name)
-                return sorted(names)
-        finally:
-            fds.close()
+        with self._errors(self.files.path):
+            return self.files.names()
 
     def details(self, name: str) -> dict[str, Any]:
-        table = self._table_path(name)
+        path = self.files.table_path(name)
         fds = Descriptors()
         try:
-            with self._errors(table):
-                store, rel = self._table(name)
-                flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-                directory = fds.open(rel, flags, dir_fd=store)
-                files = os.listdir(directory)
+            with self._errors(path):
+                table, _ = self._look(name)
+                files: list[str] = []
                 used = 0
-                for f in files:
-                    with contextlib.suppress(FileNotFoundError):
-                        used += os.stat(f, dir_fd=directory, follow_symlinks=False).st_blocks
+                if table is not None and table.exists():
+                    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                    directory = fds.open(table.rel, flags, dir_fd=table.store)
+                    files = os.listdir(directory)
+                    for f in files:
+                        with contextlib.suppress(FileNotFoundError):
+                            used += os.stat(f, dir_fd=directory, follow_symlinks=False).st_blocks
                 return {
-                    "path": table,
-                    "current": reading.current_segment(store, rel, self.store_path),
-                    "segments": sorted(f for f in files if f.startswith(writing.SEGMENTS)),
+                    "path": path,
+                    "current": None if table is None else reading.current_segment(table),
+                    "segments": sorted(f for f in files if f.startswith(layout.SEGMENTS)),
                     "bytes_in_shm": used * 512,
-                    **self.leaf_bytes.get(name, leafsync.counters()),
+                    **self._moved.get(name, _counters()),
                 }
         finally:
             fds.close()
@@ -243,58 +181,38 @@ class ShmBackend(ReaderRegistry, Backend):
 
     # -- data ------------------------------------------------------------------------
 
-    def version(self, name: str) -> int:
-        with self._errors(self._table_path(name)):
-            store, rel = self._table(name)
-            version = 0 if store < 0 else reading.current_version(store, rel, self.store_path)
-            self._seen[name] = version
-            return version
+    def head(self, name: str, deadline: float) -> Head:
+        """One ``stat`` of ``signature.json`` (the epoch), one ``readlink`` of
+        ``current`` (the version is in the segment's name), and the ``stat`` again."""
+        with self._errors(self.files.table_path(name)):
+            for _ in range(READ_ATTEMPTS):  # again only if the table was made again meanwhile
+                table, epoch = self._look(name)
+                if table is None or epoch is None:
+                    return Head(0, None)  # no table: reads as empty (the core tells holders)
+                version = reading.current_version(table)
+                if table.epoch() == epoch:
+                    return Head(version, epoch)
+            raise self._unstable(name)
 
-    def write(self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]) -> int:
-        with self._errors(self._table_path(name)):
-            store, rel = self._writable(name)
-            version = writing.write(self, name, store, rel, arrays, specs)
-            self._seen[name] = version
-            return version
-
-    def read(
-        self, name: str, newer_than: int, timeout: float | None, specs: Sequence[Spec]
-    ) -> Snapshot:
-        # The segment's own index describes its arrays, checked as they are parsed, so
-        # ``specs`` is not needed here.
-        table = self._table_path(name)
-        deadline = deadline_after(timeout)
-        with self._errors(table):
-            for _ in range(READ_ATTEMPTS):  # a retry when the segment was being replaced
-                store, rel, epoch = self.table_epoch(name, held=newer_than)
-                if store < 0:
-                    return 0, None  # vanished: reads as empty; holders get TableResetError
-                pointer = reading.current_segment(store, rel, self.store_path)
-                version = reading.version_of(rel, pointer, self.store_path)
-                self._seen[name] = version
-                if version <= newer_than:
-                    self.saw(name, epoch)
-                    return version, None
-                assert pointer is not None
-                fds = Descriptors()
-                try:
-                    arrays = reading.open_version(
-                        store, rel, pointer, version, fds, self.mappings, self.store_path
-                    )
-                finally:
-                    fds.close()
-                if arrays is not None:
-                    self.saw(name, epoch, version)
-                    return version, arrays
-                if remaining(deadline) <= 0:
-                    raise PullTimeoutError(
-                        f"table {name!r} in {self.url}: no stable copy of version {version} "
-                        f"within {timeout} s (it was being replaced); pull again"
-                    )
-            raise CorruptDataError(
-                f"table {name!r} at {table}: {READ_ATTEMPTS} attempts found no stable "
-                "segment; is a foreign process locking its files?"
+    def write(
+        self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec], deadline: float
+    ) -> Head:
+        with self._errors(self.files.table_path(name)):
+            table = self._writable(name)
+            version, epoch = writing.write(
+                table, arrays, specs, self.mappings, self._signatures.checked
             )
+            return Head(version, epoch)
+
+    def read(self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]) -> Read:
+        # The segment's own index describes its arrays, checked as they are parsed.
+        def open_version(
+            table: TableDir, pointer: str, version: int, fds: Descriptors
+        ) -> list[np.ndarray] | None:
+            return reading.open_version(table, pointer, version, fds, self.mappings)
+
+        with self._errors(self.files.table_path(name)):
+            return Read(*self._read(name, newer_than, deadline, open_version))
 
     # -- leaf versions (varsync_shm.leaves) ----------------------------------------------
 
@@ -303,222 +221,155 @@ class ShmBackend(ReaderRegistry, Backend):
         name: str,
         leaves: Mapping[int, np.ndarray],
         specs: Sequence[Spec],
-        base: int | None = None,
-    ) -> int:
-        with self._errors(self._table_path(name)):
-            store, rel = self._writable(name)
-            version = leafsync.write_leaves(self, name, store, rel, leaves, specs, base)
-            if version:
-                self._seen[name] = version
-            return version
+        base: Head | None,
+        deadline: float,
+    ) -> Head | None:
+        with self._errors(self.files.table_path(name)):
+            table = self._writable(name)
+            written = leafsync.write_leaves(
+                table, leaves, specs, base, self.mappings, self._signatures.checked
+            )
+            if written is None:
+                return None
+            head, copied = written
+            self._count(name, "leaf_bytes_written", copied)
+            return head
 
     def read_leaves(
-        self, name: str, newer_than: int, timeout: float | None, specs: Sequence[Spec]
-    ) -> LeafSnapshot:
-        with self._errors(self._table_path(name)):  # the segment's index describes it
-            return leafsync.read_leaves(self, name, newer_than, timeout)
+        self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]
+    ) -> LeafRead:
+        def open_leaves(
+            table: TableDir, pointer: str, version: int, fds: Descriptors
+        ) -> tuple[list[int], leafsync.Arrays, int] | None:
+            return leafsync.open_leaves(table, pointer, version, newer_than, fds, self.mappings)
 
-    def leaf_versions(self, name: str) -> tuple[int, list[int]]:
-        with self._errors(self._table_path(name)):
-            return leafsync.leaf_versions(self, name)
+        with self._errors(self.files.table_path(name)):
+            head, got = self._read(name, newer_than, deadline, open_leaves)
+            if got is None:
+                return LeafRead(head, None, None)
+            numbers, arrays, moved = got
+            self._count(name, "leaf_bytes_read", moved)
+            return LeafRead(head, numbers, arrays)
 
-    def current_history(self, name: str) -> Any:
-        """The identity of the table's ``signature.json`` now, in the store's directory
-        now (a store deleted and made again is looked up anew); ``None``: no table."""
-        with self._errors(name):
-            store = self._store(create=False)
-            return None if store < 0 else epoch_now(store, self._rel(name))
+    def leaf_versions(self, name: str, deadline: float) -> tuple[Head, list[int]]:
+        with self._errors(self.files.table_path(name)):
+            head, numbers = self._read(name, 0, deadline, leafsync.versions_of)
+            return head, numbers or []  # empty: the core knows how many leaves
 
-    def history_of(self, name: str) -> Any:
-        return self._histories.trusted(name)  # the signature file's identity
+    # -- readers (varsync_shm.registry) ----------------------------------------------
 
-    def block(self, name: str, newer_than: int, seconds: float) -> None:
+    def report_reader(
+        self, name: str, reader: str, record: str, ttl: float, deadline: float
+    ) -> None:
+        with self._errors(self.files.table_path(name)):
+            registry.report(self._writable(name), reader, record, ttl)
+
+    def readers(self, name: str, deadline: float) -> dict[str, str]:
+        with self._errors(self.files.table_path(name)):
+            table, _ = self._look(name)
+            if table is None:
+                raise TableNotFoundError(f"table {name!r} of {self.url} is gone")
+            return registry.listing(table)
+
+    # -- waiting ---------------------------------------------------------------------
+
+    def block(self, name: str, newer_than: int, deadline: float) -> None:
         """Sleep on an inotify watch of the table's directory until a file is renamed into
-        it (a push renames ``current``) or ``seconds`` pass; at once if the version is no
+        it (a push renames ``current``) or ``deadline``; at once if the version is no
         longer ``newer_than``. Without inotify, sleep at most ``POLL_MAX``.
 
         A deleted table (its store removed) reads as empty, as a Redis table whose keys
         vanished does: a holder of a version returns at once (the core reports the reset),
         a wait for a first push polls until the table is made again or time is up."""
-        table = self._table_path(name)
+        path = self.files.table_path(name)
         fds = Descriptors()
         try:
-            watch = Watch.open(table, fds)  # armed before the look: no push goes unseen
-            with self._errors(table):
-                store, rel = self._table(name, held=newer_than)
-                if store < 0 or not table_exists(store, rel):
+            watch = Watch.open(path, fds)  # armed before the look: no push goes unseen
+            with self._errors(path):
+                table, _ = self._look(name)
+                if table is None or not table.exists():
                     if newer_than == 0:  # nothing to watch until it is made again
-                        time.sleep(min(seconds, POLL_MAX))
+                        time.sleep(min(max(remaining(deadline), 0.0), POLL_MAX))
                     return
-                if reading.current_version(store, rel, self.store_path) != newer_than:
+                if reading.current_version(table) != newer_than:
                     return
+            left = max(remaining(deadline), 0.0)
             if watch is None:  # inotify missing or exhausted: the core's loop polls
-                time.sleep(min(seconds, POLL_MAX))
+                time.sleep(min(left, POLL_MAX))
             else:
-                watch.wait(seconds)
+                watch.wait(left)
         finally:
             fds.close()
 
     def close(self) -> None:
         self.mappings.clear()
-        self._held.close()
-
-    # -- the store's directory and the table's signature ----------------------------------
-
-    def _names(self, name: str) -> tuple[str, str]:
-        """The table's directory: its path, and its path relative to the store's."""
-        names = self._paths.get(name)
-        if names is None:
-            entry = layout.table_entry(name)
-            names = (os.path.join(self.path, entry), f"{self._namespace_entry}/{entry}")
-            if len(self._paths) < 4096:  # encoding a name costs more than a system call
-                self._paths[name] = names
-        return names
-
-    def _table_path(self, name: str) -> str:
-        return self._names(name)[0]
-
-    def _rel(self, name: str) -> str:
-        return self._names(name)[1]
-
-    def _store(self, *, create: bool) -> int:
-        """The descriptor of the store's checked directory, or -1 if there is none. Kept
-        while the directory exists; reopened (and checked again) once it was deleted."""
-        fd = self._store_fd
-        if fd >= 0 and os.fstat(fd).st_nlink > 0:
-            return fd
-        path = layout.store_path(self.store, self.root)
-        fds = Descriptors()
-        try:
-            root = fds.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
-            fd = _dirs.enter(root, self._store_entry, path, fds, create=create)
-            if fd < 0:
-                return -1
-            with self._store_lock:  # replaced ones stay open until close(): threads may use them
-                fds.give(fd, self._held)
-                self._store_fd = fd
-            return fd
-        finally:
-            fds.close()
-
-    def _private_table(
-        self, store: int, name: str, fds: Descriptors, *, create: bool
-    ) -> str | None:
-        """Check (and make, if ``create``) the namespace's and table's directories."""
-        namespace = _dirs.enter(store, self._namespace_entry, self.path, fds, create=create)
-        if namespace < 0:
-            return None
-        entry = self._rel(name).rpartition("/")[2]
-        if _dirs.enter(namespace, entry, self._table_path(name), fds, create=create) < 0:
-            return None
-        return self._rel(name)
-
-    def _table(self, name: str, held: int | None = None) -> tuple[int, str]:
-        """``(store descriptor, table directory relative to it)``, after checking that the
-        table still has the signature this backend handed out and, for a caller holding
-        version ``held``, the history it trusts; store -1: no store."""
-        store, rel, _ = self.table_epoch(name, held)
-        return store, rel
-
-    def _writable(self, name: str) -> tuple[int, str]:
-        """:meth:`_table`, for a push: a table whose directory is gone is an error."""
-        store, rel = self._table(name)
-        if store < 0 or not table_exists(store, rel):
-            raise BackendConnectionError(
-                f"table {name!r} of {self.url} is gone ({self._table_path(name)} was "
-                "deleted); create_table() it again, then push"
-            )
-        return store, rel
-
-    def table_epoch(self, name: str, held: int | None = None) -> tuple[int, str, Identity | None]:
-        """:meth:`_table`, and the identity of the ``signature.json`` checked (``None``:
-        no table yet)."""
-        rel = self._rel(name)
-        store = self._store_fd  # as a rule, one stat: the signature file's
-        for _ in range(2):  # a second pass only if the store's directory was replaced
-            if store < 0:
-                store = self._store(create=False)
-                if store < 0:
-                    return -1, rel, None
-            try:
-                status = os.stat(f"{rel}/{SIGNATURE}", dir_fd=store, follow_symlinks=False)
-            except (FileNotFoundError, NotADirectoryError):
-                if os.fstat(store).st_nlink > 0:
-                    return store, rel, None  # no table (yet): it reads as empty
-                store = -1  # the store's directory was deleted: look for a new one
-                continue
-            identity = identity_of(status)
-            known = self._known.get(name)
-            if known is None or known[1] != identity:
-                self._adopt(name, store, rel)
-            if held is not None:
-                self._histories.check(name, identity, held, where=self.url)
-            return store, rel, identity
-        return -1, rel, None
-
-    def saw(self, name: str, epoch: Identity | None, version: int = 0) -> None:
-        """A write or read of the table returned ``version`` of history ``epoch``."""
-        record(self.handed, name, epoch, version)
-
-    def _adopt(self, name: str, store: int, rel: str) -> None:
-        """The table's ``signature.json`` is not the one this backend knows: check it."""
-        fds = Descriptors()
-        try:
-            if self._private_table(store, name, fds, create=False) is None:
-                return
-            text = reading.read_signature(store, rel, fds, self.store_path)
-            if text is None:
-                return
-            known = self._known.get(name)
-            if known is not None and known[0] != text:
-                raise reset_error(
-                    name,
-                    self.url,
-                    self._seen.get(name, 0),
-                    why=f"{self._table_path(name)} was created again with another signature, "
-                    "which this container cannot decode",
-                    remedy="connect again (varsync.connect) to use it",
-                )
-            self._remember(name, text, store, rel)
-        finally:
-            fds.close()
-
-    def _remember(
-        self, name: str, text: str, store: int, rel: str, replace: bool = False
-    ) -> Identity:
-        """Know ``text`` as the table's signature, held by its current ``signature.json``
-        (whose identity is returned), unless another one is known and not ``replace``d:
-        the container still holds that one."""
-        identity = identity_of(os.stat(f"{rel}/{SIGNATURE}", dir_fd=store, follow_symlinks=False))
-        known = self._known.get(name)
-        if known is None or known[0] == text or replace:
-            self._known[name] = (text, identity)
-        return identity
-
-    def check_signature(self, name: str, store: int, rel: str) -> Identity:
-        """Raise :class:`TableResetError` if the table's signature is no longer the one
-        this backend handed out (writers call it under the writers' lock); return the
-        identity of its ``signature.json`` (the history written into)."""
-        try:
-            status = os.stat(f"{rel}/{SIGNATURE}", dir_fd=store, follow_symlinks=False)
-        except FileNotFoundError:
-            raise BackendConnectionError(
-                f"table {name!r} of {self.url} is gone ({self._table_path(name)} was "
-                "deleted); create_table() it again, then push"
-            ) from None
-        identity = identity_of(status)
-        known = self._known.get(name)
-        if known is None or known[1] != identity:
-            self._adopt(name, store, rel)
-        return identity
+        self.files.close()
 
     # -- internals -------------------------------------------------------------------
+
+    def _look(self, name: str) -> tuple[TableDir | None, Epoch | None]:
+        """The table's directory (``None``: no store) and epoch (``None``: no table),
+        after checking that its signature is still the one this backend handed out."""
+        found = self.files.find(name)
+        if found is None:
+            return None, None
+        table, epoch = found
+        if epoch is not None:
+            self._signatures.check(table, epoch)
+        return table, epoch
+
+    def _writable(self, name: str) -> TableDir:
+        """:meth:`_look`, for a push: a table whose directory is gone is an error."""
+        table, _ = self._look(name)
+        if table is None or not table.exists():
+            raise gone(name, self.files.table_path(name), self.url)
+        return table
+
+    def _read(
+        self, name: str, newer_than: int, deadline: float, open_segment: _Opener[_T]
+    ) -> tuple[Head, _T | None]:
+        """The head and, if its version is above ``newer_than``, what ``open_segment``
+        reads of its segment; read again while the segment was being replaced or the
+        table made again, until ``deadline`` (and the backend's ``timeout``)."""
+        seconds = request_timeout(deadline, self.timeout)
+        stop = math.inf if seconds is None else time.monotonic() + seconds
+        for _ in range(READ_ATTEMPTS):
+            table, epoch = self._look(name)
+            if table is None or epoch is None:
+                return Head(0, None), None  # no table: reads as empty (the core tells holders)
+            pointer = reading.current_segment(table)
+            version = layout.version_named(pointer, table.path)
+            got = None
+            if pointer is not None and version > newer_than:
+                fds = Descriptors()
+                try:
+                    got = open_segment(table, pointer, version, fds)
+                finally:
+                    fds.close()
+            if (got is not None or version <= newer_than) and table.epoch() == epoch:
+                return Head(version, epoch), got  # all of one history
+            if time.monotonic() >= stop:
+                raise PullTimeoutError(
+                    f"table {name!r} in {self.url}: no stable copy of version {version} "
+                    "before the deadline (it was being replaced); pull again"
+                )
+        raise self._unstable(name)
+
+    def _unstable(self, name: str) -> CorruptDataError:
+        return CorruptDataError(
+            f"table {name!r} at {self.files.table_path(name)}: {READ_ATTEMPTS} attempts "
+            "found no stable segment; is a foreign process locking its files?"
+        )
+
+    def _count(self, name: str, counter: str, nbytes: int) -> None:
+        self._moved.setdefault(name, _counters())[counter] += nbytes
 
     @contextlib.contextmanager
     def _errors(self, where: str) -> Iterator[None]:
         with translate_errors(_ERRORS, f"shm store {where}"):
             yield
 
-    def writable_mapping(self, rel: str, fd: int, size: int) -> Any:
-        """A writable mapping of the file open as ``fd`` (kept for the next pushes)."""
-        return self.mappings.get(rel, fd, size, writable=True)
+
+def _counters() -> dict[str, int]:
+    """The byte counters ``details()`` shows, before any partial push or delta pull."""
+    return {"leaf_bytes_written": 0, "leaf_bytes_read": 0}

@@ -1,8 +1,16 @@
-"""Where a store lives under ``/dev/shm`` and how names become file names.
+"""Where a store lives under ``/dev/shm``, how names become file names, and the names
+of the files in a table's directory: every layout constant of the plugin, in one place.
 
     <root>/varsync-shm.<store>/            one store: the URL shm://<store>
         n_<namespace>/                     one namespace ("n_" alone for the default "")
-            t_<table>/                     one table (see varsync_shm.backend for its files)
+            t_<table>/                     one table:
+                signature.json             the core's signature text; its identity is the epoch
+                lock                       the writers' lock (flock)
+                current -> seg-<version>   the published version, replaced by rename(2)
+                seg-<version>              one complete version (varsync_shm.segment)
+                spare-<token>              a retired segment no reader holds, kept for reuse
+                .fill-<token>              a segment a writer is filling
+                readers/                   the reader registry (varsync_shm.registry)
 
 Names are percent-encoded (``quote(name, safe="")``), so any string is a valid name and
 no name can climb out of its directory. Only the standard library and
@@ -15,7 +23,7 @@ import os
 import shutil
 from urllib.parse import quote, unquote, urlsplit
 
-from varsync.backend import ConfigurationError, redact
+from varsync.backend import ConfigurationError, CorruptDataError, redact
 
 __all__ = [
     "DEFAULT_ROOT",
@@ -29,6 +37,16 @@ __all__ = [
     "table_path",
     "table_name_of",
     "remove_store",
+    "SIGNATURE",
+    "LOCK",
+    "CURRENT",
+    "SEGMENT",
+    "SPARE",
+    "FILL",
+    "SEGMENTS",
+    "TEMPORARY",
+    "READERS",
+    "version_named",
 ]
 
 DEFAULT_ROOT = "/dev/shm"
@@ -36,6 +54,29 @@ STORE_PREFIX = "varsync-shm."
 _NAMESPACE_PREFIX = "n_"
 _TABLE_PREFIX = "t_"
 _NAME_MAX = 255  # bytes in one file name, on Linux file systems
+
+# The files of a table's directory.
+SIGNATURE = "signature.json"
+LOCK = "lock"
+CURRENT = "current"
+SEGMENT = "seg-"
+SPARE = "spare-"
+FILL = ".fill-"
+SEGMENTS = (SEGMENT, SPARE, FILL)
+#: Names made and renamed only under the writers' lock (links, signatures being written).
+TEMPORARY = (".link-", ".sig-")
+READERS = "readers"
+
+
+def version_named(pointer: str | None, where: str) -> int:
+    """The version segment name ``pointer`` (what ``current`` names) says; 0 for ``None``
+    (no push yet). ``where``: the table's directory, for messages."""
+    if pointer is None:
+        return 0
+    digits = pointer[len(SEGMENT) :]
+    if not pointer.startswith(SEGMENT) or not digits.isdigit():
+        raise CorruptDataError(f"{where}/{CURRENT} points to {pointer!r}, not a segment")
+    return int(digits)
 
 
 def store_name_of(url: str) -> str:

@@ -14,92 +14,78 @@ segment's head, the version at which each leaf last changed (its *leaf versions*
   rule, what changed since the spare's version. With no free spare (readers hold the
   retired versions) it fills a new file: the given leaves, and every other leaf copied
   from the current segment, one whole copy.
-- **A delta pull** (:func:`read_leaves`) reads, under the segment's shared lock and after
+  With ``base``, it writes only if the table's head (version and epoch) is ``base``.
+- **A delta pull** (:func:`open_leaves`) reads, under the segment's shared lock and after
   checking its version as a whole pull does, the head and only the leaves changed since
   the version the caller holds: leaves over :data:`DELTA_MAP_ABOVE` bytes (over
   :data:`~varsync_shm.reading.MAP_ABOVE` for a read of every leaf, as a pull) as read-only
   views of the mapped segment (which keep its shared lock while they live), the others
   copied, neighbours in one ``pread``: a held nest then pins no segment per changed
-  leaf. It checks afterwards that the table's ``signature.json`` is still the one it
-  checked first: a table made again meanwhile is
-  looked at again (and is a reset for a holder), never answered from.
-- **Leaf versions** (:func:`leaf_versions`) read one segment's head: a few system calls.
+  leaf. The backend answers it with the epoch it checked before and after (one history).
+- **Leaf versions** (:func:`versions_of`) read one segment's head: a few system calls.
 
 A leaf unchanged for any number of versions is in every segment, so reclaiming segments
-never loses it. ``details()`` counts the bytes this backend's partial pushes copied and
-its delta pulls read, per table (``leaf_bytes_written``, ``leaf_bytes_read``).
+never loses it. The functions here return the bytes they copied or read, which
+``details()`` counts per table (``leaf_bytes_written``, ``leaf_bytes_read``).
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import numpy as np
 
-from varsync.backend import (
-    CorruptDataError,
-    LeafSnapshot,
-    PullTimeoutError,
-    Spec,
-    deadline_after,
-    remaining,
-    reset_error,
-)
+from varsync.backend import CorruptDataError, Head, Spec
 from varsync_shm import layout, segment, writing
 from varsync_shm._fds import Descriptors
-from varsync_shm.epochs import epoch_now
-from varsync_shm.reading import MAP_ABOVE, READ_ATTEMPTS, current_segment, version_of
-from varsync_shm.writing import LOCK, open_regular, try_lock
+from varsync_shm._files import open_regular, unlink_all
+from varsync_shm.mappings import Mappings
+from varsync_shm.reading import MAP_ABOVE, open_locked
+from varsync_shm.store import TableDir
 
 #: A delta read (``newer_than`` > 0) copies changed leaves up to this size rather than
 #: mapping them: 16 MiB copies in a few ms, and a held copy pins no segment.
 DELTA_MAP_ABOVE = 16 << 20
 
-if TYPE_CHECKING:  # pragma: no cover
-    from varsync_shm.backend import ShmBackend
-
-__all__ = ["write_leaves", "read_leaves", "leaf_versions", "DELTA_MAP_ABOVE"]
+__all__ = ["write_leaves", "open_leaves", "versions_of", "DELTA_MAP_ABOVE"]
 
 Arrays = list[Optional[np.ndarray]]
 
 
 def write_leaves(
-    backend: ShmBackend,
-    name: str,
-    store: int,
-    rel: str,
+    table: TableDir,
     leaves: Mapping[int, np.ndarray],
     specs: Sequence[Spec],
-    base: int | None,
-) -> int:
-    """Publish the current version with ``leaves`` replaced as the next version; 0 (and
-    nothing written) if the table is empty, or ``base`` is not its current version in the
-    history this backend last wrote or read."""
+    base: Head | None,
+    mappings: Mappings,
+    checked: writing.Checked,
+) -> tuple[Head, int] | None:
+    """Publish the current version with ``leaves`` replaced as the next version: its head
+    and the bytes copied. ``None`` (and nothing written) if the table is empty, or its
+    head is not ``base``."""
     plan = segment.plan(specs)
     for index in leaves:
         if not 0 <= index < len(plan.leaves):
             raise IndexError(
-                f"write_leaves: leaf index {index} of table {name!r} is not in 0..."
+                f"write_leaves: leaf index {index} of table {table.name!r} is not in 0..."
                 f"{len(plan.leaves) - 1} (its signature has {len(plan.leaves)} leaves)"
             )
     fds = Descriptors()
     made: list[str] = []  # names this push created: removed at the end unless renamed
     try:
-        lock = fds.open(f"{rel}/{LOCK}", os.O_RDWR | os.O_CREAT, 0o600, dir_fd=store)
-        fcntl.flock(lock, fcntl.LOCK_EX)  # held to the publish: see the module docstring
-        epoch = backend.check_signature(name, store, rel)
-        pointer = writing.pointer(store, rel)
-        version = writing.version_named(rel, pointer)
-        handed = backend.handed.get(name)
-        trusted = None if handed is None else handed.epoch
-        if version == 0 or (base is not None and (base != version or trusted != epoch)):
-            return 0
+        writing.locked(table, fds)  # held to the publish: see the module docstring
+        epoch = checked(table)
+        pointer = writing.pointer(table)
+        version = layout.version_named(pointer, table.path)
+        if version == 0 or (base is not None and base != Head(version, epoch)):
+            return None
         assert pointer is not None
-        where = f"{layout.table_path(backend.path, name)}/{pointer}"
-        source = open_regular(f"{rel}/{pointer}", os.O_RDONLY, fds, dir_fd=store, where=where)
+        where = table.where(pointer)
+        source = open_regular(
+            table.file(pointer), os.O_RDONLY, fds, dir_fd=table.store, where=where
+        )
         size = os.fstat(source).st_size
         head = segment.read_head(source, size)
         current = segment.parse_head(head, size, where)
@@ -109,18 +95,19 @@ def write_leaves(
                 f"expected version {version} with the {len(plan.leaves)} of the signature"
             )
         now = segment.leaf_versions(head, current, where)
-        writing.reclaim(store, rel, pointer)
-        fd, fresh, old = writing.claim(store, rel, plan.size, fds, made, len(plan.head))
+        writing.reclaim(table, pointer)
+        fd, fresh, old = writing.claim(table, plan.size, fds, made, len(plan.head))
         held = _held(old, plan, where)  # what the spare holds already, leaf by leaf
         new = version + 1
         wanted = [new if i in leaves else now[i] for i in range(len(plan.leaves))]
         if fresh:
-            writing.allocate(fd, plan.size, backend.root, rel)
+            writing.allocate(fd, plan.size, table)
             target = None
         else:
-            target = np.frombuffer(backend.writable_mapping(rel, fd, plan.size), np.uint8)
-        mapping = backend.mappings.get(rel, source, size, writable=False)
-        from_current = np.frombuffer(mapping, np.uint8)
+            target = np.frombuffer(mappings.get(table.rel, fd, plan.size, writable=True), np.uint8)
+        from_current = np.frombuffer(
+            mappings.get(table.rel, source, size, writable=False), np.uint8
+        )
         copied = 0
         for i, leaf in enumerate(plan.leaves):
             if not leaf.nbytes:
@@ -135,13 +122,11 @@ def write_leaves(
             _put(fd, target, leaf.offset, raw)
             copied += leaf.nbytes
         segment.pwrite_all(fd, memoryview(segment.head_with(plan, wanted, new)), 0)
-        writing.publish(store, rel, fd, new, made)
-        backend.saw(name, epoch, new)
-        _count(backend, name, "leaf_bytes_written", copied)
-        return new
+        writing.publish(table, fd, new, made)
+        return Head(new, epoch), copied
     finally:
         fds.close()  # first: it releases the writers' lock and the segments' locks
-        writing.unlink_all(store, made)
+        unlink_all(table.store, made)
 
 
 def _kinds(leaves: Sequence[segment.Leaf]) -> list[tuple[Any, tuple[int, ...]]]:
@@ -169,60 +154,18 @@ def _put(fd: int, target: np.ndarray | None, offset: int, raw: np.ndarray) -> No
         np.copyto(target[offset : offset + raw.size], raw)
 
 
-def read_leaves(
-    backend: ShmBackend, name: str, newer_than: int, timeout: float | None
-) -> LeafSnapshot:
-    """``(version, leaf versions, arrays changed since newer_than)``, as the protocol says."""
-    deadline = deadline_after(timeout)
-    for _ in range(READ_ATTEMPTS):  # a retry when the segment was being replaced
-        store, rel, epoch = backend.table_epoch(name, held=newer_than)
-        if store < 0:
-            return 0, None, None  # vanished: reads as empty; holders get TableResetError
-        handed = backend.handed.get(name)
-        if handed is not None and epoch is not None and handed.older(epoch, newer_than):
-            raise reset_error(
-                name,
-                backend.url,
-                newer_than,
-                why="this container read or wrote version "
-                f"{newer_than} of the table's earlier history, not of its current one",
-            )
-        pointer = current_segment(store, rel, backend.store_path)
-        version = version_of(rel, pointer, backend.store_path)
-        if version <= newer_than:
-            backend.saw(name, epoch)
-            return version, None, None
-        assert pointer is not None
-        fds = Descriptors()
-        try:
-            got = _open(backend, rel, store, pointer, version, newer_than, fds)
-        finally:
-            fds.close()
-        if got is not None and epoch_now(store, rel) == epoch:
-            numbers, arrays, read = got
-            backend.saw(name, epoch, version)
-            _count(backend, name, "leaf_bytes_read", read)
-            return version, numbers, arrays
-        if remaining(deadline) <= 0:
-            raise PullTimeoutError(
-                f"table {name!r} in {backend.url}: no stable copy of version {version} "
-                f"within {timeout} s (it was being replaced); pull again"
-            )
-    raise _unstable(backend, name)
-
-
-def _open(
-    backend: ShmBackend,
-    rel: str,
-    store: int,
+def open_leaves(
+    table: TableDir,
     pointer: str,
     version: int,
     newer_than: int,
     fds: Descriptors,
+    mappings: Mappings,
 ) -> tuple[list[int], Arrays, int] | None:
-    """Leaf versions, changed arrays and bytes read of segment ``pointer`` if it still
-    holds ``version``, else ``None`` (it was retired and reused: read the link again)."""
-    opened = _locked(backend, rel, store, pointer, version, fds)
+    """Leaf versions, the arrays of the leaves changed since ``newer_than`` and the bytes
+    read, of segment ``pointer`` if it still holds ``version``; else ``None`` (it was
+    retired and reused: read the link again)."""
+    opened = _locked(table, pointer, version, fds)
     if opened is None:
         return None
     fd, size, head, parsed, where = opened
@@ -245,7 +188,7 @@ def _open(
             break
         if leaf.nbytes > map_above:  # a view that keeps fd's shared lock while it lives
             if mapped is None:
-                mapped = backend.mappings.pinned(rel, fd, size, version)
+                mapped = mappings.pinned(table.rel, fd, size, version)
             arrays[i] = segment.arrays_of(mapped, [leaf])[0]
             read += leaf.nbytes
         else:
@@ -268,57 +211,26 @@ def _copy_run(fd: int, leaves: Sequence[segment.Leaf], run: list[int], arrays: A
     return length
 
 
+def versions_of(table: TableDir, pointer: str, version: int, fds: Descriptors) -> list[int] | None:
+    """The leaf versions of segment ``pointer`` if it still holds ``version``."""
+    opened = _locked(table, pointer, version, fds)
+    if opened is None:
+        return None
+    _, _, head, parsed, where = opened
+    return segment.leaf_versions(head, parsed, where)
+
+
 def _locked(
-    backend: ShmBackend, rel: str, store: int, pointer: str, version: int, fds: Descriptors
+    table: TableDir, pointer: str, version: int, fds: Descriptors
 ) -> tuple[int, int, bytes, segment.Parsed, str] | None:
     """Segment ``pointer`` open, shared-locked and holding ``version``: ``(fd, size, head,
     parsed head, path)``; ``None`` if it no longer holds it."""
-    where = f"{backend.store_path}/{rel}/{pointer}"  # for messages
-    try:
-        fd = open_regular(f"{rel}/{pointer}", os.O_RDONLY, fds, dir_fd=store, where=where)
-    except FileNotFoundError:
-        if current_segment(store, rel, backend.store_path) == pointer:
-            raise CorruptDataError(f"{where} is named by current but missing") from None
+    where = table.where(pointer)
+    fd = open_locked(table, pointer, fds)
+    if fd is None:
         return None
-    if not try_lock(fd, fcntl.LOCK_SH):
-        return None  # a writer is refilling it: it is no longer current
     size = os.fstat(fd).st_size
     head = segment.read_head(fd, size)
     if len(head) >= segment.HEADER_SIZE and segment.version_in(head) != version:
         return None
     return fd, size, head, segment.parse_head(head, size, where), where
-
-
-def leaf_versions(backend: ShmBackend, name: str) -> tuple[int, list[int]]:
-    """The current version and its leaf versions, from its segment's head."""
-    for _ in range(READ_ATTEMPTS):  # a retry when the segment was being replaced
-        store, rel, _ = backend.table_epoch(name)
-        pointer = None if store < 0 else current_segment(store, rel, backend.store_path)
-        if pointer is None:
-            return 0, []  # empty (the core knows how many leaves: all at 0)
-        version = version_of(rel, pointer, backend.store_path)
-        fds = Descriptors()
-        try:
-            opened = _locked(backend, rel, store, pointer, version, fds)
-            if opened is not None:
-                _, _, head, parsed, where = opened
-                return version, segment.leaf_versions(head, parsed, where)
-        finally:
-            fds.close()
-    raise _unstable(backend, name)
-
-
-def _unstable(backend: ShmBackend, name: str) -> CorruptDataError:
-    return CorruptDataError(
-        f"table {name!r} at {layout.table_path(backend.path, name)}: {READ_ATTEMPTS} "
-        "attempts found no stable segment; is a foreign process locking its files?"
-    )
-
-
-def _count(backend: ShmBackend, name: str, counter: str, nbytes: int) -> None:
-    backend.leaf_bytes.setdefault(name, counters())[counter] += nbytes
-
-
-def counters() -> dict[str, int]:
-    """The byte counters ``details()`` shows, before any partial push or delta pull."""
-    return {"leaf_bytes_written": 0, "leaf_bytes_read": 0}

@@ -19,13 +19,14 @@ import os
 import time
 from typing import Any
 
-from varsync.backend import TableNotFoundError
 from varsync_shm._fds import Descriptors
+from varsync_shm._files import token, write_all
+from varsync_shm.layout import READERS
+from varsync_shm.store import TableDir
 
-__all__ = ["ReaderRegistry", "READERS", "MAX_ENTRY_BYTES"]
+__all__ = ["report", "listing", "MAX_ENTRY_BYTES"]
 
-#: The directory of a table's reader entries.
-READERS = "readers"
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 #: The largest entry file a listing reads (an entry varsync writes is a few hundred bytes).
 MAX_ENTRY_BYTES = 64 * 1024
 
@@ -34,78 +35,55 @@ def _entry_name(reader: str) -> str:
     return hashlib.sha256(reader.encode("utf-8")).hexdigest()[:32] + ".json"
 
 
-class ReaderRegistry:
-    """Mixed into the shm backend class: ``report_reader`` and ``readers`` over its table
-    directories (``_writable``, ``_table``, ``_errors`` are the backend's)."""
-
-    supports_reader_registry = True
-
-    def report_reader(self, name: str, reader: str, record: str, ttl: float) -> None:
-        backend: Any = self
-        body = json.dumps(
-            {"reader": reader, "record": record, "expires": time.time() + ttl}
-        ).encode("utf-8")
-        if len(body) > MAX_ENTRY_BYTES:
-            raise ValueError(f"a reader entry of {len(body)} bytes; at most {MAX_ENTRY_BYTES}")
-        fds = Descriptors()
+def report(table: TableDir, reader: str, record: str, ttl: float) -> None:
+    """Store ``record`` as reader ``reader``'s entry of the table, expiring in ``ttl``
+    seconds; by rename, so a listing reads it whole or not at all."""
+    body = json.dumps({"reader": reader, "record": record, "expires": time.time() + ttl})
+    data = body.encode("utf-8")
+    if len(data) > MAX_ENTRY_BYTES:
+        raise ValueError(f"a reader entry of {len(data)} bytes; at most {MAX_ENTRY_BYTES}")
+    fds = Descriptors()
+    try:
+        directory = table.file(READERS)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory, 0o700, dir_fd=table.store)
+        entries = fds.open(directory, _DIRECTORY, dir_fd=table.store)
+        temporary = f".{token()}.tmp"
+        out = fds.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=entries)
         try:
-            with backend._errors(name):
-                store, rel = backend._writable(name)
-                directory = f"{rel}/{READERS}"
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(directory, 0o700, dir_fd=store)
-                entries = fds.open(
-                    directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=store
-                )
-                temporary = f".{os.urandom(8).hex()}.tmp"
-                out = fds.open(
-                    temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=entries
-                )
-                try:
-                    data = memoryview(body)
-                    while data:  # bounded: each pass writes at least one byte or raises
-                        data = data[os.write(out, data) :]
-                    os.rename(
-                        temporary, _entry_name(reader), src_dir_fd=entries, dst_dir_fd=entries
-                    )
-                except BaseException:
-                    _unlink(temporary, entries)
-                    raise
-        finally:
-            fds.close()
+            write_all(out, data)
+            os.rename(temporary, _entry_name(reader), src_dir_fd=entries, dst_dir_fd=entries)
+        except BaseException:
+            _unlink(temporary, entries)
+            raise
+    finally:
+        fds.close()
 
-    def readers(self, name: str) -> dict[str, str]:
-        backend: Any = self
-        out: dict[str, str] = {}
-        fds = Descriptors()
+
+def listing(table: TableDir) -> dict[str, str]:
+    """The table's unexpired entries (reader id -> record); expired ones are removed."""
+    out: dict[str, str] = {}
+    fds = Descriptors()
+    try:
         try:
-            with backend._errors(name):
-                store, rel = backend._table(name)
-                if store < 0:
-                    raise TableNotFoundError(f"table {name!r} of {backend.url} is gone")
-                try:
-                    entries = fds.open(
-                        f"{rel}/{READERS}",
-                        os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW,
-                        dir_fd=store,
-                    )
-                except FileNotFoundError:
-                    return out
-                now = time.time()
-                for entry in os.listdir(entries):
-                    if not entry.endswith(".json"):
-                        continue
-                    parsed = _read_entry(entry, entries)
-                    if parsed is None:
-                        continue
-                    reader, record, expires, inode = parsed
-                    if expires <= now:
-                        _unlink_if(entry, entries, inode)
-                    else:
-                        out[reader] = record
-        finally:
-            fds.close()
-        return out
+            entries = fds.open(table.file(READERS), _DIRECTORY, dir_fd=table.store)
+        except FileNotFoundError:
+            return out
+        now = time.time()
+        for entry in os.listdir(entries):
+            if not entry.endswith(".json"):
+                continue
+            parsed = _read_entry(entry, entries)
+            if parsed is None:
+                continue
+            reader, record, expires, inode = parsed
+            if expires <= now:
+                _unlink_if(entry, entries, inode)
+            else:
+                out[reader] = record
+    finally:
+        fds.close()
+    return out
 
 
 def _read_entry(entry: str, directory: int) -> Any:

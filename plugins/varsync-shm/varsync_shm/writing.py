@@ -23,168 +23,110 @@ import contextlib
 import errno
 import fcntl
 import os
-import stat
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from varsync.backend import BackendConnectionError, CorruptDataError, ItemTooLargeError, Spec
-from varsync_shm import segment
+from varsync.backend import BackendConnectionError, ItemTooLargeError, Spec
+from varsync_shm import layout, segment
 from varsync_shm._fds import Descriptors
+from varsync_shm._files import token, try_lock, unlink_all
+from varsync_shm.mappings import Mappings
+from varsync_shm.store import Epoch, TableDir
 
-if TYPE_CHECKING:  # pragma: no cover
-    from varsync_shm.backend import ShmBackend
-
-__all__ = [
-    "write",
-    "claim",
-    "allocate",
-    "publish",
-    "reclaim",
-    "pointer",
-    "version_named",
-    "open_regular",
-    "try_lock",
-    "token",
-    "unlink_all",
-    "SPARES",
-]
+__all__ = ["write", "locked", "claim", "allocate", "publish", "reclaim", "pointer", "SPARES"]
 
 SPARES = 1
 """Retired segments kept per table for reuse (besides the current one)."""
 
-SIGNATURE = "signature.json"
-LOCK = "lock"
-CURRENT = "current"
-SEGMENT = "seg-"
-SPARE = "spare-"
-FILL = ".fill-"
-SEGMENTS = (SEGMENT, SPARE, FILL)
-_TEMPORARY = (".link-", ".sig-")  # made and renamed only under the writers' lock
+#: The table's epoch after checking its signature (the caller's own check); called under
+#: the writers' lock, it raises if the table is gone or made again with another signature.
+Checked = Callable[[TableDir], Epoch]
 
 
-def token() -> str:
-    return os.urandom(8).hex()
-
-
-def open_regular(path: str, flags: int, fds: Descriptors, *, dir_fd: int, where: str = "") -> int:
-    """Open a file varsync-shm made (owned by ``fds``): anything else in its place (a
-    link, a directory, a FIFO, which would block the open) is ``CorruptDataError``."""
-    try:
-        fd = fds.open(path, flags | os.O_NONBLOCK | os.O_NOFOLLOW, dir_fd=dir_fd)
-    except OSError as exc:
-        if exc.errno != errno.ELOOP:
-            raise
-        fd = -1
-    if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
-        raise CorruptDataError(
-            f"{where or path} is not a regular file; is something else writing in this store?"
-        )
-    return fd
-
-
-def try_lock(fd: int, kind: int) -> bool:
-    try:
-        fcntl.flock(fd, kind | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
-
-
-def unlink_all(store: int, names: Sequence[str]) -> None:
-    """Remove what a call made and did not publish (names it renamed are gone already)."""
-    for name in names:
-        with contextlib.suppress(FileNotFoundError, NotADirectoryError, OSError):
-            os.unlink(name, dir_fd=store)
+def locked(table: TableDir, fds: Descriptors) -> int:
+    """The writers' lock, open (owned by ``fds``: closing it releases the lock) and held."""
+    lock = fds.open(table.file(layout.LOCK), os.O_RDWR | os.O_CREAT, 0o600, dir_fd=table.store)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    return lock
 
 
 def write(
-    backend: ShmBackend,
-    name: str,
-    store: int,
-    rel: str,
+    table: TableDir,
     arrays: Sequence[np.ndarray],
     specs: Sequence[Spec],
-) -> int:
-    """Fill a segment with ``arrays`` and publish it as the table's next version."""
+    mappings: Mappings,
+    checked: Checked,
+) -> tuple[int, Epoch]:
+    """Fill a segment with ``arrays`` and publish it as the table's next version: that
+    version, and the epoch it was published in."""
     plan = segment.plan(specs)
     fds = Descriptors()
     made: list[str] = []  # names this push created: removed at the end unless renamed
     try:
-        lock = fds.open(f"{rel}/{LOCK}", os.O_RDWR | os.O_CREAT, 0o600, dir_fd=store)
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        backend.check_signature(name, store, rel)
-        reclaim(store, rel, pointer(store, rel))
-        fd, fresh, _ = claim(store, rel, plan.size, fds, made)
+        lock = locked(table, fds)
+        checked(table)
+        reclaim(table, pointer(table))
+        fd, fresh, _ = claim(table, plan.size, fds, made)
         fcntl.flock(lock, fcntl.LOCK_UN)  # copy without it: writers fill in parallel
         if fresh:  # pages to allocate anyway: pwrite beats faulting them in
-            allocate(fd, plan.size, backend.root, rel)
+            allocate(fd, plan.size, table)
             segment.write(fd, plan, arrays)
         else:  # a spare: through a mapping kept from earlier, at memcpy speed
-            segment.fill(backend.writable_mapping(rel, fd, plan.size), plan, arrays)
+            segment.fill(mappings.get(table.rel, fd, plan.size, writable=True), plan, arrays)
         fcntl.flock(lock, fcntl.LOCK_EX)
-        epoch = backend.check_signature(name, store, rel)  # it may have been made again
-        version = version_named(rel, pointer(store, rel)) + 1
-        publish(store, rel, fd, version, made)
-        backend.saw(name, epoch, version)
-        return version
+        epoch = checked(table)  # it may have been made again meanwhile
+        version = layout.version_named(pointer(table), table.path) + 1
+        publish(table, fd, version, made)
+        return version, epoch
     finally:
         # First (an interrupt may land in anything after it): the writers' lock and the
         # segment's go with their descriptors. A name left by an interrupt below is no
         # longer locked, so the next push deletes it.
         fds.close()
-        unlink_all(store, made)
+        unlink_all(table.store, made)
 
 
-def publish(store: int, rel: str, fd: int, version: int, made: list[str]) -> None:
+def publish(table: TableDir, fd: int, version: int, made: list[str]) -> None:
     """Publish the filled file ``fd`` (named ``made[0]``) as ``version`` and reclaim what
     it retires. Call under the writers' lock, with ``fd`` locked LOCK_EX."""
     # Readers may take their shared lock as soon as the link is renamed; only
     # writers, all excluded by the writers' lock, wanted LOCK_EX.
+    store = table.store
     fcntl.flock(fd, fcntl.LOCK_SH)
     segment.set_version(fd, version)
-    published = f"{SEGMENT}{version}"
-    os.rename(made[0], f"{rel}/{published}", src_dir_fd=store, dst_dir_fd=store)
-    link = f"{rel}/.link-{token()}"
+    published = f"{layout.SEGMENT}{version}"
+    os.rename(made[0], table.file(published), src_dir_fd=store, dst_dir_fd=store)
+    link = table.file(f".link-{token()}")
     made.append(link)
     os.symlink(published, link, dir_fd=store)
-    os.rename(link, f"{rel}/{CURRENT}", src_dir_fd=store, dst_dir_fd=store)
-    reclaim(store, rel, published)
+    os.rename(link, table.file(layout.CURRENT), src_dir_fd=store, dst_dir_fd=store)
+    reclaim(table, published)
 
 
-def pointer(store: int, rel: str) -> str | None:
+def pointer(table: TableDir) -> str | None:
     """The segment ``current`` names (``None`` before the first push)."""
     try:
-        return os.readlink(f"{rel}/{CURRENT}", dir_fd=store)
+        return os.readlink(table.file(layout.CURRENT), dir_fd=table.store)
     except FileNotFoundError:
         return None
 
 
-def version_named(rel: str, entry: str | None) -> int:
-    """The version a segment's name says (0 for ``None``)."""
-    if entry is None:
-        return 0
-    digits = entry[len(SEGMENT) :]
-    if not entry.startswith(SEGMENT) or not digits.isdigit():
-        raise CorruptDataError(f"{rel}/{CURRENT} points to {entry!r}, not a segment")
-    return int(digits)
-
-
 def claim(
-    store: int, rel: str, size: int, fds: Descriptors, made: list[str], keep: int = 0
+    table: TableDir, size: int, fds: Descriptors, made: list[str], keep: int = 0
 ) -> tuple[int, bool, bytes]:
     """A file to fill, locked LOCK_EX and named ``made[0]`` (``.fill-*``): a spare if one
     is free, else a new one. Returns ``(fd, fresh, head)``: ``head``, the first ``keep``
     bytes a spare held before it was claimed (the retired version's header, index and
     leaf versions; ``b""`` for a new file). Call under the writers' lock."""
-    filling = f"{rel}/{FILL}{token()}"
+    store = table.store
+    filling = table.file(f"{layout.FILL}{token()}")
     made.append(filling)  # before it exists: an interrupt after rename or open leaves none
-    for entry in sorted(_list(store, rel)):
-        if not entry.startswith(SPARE):
+    for entry in sorted(_list(table)):
+        if not entry.startswith(layout.SPARE):
             continue
         try:
-            os.rename(f"{rel}/{entry}", filling, src_dir_fd=store, dst_dir_fd=store)
+            os.rename(table.file(entry), filling, src_dir_fd=store, dst_dir_fd=store)
         except FileNotFoundError:
             continue
         candidate = Descriptors()
@@ -204,7 +146,7 @@ def claim(
     return fd, True, b""
 
 
-def allocate(fd: int, size: int, root: str, rel: str) -> None:
+def allocate(fd: int, size: int, table: TableDir) -> None:
     """Reserve the file's pages now, so a full /dev/shm is an error here and never a
     SIGBUS in a reader later."""
     try:
@@ -216,29 +158,31 @@ def allocate(fd: int, size: int, root: str, rel: str) -> None:
         if exc.errno in (errno.ENOSPC, errno.EFBIG):
             free = os.fstatvfs(fd)
             raise ItemTooLargeError(
-                f"{root} has no room for a {size}-byte segment of {rel} "
-                f"({free.f_bavail * free.f_frsize} bytes free); nothing was published. "
+                f"the file system of {table.path} has no room for a {size}-byte segment "
+                f"of table {table.name!r} ({free.f_bavail * free.f_frsize} bytes free); "
+                "nothing was published. "
                 "Free space there (old stores: varsync_shm.remove_store), or enlarge "
                 "the tmpfs."
             ) from None
         raise
 
 
-def reclaim(store: int, rel: str, current: str | None) -> None:
+def reclaim(table: TableDir, current: str | None) -> None:
     """Keep at most :data:`SPARES` free retired segments, delete the rest and what
     dead writers left behind. Call under the writers' lock."""
+    store = table.store
     spares = 0
     retired = []
-    for entry in sorted(_list(store, rel)):
-        path = f"{rel}/{entry}"
-        if entry.startswith(FILL):
+    for entry in sorted(_list(table)):
+        path = table.file(entry)
+        if entry.startswith(layout.FILL):
             if _unused(store, path):  # its writer died: nobody holds its lock
                 _unlink(store, path)
-        elif entry.startswith(_TEMPORARY):
+        elif entry.startswith(layout.TEMPORARY):
             _unlink(store, path)
-        elif entry.startswith(SPARE):
+        elif entry.startswith(layout.SPARE):
             spares += 1
-        elif entry.startswith(SEGMENT) and entry != current:
+        elif entry.startswith(layout.SEGMENT) and entry != current:
             retired.append(path)
     for path in retired:
         fds = Descriptors()
@@ -250,7 +194,8 @@ def reclaim(store: int, rel: str, current: str | None) -> None:
             if not try_lock(fd, fcntl.LOCK_EX):
                 continue  # a reader holds it; a later push reclaims it
             if spares < SPARES:
-                os.rename(path, f"{rel}/{SPARE}{token()}", src_dir_fd=store, dst_dir_fd=store)
+                spare = table.file(f"{layout.SPARE}{token()}")
+                os.rename(path, spare, src_dir_fd=store, dst_dir_fd=store)
                 spares += 1
             else:
                 os.unlink(path, dir_fd=store)
@@ -258,13 +203,14 @@ def reclaim(store: int, rel: str, current: str | None) -> None:
             fds.close()
 
 
-def _list(store: int, rel: str) -> list[str]:
+def _list(table: TableDir) -> list[str]:
     fds = Descriptors()
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
     try:
-        return os.listdir(fds.open(rel, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=store))
+        return os.listdir(fds.open(table.rel, flags, dir_fd=table.store))
     except FileNotFoundError:
         raise BackendConnectionError(
-            f"{rel} was deleted during a push; create_table() it again"
+            f"{table.path} was deleted during a push; create_table() it again"
         ) from None
     finally:
         fds.close()
