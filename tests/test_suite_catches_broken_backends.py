@@ -63,12 +63,16 @@ CAUGHT_BY: Dict[str, List[str]] = {
     ],
     "vsqlite-torn-chunks": ["test_readers_never_see_a_mix_of_a_value_of_several_megabytes"],
     "vsqlite-skips-versions": ["test_one_container_shared_by_eight_threads_pushing_and_pulling"],
-    "vsqlite-gives-up-early": ["test_a_wait_never_gives_up_before_its_timeout"],
-    "vsqlite-ignores-timeout": ["test_a_wait_never_gives_up_before_its_timeout"],
-    "vsqlite-returns-early": [
-        "test_wait_for_wakes_when_another_container_pushes",
-        "test_wait_for_times_out_when_nothing_is_pushed",
+    "vsqlite-head-then-data": ["test_readers_never_see_a_mix_of_two_versions"],
+    "vsqlite-reuses-epoch": [
+        "test_a_whole_version_reader_learns_of_a_new_history_at_its_own_version"
     ],
+    "vsqlite-caches-epoch": [
+        "test_a_whole_version_reader_learns_of_a_new_history_at_its_own_version"
+    ],
+    "vsqlite-caches-head": ["test_wait_for_wakes_when_another_container_pushes"],
+    "vsqlite-block-gives-up-early": ["test_a_wait_never_gives_up_before_its_timeout"],
+    "vsqlite-block-ignores-deadline": ["test_a_wait_never_gives_up_before_its_timeout"],
     "vsqlite-polls-but-claims-blocking": ["test_a_blocking_wait_makes_no_requests_while_it_waits"],
     "vsqlite-leaks-connections": ["test_a_closed_container_holds_no_connection_or_thread"],
     "vsqlite-overstates-push-limit": ["test_a_push_of_exactly_max_push_bytes_goes_through"],
@@ -84,6 +88,9 @@ CAUGHT_BY: Dict[str, List[str]] = {
         "test_a_push_after_another_writers_sends_every_leaf",
         "test_write_leaves_refuses_a_base_that_is_not_current",
     ],
+    "vsqlite-leaves-ignores-epoch-of-base": [
+        "test_write_leaves_refuses_a_base_that_is_not_current"
+    ],
     "vsqlite-leaves-into-empty": ["test_write_leaves_refuses_a_base_that_is_not_current"],
     "vsqlite-leaves-latest-change-only": [
         "test_read_leaves_returns_the_union_of_what_changed_since",
@@ -94,13 +101,8 @@ CAUGHT_BY: Dict[str, List[str]] = {
     "vsqlite-leaves-keeps-recent-only": [
         "test_a_leaf_unchanged_for_many_versions_stays_readable"
     ],
-    "vsqlite-leaves-forgets-history-of": [
-        "test_a_reader_never_assembles_leaves_from_two_histories"
-    ],
+    "vsqlite-leaves-reuses-epoch": ["test_a_reader_never_assembles_leaves_from_two_histories"],
     "vsqlite-leaves-torn-reads": ["test_readers_of_partial_pushes_never_see_a_mix"],
-    "vsqlite-leaves-whole-reads-skip-epoch": [
-        "test_a_whole_version_reader_learns_of_a_new_history_at_its_own_version"
-    ],
 }
 
 #: The tests no server, fault proxy or blocking wait can run against SQLite, which skip
