@@ -237,7 +237,7 @@ def _outcomes(report: Path) -> Outcomes:
     return found
 
 
-def _passes_the_whole_suite(
+def passes_the_whole_suite(
     directory: Path, scheme: str, gaps: Iterable[str] = ()
 ) -> List[str]:
     """Run the whole suite against ``scheme``://, check nothing failed but its named
@@ -249,14 +249,14 @@ def _passes_the_whole_suite(
     return sorted(test for (_, test), got in outcomes.items() if got == "skipped")
 
 
-def test_the_reference_backend_passes_the_whole_suite(tmp_path: Path) -> None:
+def test_the_reference_backendpasses_the_whole_suite(tmp_path: Path) -> None:
     """All of it but its named gaps, which it must still fail (a fixed reference says so)."""
-    skipped = _passes_the_whole_suite(tmp_path, REFERENCE_SCHEME, REFERENCE_GAPS)
+    skipped = passes_the_whole_suite(tmp_path, REFERENCE_SCHEME, REFERENCE_GAPS)
     assert skipped == sorted(ENGINE_SKIPS + READER_REGISTRY_SKIPS + LEAF_VERSION_SKIPS)
 
 
-def test_the_leaf_reference_backend_passes_the_whole_suite(tmp_path: Path) -> None:
-    skipped = _passes_the_whole_suite(tmp_path, LEAF_REFERENCE_SCHEME)
+def test_the_leaf_reference_backendpasses_the_whole_suite(tmp_path: Path) -> None:
+    skipped = passes_the_whole_suite(tmp_path, LEAF_REFERENCE_SCHEME)
     # of the delta tests, only the one for backends without the ability
     assert skipped == sorted(
         ENGINE_SKIPS + READER_REGISTRY_SKIPS
