@@ -21,12 +21,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pytest
-
 import test_suite_catches_broken_backends as mutation
-import varsync
 from mutants.plugin import LEGACY_LEAF_REFERENCE_SCHEME, LEGACY_REFERENCE_SCHEME
 from mutants.reference import SqliteStore
 from mutants.reference_leaves import start_new_history
+
+import varsync
 from varsync.backend import (
     Backend,
     BackendRegistry,
@@ -291,16 +291,18 @@ def test_an_ability_declared_without_its_methods_is_refused_at_registration() ->
 
 
 def test_a_supports_flag_without_the_ability_type_raises() -> None:
-    with pytest.raises(ConfigurationError, match="subclass varsync.backend.SupportsLeafVersions"):
+    with pytest.raises(
+        ConfigurationError, match=r"subclass varsync\.backend\.SupportsLeafVersions"
+    ):
 
-        class ClaimsLeaves(SqliteStore):  # noqa: F841
+        class ClaimsLeaves(SqliteStore):
             supports_leaf_versions = True
 
     with pytest.raises(
-        ConfigurationError, match="do not subclass varsync.backend.SupportsBlockingWait"
+        ConfigurationError, match=r"do not subclass varsync\.backend\.SupportsBlockingWait"
     ):
 
-        class DeniesBlocking(SqliteStore, SupportsBlockingWait):  # noqa: F841
+        class DeniesBlocking(SqliteStore, SupportsBlockingWait):
             supports_blocking_wait = False
 
             def block(self, name: str, newer_than: int, deadline: float) -> None:

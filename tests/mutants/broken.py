@@ -353,7 +353,7 @@ class ClosesInAForkedChild(SqliteStore):
         os.register_at_fork(after_in_child=functools.partial(_close, weakref.ref(self)))
 
 
-def _close(backend: "weakref.ref[SqliteStore]") -> None:
+def _close(backend: weakref.ref[SqliteStore]) -> None:
     alive = backend()
     if alive is not None:
         alive.close()

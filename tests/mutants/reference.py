@@ -41,6 +41,7 @@ from varsync.backend import (
     BackendConnectionError,
     ConfigurationError,
     CorruptDataError,
+    ErrorMap,
     Head,
     Read,
     Spec,
@@ -50,7 +51,7 @@ from varsync.backend import (
 )
 
 # Subclasses first: the first entry the exception is an instance of wins.
-ERRORS = {
+ERRORS: ErrorMap = {
     sqlite3.OperationalError: BackendConnectionError,  # locked past the timeout, disk gone
     sqlite3.DatabaseError: CorruptDataError,  # not a database, malformed file
 }
