@@ -2,10 +2,12 @@
 and every deliberately broken variant of them fails it.
 
 The backends are in ``tests/mutants/``, over one SQLite file shared across processes and
-persistent: two references, ``reference`` (``vsqlite://``, of the protocol before leaf
-versions: it proves the core's fallbacks) and ``reference_leaves`` (``vsqlite-leaves://``,
-with ``supports_leaf_versions``: a row per leaf and version, an epoch per created table),
-and their broken variants, ``broken`` and ``broken_leaves`` (one defect per class). They
+persistent, written to Backend protocol 1: two references, ``reference`` (``vsqlite://``,
+without abilities: it proves the core's fallbacks) and ``reference_leaves``
+(``vsqlite-leaves://``, with ``SupportsLeafVersions``: a row per leaf and version), each
+minting an epoch per created table, and their broken variants, ``broken`` and
+``broken_leaves`` (one defect per class). (The same references as written to the 0.2
+protocol, ``legacy_reference*``, run through the adapter in test_legacy_protocol.py.) They
 reach varsync as a real plugin does: a ``*.dist-info`` with a ``varsync`` entry point, on
 the ``PYTHONPATH`` of a pytest subprocess, whose hook calls ``registry.add`` (so the
 suite's spawned child processes find the schemes too). Each run is a generated test
@@ -107,9 +109,8 @@ CAUGHT_BY: Dict[str, List[str]] = {
 
 #: The tests no server, fault proxy or blocking wait can run against SQLite, which skip
 #: for both references: no host:port (proxy), no server process to pause or restart, no
-#: blocking wait; and,
-#: as backends of the 0.1 protocol's ``supported_ml_dtypes``, no ML dtypes declared (it
-#: defaults to none: an old backend claims nothing it was never tested for).
+#: blocking wait; and no ML dtypes declared (``supported_ml_dtypes`` defaults to none: a
+#: backend claims nothing it was never tested for).
 ENGINE_SKIPS = [
     "test_a_blocking_wait_makes_no_requests_while_it_waits",
     "test_a_call_never_outlives_its_timeout_when_replies_stop",
@@ -122,10 +123,8 @@ ENGINE_SKIPS = [
 ]
 
 #: The tests ``vsqlite://`` fails: rules its author did not follow, gaps of the reference
-#: that this module names rather than hides. None now: it kept no epoch, so a table it
-#: lost (``new_history``) and made again up to the version a reader held was, to it, the
-#: same table; it now mints one per created table and checks it in ``read`` through
-#: ``Histories``, as ``vsqlite-leaves://`` does.
+#: that this module names rather than hides. None now (it once kept no epoch, and a table
+#: lost and made again up to the version a reader held was, to it, the same table).
 REFERENCE_GAPS: List[str] = []
 
 #: The tests of the reader registry (``supports_reader_registry``), which neither
