@@ -2,10 +2,12 @@
 and every deliberately broken variant of them fails it.
 
 The backends are in ``tests/mutants/``, over one SQLite file shared across processes and
-persistent: two references, ``reference`` (``vsqlite://``, of the protocol before leaf
-versions: it proves the core's fallbacks) and ``reference_leaves`` (``vsqlite-leaves://``,
-with ``supports_leaf_versions``: a row per leaf and version, an epoch per created table),
-and their broken variants, ``broken`` and ``broken_leaves`` (one defect per class). They
+persistent, written to Backend protocol 1: two references, ``reference`` (``vsqlite://``,
+without abilities: it proves the core's fallbacks) and ``reference_leaves``
+(``vsqlite-leaves://``, with ``SupportsLeafVersions``: a row per leaf and version), each
+minting an epoch per created table, and their broken variants, ``broken`` and
+``broken_leaves`` (one defect per class). (The same references as written to the 0.2
+protocol, ``legacy_reference*``, run through the adapter in test_legacy_protocol.py.) They
 reach varsync as a real plugin does: a ``*.dist-info`` with a ``varsync`` entry point, on
 the ``PYTHONPATH`` of a pytest subprocess, whose hook calls ``registry.add`` (so the
 suite's spawned child processes find the schemes too). Each run is a generated test
@@ -63,12 +65,16 @@ CAUGHT_BY: Dict[str, List[str]] = {
     ],
     "vsqlite-torn-chunks": ["test_readers_never_see_a_mix_of_a_value_of_several_megabytes"],
     "vsqlite-skips-versions": ["test_one_container_shared_by_eight_threads_pushing_and_pulling"],
-    "vsqlite-gives-up-early": ["test_a_wait_never_gives_up_before_its_timeout"],
-    "vsqlite-ignores-timeout": ["test_a_wait_never_gives_up_before_its_timeout"],
-    "vsqlite-returns-early": [
-        "test_wait_for_wakes_when_another_container_pushes",
-        "test_wait_for_times_out_when_nothing_is_pushed",
+    "vsqlite-head-then-data": ["test_readers_never_see_a_mix_of_two_versions"],
+    "vsqlite-reuses-epoch": [
+        "test_a_whole_version_reader_learns_of_a_new_history_at_its_own_version"
     ],
+    "vsqlite-caches-epoch": [
+        "test_a_whole_version_reader_learns_of_a_new_history_at_its_own_version"
+    ],
+    "vsqlite-caches-head": ["test_wait_for_wakes_when_another_container_pushes"],
+    "vsqlite-block-gives-up-early": ["test_a_wait_never_gives_up_before_its_timeout"],
+    "vsqlite-block-ignores-deadline": ["test_a_wait_never_gives_up_before_its_timeout"],
     "vsqlite-polls-but-claims-blocking": ["test_a_blocking_wait_makes_no_requests_while_it_waits"],
     "vsqlite-leaks-connections": ["test_a_closed_container_holds_no_connection_or_thread"],
     "vsqlite-overstates-push-limit": ["test_a_push_of_exactly_max_push_bytes_goes_through"],
@@ -84,6 +90,9 @@ CAUGHT_BY: Dict[str, List[str]] = {
         "test_a_push_after_another_writers_sends_every_leaf",
         "test_write_leaves_refuses_a_base_that_is_not_current",
     ],
+    "vsqlite-leaves-ignores-epoch-of-base": [
+        "test_write_leaves_refuses_a_base_that_is_not_current"
+    ],
     "vsqlite-leaves-into-empty": ["test_write_leaves_refuses_a_base_that_is_not_current"],
     "vsqlite-leaves-latest-change-only": [
         "test_read_leaves_returns_the_union_of_what_changed_since",
@@ -94,20 +103,14 @@ CAUGHT_BY: Dict[str, List[str]] = {
     "vsqlite-leaves-keeps-recent-only": [
         "test_a_leaf_unchanged_for_many_versions_stays_readable"
     ],
-    "vsqlite-leaves-forgets-history-of": [
-        "test_a_reader_never_assembles_leaves_from_two_histories"
-    ],
+    "vsqlite-leaves-reuses-epoch": ["test_a_reader_never_assembles_leaves_from_two_histories"],
     "vsqlite-leaves-torn-reads": ["test_readers_of_partial_pushes_never_see_a_mix"],
-    "vsqlite-leaves-whole-reads-skip-epoch": [
-        "test_a_whole_version_reader_learns_of_a_new_history_at_its_own_version"
-    ],
 }
 
 #: The tests no server, fault proxy or blocking wait can run against SQLite, which skip
 #: for both references: no host:port (proxy), no server process to pause or restart, no
-#: blocking wait; and,
-#: as backends of the 0.1 protocol's ``supported_ml_dtypes``, no ML dtypes declared (it
-#: defaults to none: an old backend claims nothing it was never tested for).
+#: blocking wait; and no ML dtypes declared (``supported_ml_dtypes`` defaults to none: a
+#: backend claims nothing it was never tested for).
 ENGINE_SKIPS = [
     "test_a_blocking_wait_makes_no_requests_while_it_waits",
     "test_a_call_never_outlives_its_timeout_when_replies_stop",
@@ -120,10 +123,8 @@ ENGINE_SKIPS = [
 ]
 
 #: The tests ``vsqlite://`` fails: rules its author did not follow, gaps of the reference
-#: that this module names rather than hides. None now: it kept no epoch, so a table it
-#: lost (``new_history``) and made again up to the version a reader held was, to it, the
-#: same table; it now mints one per created table and checks it in ``read`` through
-#: ``Histories``, as ``vsqlite-leaves://`` does.
+#: that this module names rather than hides. None now (it once kept no epoch, and a table
+#: lost and made again up to the version a reader held was, to it, the same table).
 REFERENCE_GAPS: List[str] = []
 
 #: The tests of the reader registry (``supports_reader_registry``), which neither
@@ -235,7 +236,7 @@ def _outcomes(report: Path) -> Outcomes:
     return found
 
 
-def _passes_the_whole_suite(
+def passes_the_whole_suite(
     directory: Path, scheme: str, gaps: Iterable[str] = ()
 ) -> List[str]:
     """Run the whole suite against ``scheme``://, check nothing failed but its named
@@ -247,14 +248,14 @@ def _passes_the_whole_suite(
     return sorted(test for (_, test), got in outcomes.items() if got == "skipped")
 
 
-def test_the_reference_backend_passes_the_whole_suite(tmp_path: Path) -> None:
+def test_the_reference_backendpasses_the_whole_suite(tmp_path: Path) -> None:
     """All of it but its named gaps, which it must still fail (a fixed reference says so)."""
-    skipped = _passes_the_whole_suite(tmp_path, REFERENCE_SCHEME, REFERENCE_GAPS)
+    skipped = passes_the_whole_suite(tmp_path, REFERENCE_SCHEME, REFERENCE_GAPS)
     assert skipped == sorted(ENGINE_SKIPS + READER_REGISTRY_SKIPS + LEAF_VERSION_SKIPS)
 
 
-def test_the_leaf_reference_backend_passes_the_whole_suite(tmp_path: Path) -> None:
-    skipped = _passes_the_whole_suite(tmp_path, LEAF_REFERENCE_SCHEME)
+def test_the_leaf_reference_backendpasses_the_whole_suite(tmp_path: Path) -> None:
+    skipped = passes_the_whole_suite(tmp_path, LEAF_REFERENCE_SCHEME)
     # of the delta tests, only the one for backends without the ability
     assert skipped == sorted(
         ENGINE_SKIPS + READER_REGISTRY_SKIPS

@@ -1,5 +1,5 @@
 """Broken variants of the reference backend, one defect each, as a hurried plugin author
-might write them. The conformance suite must fail every one of them
+might write them to Backend protocol 1. The conformance suite must fail every one of them
 (tests/test_suite_catches_broken_backends.py); each docstring says what is wrong."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
 import sqlite3
 import time
@@ -15,13 +16,19 @@ from typing import Dict, Iterator, List, Optional, Sequence, Type
 
 import numpy as np
 
-from mutants.reference import ERRORS, SqliteBackend
-from varsync import Spec
-from varsync.backends.base import Snapshot
-from varsync.errors import translate_errors
+from mutants.reference import ERRORS, SqliteStore
+from varsync.backend import (
+    Head,
+    PullTimeoutError,
+    Read,
+    Spec,
+    SupportsBlockingWait,
+    remaining,
+    translate_errors,
+)
 
 
-class IgnoresNamespace(SqliteBackend):
+class IgnoresNamespace(SqliteStore):
     """Every namespace reads and writes the same tables."""
 
     @property
@@ -29,7 +36,7 @@ class IgnoresNamespace(SqliteBackend):
         return ""
 
 
-class CreatesInTwoSteps(SqliteBackend):
+class CreatesInTwoSteps(SqliteStore):
     """``create_table`` looks for the table, then inserts it, in two transactions: two
     processes creating a table at once may both find none, and the second insert
     replaces the first; both calls "succeed", with their own signatures."""
@@ -48,45 +55,46 @@ class CreatesInTwoSteps(SqliteBackend):
         return signature
 
 
-class SlowToSayNothingChanged(SqliteBackend):
+class SlowToSayNothingChanged(SqliteStore):
     """``read`` with nothing newer blocks for 3 s before answering (the protocol says: at
     once), and answers what it saw before blocking."""
 
-    def read(self, name: str, newer_than: int, timeout: Optional[float]) -> Snapshot:
-        version, arrays = super().read(name, newer_than, timeout)
-        if arrays is None:
+    def read(self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]) -> Read:
+        answer = super().read(name, newer_than, deadline, specs)
+        if answer.arrays is None:
             time.sleep(3)
-        return version, arrays
+        return answer
 
 
-class ReadsTheDataToSayNothingChanged(SqliteBackend):
-    """``read`` fetches the current version with its data, then compares versions: an
+class ReadsTheDataToSayNothingChanged(SqliteStore):
+    """``read`` fetches the current head with its data, then compares versions: an
     answer of "nothing newer" costs the transfer of the whole table (at once, though)."""
 
-    def read(self, name: str, newer_than: int, timeout: Optional[float]) -> Snapshot:
-        with self._connection() as conn:
+    def read(self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]) -> Read:
+        with self._connection(deadline) as conn:
             rows = conn.execute(
-                "SELECT t.version, d.payload FROM tables t JOIN data d ON d.namespace = "
-                "t.namespace AND d.name = t.name AND d.version = t.version "
+                "SELECT t.version, t.epoch, d.payload FROM tables t JOIN data d ON "
+                "d.namespace = t.namespace AND d.name = t.name AND d.version = t.version "
                 "WHERE t.namespace = ? AND t.name = ?",
                 (self._ns, name),
             ).fetchall()
         if not rows:  # nothing pushed yet (or the table is gone): as the reference does
-            return super().read(name, newer_than, timeout)
-        version, payload = rows[0]
-        if version <= newer_than:
-            return int(version), None
-        return int(version), self._arrays(name, bytes(payload))
+            return super().read(name, newer_than, deadline, specs)
+        version, epoch, payload = rows[0]
+        head = Head(int(version), str(epoch))
+        if head.version <= newer_than:
+            return Read(head, None)
+        return Read(head, self._arrays(name, bytes(payload), specs))
 
 
-class SharedConnection(SqliteBackend):
+class SharedConnection(SqliteStore):
     """One SQLite connection for every thread, without a lock: two threads' transactions
     interleave ("cannot start a transaction within a transaction")."""
 
     _shared: Optional[sqlite3.Connection] = None
 
     @contextlib.contextmanager
-    def _connection(self) -> Iterator[sqlite3.Connection]:
+    def _connection(self, deadline: float = math.inf) -> Iterator[sqlite3.Connection]:
         with translate_errors(ERRORS, self.url):
             if self._shared is None:
                 self._shared = self._open()
@@ -97,7 +105,7 @@ class SharedConnection(SqliteBackend):
             self._shared.close()
 
 
-class TornWrites(SqliteBackend):
+class TornWrites(SqliteStore):
     """Each leaf is its own row, written and read one statement at a time: a reader can
     get leaves of two versions."""
 
@@ -109,8 +117,10 @@ class TornWrites(SqliteBackend):
                 " payload BLOB, PRIMARY KEY (namespace, name, leaf))"
             )
 
-    def write(self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]) -> int:
-        with self._connection() as conn:
+    def write(
+        self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec], deadline: float
+    ) -> Head:
+        with self._connection(deadline) as conn:
             for index, array in enumerate(arrays):
                 conn.execute(
                     "INSERT OR REPLACE INTO leaves VALUES (?, ?, ?, ?)",
@@ -118,23 +128,22 @@ class TornWrites(SqliteBackend):
                 )
             conn.execute("BEGIN IMMEDIATE")
             try:
-                version = self._version(conn, name) + 1
+                current = self._head_of(conn, name)
                 conn.execute(
                     "UPDATE tables SET version = ? WHERE namespace = ? AND name = ?",
-                    (version, self._ns, name),
+                    (current.version + 1, self._ns, name),
                 )
                 conn.execute("COMMIT")
             except BaseException:
                 conn.rollback()
                 raise
-        return version
+        return Head(current.version + 1, current.epoch)
 
-    def read(self, name: str, newer_than: int, timeout: Optional[float]) -> Snapshot:
-        specs = self._flat_specs(name)
-        with self._connection() as conn:
-            version = self._version(conn, name)
-            if version <= newer_than:
-                return version, None
+    def read(self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]) -> Read:
+        with self._connection(deadline) as conn:
+            head = self._head_of(conn, name)
+            if head.version <= newer_than:
+                return Read(head, None)
             arrays: List[np.ndarray] = []
             for index, spec in enumerate(specs):
                 (payload,), = conn.execute(
@@ -142,10 +151,10 @@ class TornWrites(SqliteBackend):
                     (self._ns, name, index),
                 ).fetchall()
                 arrays.append(np.frombuffer(bytes(payload), spec.dtype).reshape(spec.shape))
-        return version, arrays
+        return Read(head, arrays)
 
 
-class TornChunks(SqliteBackend):
+class TornChunks(SqliteStore):
     """A value over 1 MiB is kept in rows of 1 MiB, written and then read one statement at
     a time, outside one transaction; smaller values stay whole in one row. A reader of a
     large value can get chunks of two versions."""
@@ -160,82 +169,162 @@ class TornChunks(SqliteBackend):
                 " payload BLOB, PRIMARY KEY (namespace, name, chunk))"
             )
 
-    def write(self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]) -> int:
+    def write(
+        self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec], deadline: float
+    ) -> Head:
         payload = b"".join(array.tobytes() for array in arrays)
         if len(payload) <= self.CHUNK:
-            return super().write(name, arrays, specs)
-        with self._connection() as conn:
+            return super().write(name, arrays, specs, deadline)
+        with self._connection(deadline) as conn:
             for start in range(0, len(payload), self.CHUNK):
                 conn.execute(
                     "INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, ?)",
                     (self._ns, name, start // self.CHUNK, payload[start:start + self.CHUNK]),
                 )
         # the version, and an empty row saying "in chunks", in one transaction
-        return super().write(name, [], specs)
+        return super().write(name, [], specs, deadline)
 
-    def read(self, name: str, newer_than: int, timeout: Optional[float]) -> Snapshot:
-        version, arrays = super().read(name, newer_than, timeout)
-        if arrays is not None or version <= newer_than:
-            return version, arrays
-        size = sum(s.nbytes for s in self._flat_specs(name))
+    def read(self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]) -> Read:
+        head, arrays = super().read(name, newer_than, deadline, specs)
+        if arrays is not None or head.version <= newer_than:
+            return Read(head, arrays)
+        size = sum(s.nbytes for s in specs)
         chunks = []
-        with self._connection() as conn:
+        with self._connection(deadline) as conn:
             for index in range(-(-size // self.CHUNK)):
                 (payload,), = conn.execute(
                     "SELECT payload FROM chunks WHERE namespace = ? AND name = ? AND chunk = ?",
                     (self._ns, name, index),
                 ).fetchall()
                 chunks.append(bytes(payload))
-        return version, super()._arrays(name, b"".join(chunks))
+        return Read(head, super()._arrays(name, b"".join(chunks), specs))
 
-    def _arrays(self, name: str, payload: bytes) -> List[np.ndarray]:
+    def _arrays(self, name: str, payload: bytes, specs: Sequence[Spec]) -> List[np.ndarray]:
         if not payload:  # in chunks (or of no bytes at all): read() gathers them
             return None  # type: ignore[return-value]
-        return super()._arrays(name, payload)
+        return super()._arrays(name, payload, specs)
 
 
-class SkipsVersions(SqliteBackend):
+class SkipsVersions(SqliteStore):
     """Now and then a push adds 2 to the version (from 7 to 9, 17 to 19, ...)."""
 
     def _next_version(self, current: int) -> int:
         return current + (2 if current % 10 == 7 else 1)
 
 
-class GivesUpEarly(SqliteBackend):
-    """``wait`` gives up after a quarter of its timeout."""
+class ReadsTheHeadThenTheData(SqliteStore):
+    """``read`` asks the head, then fetches the data of whatever version is current by a
+    second statement, outside a transaction: a push landing in between gives the arrays
+    of a version newer than the head it answers (the protocol: of one version)."""
 
-    def wait(self, name: str, newer_than: int, timeout: Optional[float]) -> int:
-        return super().wait(name, newer_than, None if timeout is None else timeout / 4)
-
-
-class IgnoresTimeout(SqliteBackend):
-    """``wait`` ignores its timeout and waits as long as it takes."""
-
-    def wait(self, name: str, newer_than: int, timeout: Optional[float]) -> int:
-        return super().wait(name, newer_than, None)
-
-
-class ReturnsEarly(SqliteBackend):
-    """``wait`` returns the current version at once, whether or not it is newer."""
-
-    def wait(self, name: str, newer_than: int, timeout: Optional[float]) -> int:
-        return self.version(name)
+    def read(self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]) -> Read:
+        with self._connection(deadline) as conn:
+            head = self._head_of(conn, name)
+            if head.version <= newer_than:
+                return Read(head, None)
+            rows = conn.execute(
+                "SELECT d.payload FROM tables t JOIN data d ON d.namespace = t.namespace "
+                "AND d.name = t.name AND d.version = t.version "
+                "WHERE t.namespace = ? AND t.name = ?",
+                (self._ns, name),
+            ).fetchall()
+        return Read(head, self._arrays(name, bytes(rows[0][0]), specs))
 
 
-class PollsButClaimsBlocking(SqliteBackend):
-    """Declares ``supports_blocking_wait`` but keeps the base class's polling wait."""
+class ReusesTheEpoch(SqliteStore):
+    """Names a table's epoch after the table (the same token in every history), rather
+    than minting one when the table is made: a table lost and made again, then pushed
+    back to the version a reader holds, is to the core the same value."""
 
-    supports_blocking_wait = True
+    def _head_of(self, conn: sqlite3.Connection, name: str) -> Head:
+        return Head(super()._head_of(conn, name).version, f"{self._ns}/{name}")
+
+    def read(self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]) -> Read:
+        head, arrays = super().read(name, newer_than, deadline, specs)
+        return Read(Head(head.version, f"{self._ns}/{name}"), arrays)
 
 
-class LeaksConnections(SqliteBackend):
+class CachesTheEpoch(SqliteStore):
+    """Reads a table's epoch once and keeps it ("an epoch never changes"): after the
+    table is lost and made again, ``read`` answers the new history's version and arrays
+    under the old history's epoch, a head whose epoch is not of its arrays' version."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._epochs: Dict[str, object] = {}
+
+    def _head_of(self, conn: sqlite3.Connection, name: str) -> Head:
+        head = super()._head_of(conn, name)
+        return Head(head.version, self._epochs.setdefault(name, head.epoch))
+
+    def read(self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]) -> Read:
+        head, arrays = super().read(name, newer_than, deadline, specs)
+        return Read(Head(head.version, self._epochs.setdefault(name, head.epoch)), arrays)
+
+
+class CachesTheHead(SqliteStore):
+    """``head`` answers the head this backend last saw (its own writes and reads update
+    it) and asks the store only for a table it has not seen: another container's push is
+    never seen by a wait, which looks at the head."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._heads: Dict[str, Head] = {}
+
+    def head(self, name: str, deadline: float) -> Head:
+        if name not in self._heads:
+            self._heads[name] = super().head(name, deadline)
+        return self._heads[name]
+
+    def write(
+        self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec], deadline: float
+    ) -> Head:
+        self._heads[name] = super().write(name, arrays, specs, deadline)
+        return self._heads[name]
+
+    def read(self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]) -> Read:
+        answer = super().read(name, newer_than, deadline, specs)
+        self._heads[name] = answer.head
+        return answer
+
+
+class BlockGivesUpEarly(SqliteStore, SupportsBlockingWait):
+    """``block`` waits for a change for a quarter of the time left, then raises
+    :class:`PullTimeoutError` (returning early is allowed: the core looks again; ending
+    the wait is not)."""
+
+    def block(self, name: str, newer_than: int, deadline: float) -> None:
+        until = time.monotonic() + remaining(deadline) / 4
+        while self.head(name, deadline).version == newer_than:
+            if time.monotonic() >= until:
+                raise PullTimeoutError(f"{self.url}: table {name!r} did not change")
+            time.sleep(0.005)
+
+
+class BlockIgnoresItsDeadline(SqliteStore, SupportsBlockingWait):
+    """``block`` waits until the table changes, however long that takes."""
+
+    def block(self, name: str, newer_than: int, deadline: float) -> None:
+        while self.head(name, math.inf).version == newer_than:
+            time.sleep(0.005)
+
+
+class PollsButClaimsBlocking(SqliteStore, SupportsBlockingWait):
+    """Subclasses ``SupportsBlockingWait``, but its ``block`` sleeps a millisecond and
+    returns: the core's wait loop, trusting it, asks the head again and again."""
+
+    def block(self, name: str, newer_than: int, deadline: float) -> None:
+        time.sleep(min(0.001, max(remaining(deadline), 0.0)))
+
+
+class LeaksConnections(SqliteStore):
     """``close()`` forgets to close the connections."""
 
     def close(self) -> None:
         self._kept = list(self._opened)  # still referenced: nothing closes them
 
 
-class OverstatesPushLimit(SqliteBackend):
+class OverstatesPushLimit(SqliteStore):
     """Declares 16 MiB pushes, but its SQLite connections refuse values over 4 MiB."""
 
     def _open(self) -> sqlite3.Connection:
@@ -244,7 +333,7 @@ class OverstatesPushLimit(SqliteBackend):
         return conn
 
 
-class ProcessLocal(SqliteBackend):
+class ProcessLocal(SqliteStore):
     """Declares ``shared_across_processes`` and ``persistent``, but each process has a
     file of its own."""
 
@@ -252,7 +341,7 @@ class ProcessLocal(SqliteBackend):
         super().__init__(f"{url}.pid{os.getpid()}", **kwargs)  # type: ignore[arg-type]
 
 
-class ClosesInAForkedChild(SqliteBackend):
+class ClosesInAForkedChild(SqliteStore):
     """Resets its state in a forked child by closing itself (``os.register_at_fork``),
     where plugins.md says to drop what was inherited and connect anew: a container used
     before a fork refuses every call in the child. (Keeping the parent's idle SQLite
@@ -264,13 +353,13 @@ class ClosesInAForkedChild(SqliteBackend):
         os.register_at_fork(after_in_child=functools.partial(_close, weakref.ref(self)))
 
 
-def _close(backend: "weakref.ref[SqliteBackend]") -> None:
+def _close(backend: weakref.ref[SqliteStore]) -> None:
     alive = backend()
     if alive is not None:
         alive.close()
 
 
-VARIANTS: Dict[str, Type[SqliteBackend]] = {
+VARIANTS: Dict[str, Type[SqliteStore]] = {
     "vsqlite-ignores-namespace": IgnoresNamespace,
     "vsqlite-creates-in-two-steps": CreatesInTwoSteps,
     "vsqlite-slow-nothing-newer": SlowToSayNothingChanged,
@@ -279,9 +368,12 @@ VARIANTS: Dict[str, Type[SqliteBackend]] = {
     "vsqlite-torn-writes": TornWrites,
     "vsqlite-torn-chunks": TornChunks,
     "vsqlite-skips-versions": SkipsVersions,
-    "vsqlite-gives-up-early": GivesUpEarly,
-    "vsqlite-ignores-timeout": IgnoresTimeout,
-    "vsqlite-returns-early": ReturnsEarly,
+    "vsqlite-head-then-data": ReadsTheHeadThenTheData,
+    "vsqlite-reuses-epoch": ReusesTheEpoch,
+    "vsqlite-caches-epoch": CachesTheEpoch,
+    "vsqlite-caches-head": CachesTheHead,
+    "vsqlite-block-gives-up-early": BlockGivesUpEarly,
+    "vsqlite-block-ignores-deadline": BlockIgnoresItsDeadline,
     "vsqlite-polls-but-claims-blocking": PollsButClaimsBlocking,
     "vsqlite-leaks-connections": LeaksConnections,
     "vsqlite-overstates-push-limit": OverstatesPushLimit,

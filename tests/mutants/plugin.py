@@ -1,6 +1,6 @@
 """The entry-point module of the mutation tests' fake distribution: one scheme for each
-reference backend and one per broken variant, each a ``"module:Class"`` string, as
-docs/plugins.md shows."""
+reference backend (of protocol 1, and the 0.2-protocol ones the registry adapts) and one
+per broken variant, each a ``"module:Class"`` string, as docs/plugins.md shows."""
 
 from __future__ import annotations
 
@@ -12,6 +12,10 @@ from mutants.broken_leaves import LEAF_VARIANTS, NOT_ALWAYS_CAUGHT
 
 REFERENCE_SCHEME = "vsqlite"
 LEAF_REFERENCE_SCHEME = "vsqlite-leaves"
+#: The same two references as they were written to the 0.2 protocol (``legacy_reference``,
+#: ``legacy_reference_leaves``): varsync adapts them at registration, with a warning.
+LEGACY_REFERENCE_SCHEME = "vsqlite-legacy"
+LEGACY_LEAF_REFERENCE_SCHEME = "vsqlite-leaves-legacy"
 
 
 @varsync.hookimpl
@@ -25,6 +29,16 @@ def varsync_register_backends(registry: Any) -> None:
         LEAF_REFERENCE_SCHEME,
         "mutants.reference_leaves:SqliteLeafBackend",
         description="the mutation tests' reference with leaf versions: a row per leaf",
+    )
+    registry.add(
+        LEGACY_REFERENCE_SCHEME,
+        "mutants.legacy_reference:SqliteBackend",
+        description="the 0.2-protocol reference, adapted by varsync.backends.legacy",
+    )
+    registry.add(
+        LEGACY_LEAF_REFERENCE_SCHEME,
+        "mutants.legacy_reference_leaves:SqliteLeafBackend",
+        description="the 0.2-protocol leaf-version reference, adapted",
     )
     for scheme, variant in {**VARIANTS, **LEAF_VARIANTS, **NOT_ALWAYS_CAUGHT}.items():
         registry.add(

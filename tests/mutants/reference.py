@@ -1,48 +1,57 @@
 """``vsqlite:///path/to/store.db``: a small, correct varsync backend over one SQLite file,
-written from docs/plugins.md alone, as a third party would.
+written from docs/plugins.md alone, as a third party would, to Backend protocol 1 (it
+imports from ``varsync.backend`` only).
 
 It is the reference the mutation tests break on purpose (``mutants.broken``): the
-conformance suite must pass it whole and fail every broken variant.
+conformance suite must pass it whole and fail every broken variant. The broken variants
+subclass :class:`SqliteStore`; the registered class is the ``@final`` :class:`SqliteBackend`.
 
 One file holds every namespace: table ``tables`` (namespace, name, signature text, flat
-specs as JSON, current version) and table ``data`` (the current version's arrays, raw
-bytes one after the other; never pickle). A write is one ``BEGIN IMMEDIATE`` transaction
-(new data row, new version, old rows deleted), so writers in any thread or process get
-distinct, increasing versions and readers see one whole version: a read of the data is a
-single ``SELECT`` joining the version to its row. The file keeps SQLite's default
-rollback journal, not WAL: in WAL mode every open connection holds a lock on the file, so
-SQLite cannot close the files of a closed connection while another connection of the
-process is open, and a closed container would seem to keep them.
+specs as JSON, current version, epoch) and table ``data`` (the current version's arrays,
+raw bytes one after the other; never pickle). A table's epoch is minted by SQLite when its
+row is inserted (``randomblob``): a table lost and made again has another, and every
+answer naming a version names it (a :class:`Head`); the core compares epochs. A write is
+one ``BEGIN IMMEDIATE`` transaction (new data row, new version, old rows deleted), so
+writers in any thread or process get distinct, increasing versions and readers see one
+whole version: a read of the data is a single ``SELECT`` joining the head to its row. The
+file keeps SQLite's default rollback journal, not WAL: in WAL mode every open connection
+holds a lock on the file, so SQLite cannot close the files of a closed connection while
+another connection of the process is open, and a closed container would seem to keep them.
 
 Connections come from a pool: a call takes an idle one (or opens one) and gives it back,
 so no connection is used by two threads at once and none is tied to a thread that may
-end. ``close()`` closes every connection the backend opened.
+end. Each call sets the connection's busy timeout to what its deadline leaves
+(``request_timeout``). ``close()`` closes every connection the backend opened.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import sqlite3
 import threading
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Set
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, final
 from urllib.parse import unquote, urlsplit
 
 import numpy as np
 
-from varsync import Spec
-from varsync.backend import Histories
-from varsync.backends.base import Backend, Snapshot
-from varsync.errors import (
+from varsync.backend import (
+    Backend,
     BackendConnectionError,
     ConfigurationError,
     CorruptDataError,
+    ErrorMap,
+    Head,
+    Read,
+    Spec,
     TableNotFoundError,
+    request_timeout,
     translate_errors,
 )
 
 # Subclasses first: the first entry the exception is an instance of wins.
-ERRORS = {
+ERRORS: ErrorMap = {
     sqlite3.OperationalError: BackendConnectionError,  # locked past the timeout, disk gone
     sqlite3.DatabaseError: CorruptDataError,  # not a database, malformed file
 }
@@ -58,11 +67,12 @@ CREATE TABLE IF NOT EXISTS data (
     payload BLOB NOT NULL, PRIMARY KEY (namespace, name, version));
 """
 
-#: What a busy database may make a call wait when the container's timeout is None.
+#: What a busy database may make a call wait when neither its deadline nor the
+#: container's timeout bounds it.
 NO_BOUND = 24 * 3600.0
 
 
-class SqliteBackend(Backend):
+class SqliteStore(Backend):
     """Tables in one SQLite file, shared by the processes of a host and kept on disk."""
 
     shared_across_processes = True
@@ -88,10 +98,6 @@ class SqliteBackend(Backend):
         self._idle: List[sqlite3.Connection] = []
         self._opened: Set[sqlite3.Connection] = set()
         self._closed = False
-        self._specs: Dict[str, List[Spec]] = {}
-        # Each table's history: a random epoch minted when its row is made (a table lost
-        # and made again gets another); a reader holding a version of another is told.
-        self._histories = Histories()
         with self._connection() as conn:
             conn.executescript(self.schema)
 
@@ -112,8 +118,9 @@ class SqliteBackend(Backend):
         return conn
 
     @contextlib.contextmanager
-    def _connection(self) -> Iterator[sqlite3.Connection]:
-        """An idle connection, used by this thread alone until the block ends.
+    def _connection(self, deadline: float = math.inf) -> Iterator[sqlite3.Connection]:
+        """An idle connection, used by this thread alone until the block ends, whose
+        waits for a busy database end by ``deadline`` (and the backend's ``timeout``).
 
         Safe against an interrupt at any line: a connection is referenced by ``conn``
         before it leaves the idle list, and goes back to it unless it is there already.
@@ -133,6 +140,9 @@ class SqliteBackend(Backend):
                         self._opened.add(conn)
                 if conn.in_transaction:  # left open by an interrupted call
                     conn.rollback()
+                seconds = request_timeout(deadline, self.timeout)
+                busy = NO_BOUND if seconds is None else seconds
+                conn.execute(f"PRAGMA busy_timeout = {int(busy * 1000)}")
                 yield conn
         finally:
             if conn is not None:
@@ -153,13 +163,13 @@ class SqliteBackend(Backend):
     def create_table(self, name: str, signature: str, specs: Sequence[Spec]) -> str:
         flat = json.dumps([{"dtype": s.dtype.name, "shape": list(s.shape)} for s in specs])
         with self._connection() as conn:
-            conn.execute(
+            conn.execute(  # a new row mints the table's epoch (the column's default)
                 "INSERT OR IGNORE INTO tables (namespace, name, signature, specs) "
                 "VALUES (?, ?, ?, ?)",
                 (self._ns, name, signature, flat),
             )
         stored = self.signature(name)
-        assert stored is not None  # made above, and tables are never dropped
+        assert stored is not None  # made above; only start_new_history drops one
         return stored
 
     def signature(self, name: str) -> Optional[str]:
@@ -182,24 +192,28 @@ class SqliteBackend(Backend):
 
     # -- data ------------------------------------------------------------------------
 
-    def version(self, name: str) -> int:
-        with self._connection() as conn:
-            return self._version(conn, name)
+    def head(self, name: str, deadline: float) -> Head:
+        with self._connection(deadline) as conn:
+            return self._head_of(conn, name)
 
-    def _version(self, conn: sqlite3.Connection, name: str) -> int:
+    def _head_of(self, conn: sqlite3.Connection, name: str) -> Head:
         rows = conn.execute(
-            "SELECT version FROM tables WHERE namespace = ? AND name = ?", (self._ns, name)
+            "SELECT version, epoch FROM tables WHERE namespace = ? AND name = ?",
+            (self._ns, name),
         ).fetchall()
         if not rows:
             raise TableNotFoundError(f"{self.url}: table {name!r} is gone")
-        return int(rows[0][0])
+        return Head(int(rows[0][0]), str(rows[0][1]))
 
-    def write(self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]) -> int:
+    def write(
+        self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec], deadline: float
+    ) -> Head:
         payload = b"".join(array.tobytes() for array in arrays)  # a copy: never keep theirs
-        with self._connection() as conn:
+        with self._connection(deadline) as conn:
             conn.execute("BEGIN IMMEDIATE")  # one writer at a time, in any process
             try:
-                version = self._next_version(self._version(conn, name))
+                current = self._head_of(conn, name)
+                version = self._next_version(current.version)
                 conn.execute(
                     "INSERT INTO data (namespace, name, version, payload) VALUES (?, ?, ?, ?)",
                     (self._ns, name, version, payload),
@@ -216,30 +230,26 @@ class SqliteBackend(Backend):
             except BaseException:
                 conn.rollback()
                 raise
-        return version
+        return Head(version, current.epoch)
 
     def _next_version(self, current: int) -> int:
         return current + 1
 
-    def read(self, name: str, newer_than: int, timeout: Optional[float]) -> Snapshot:
-        with self._connection() as conn:
-            version = self._version(conn, name)
-            epoch = conn.execute(
-                "SELECT epoch FROM tables WHERE namespace = ? AND name = ?", (self._ns, name)
-            ).fetchone()[0]
-            self._histories.check(name, epoch, newer_than, where=self.url, current=version)
-            if version <= newer_than:
-                return version, None
-            rows = conn.execute(  # one statement: the version and its own data
-                "SELECT t.version, d.payload FROM tables t JOIN data d ON d.namespace = "
-                "t.namespace AND d.name = t.name AND d.version = t.version "
+    def read(self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]) -> Read:
+        with self._connection(deadline) as conn:
+            head = self._head_of(conn, name)
+            if head.version <= newer_than:
+                return Read(head, None)
+            rows = conn.execute(  # one statement: the head and its own data
+                "SELECT t.version, t.epoch, d.payload FROM tables t JOIN data d ON "
+                "d.namespace = t.namespace AND d.name = t.name AND d.version = t.version "
                 "WHERE t.namespace = ? AND t.name = ?",
                 (self._ns, name),
             ).fetchall()
         if not rows:
             raise CorruptDataError(f"{self.url}: table {name!r} has no data for its version")
-        version, payload = rows[0]
-        return int(version), self._arrays(name, bytes(payload))
+        version, epoch, payload = rows[0]
+        return Read(Head(int(version), str(epoch)), self._arrays(name, bytes(payload), specs))
 
     def close(self) -> None:
         with self._lock:
@@ -249,20 +259,7 @@ class SqliteBackend(Backend):
         for conn in opened:
             conn.close()
 
-    def _flat_specs(self, name: str) -> List[Spec]:
-        if name not in self._specs:
-            with self._connection() as conn:
-                rows = conn.execute(
-                    "SELECT specs FROM tables WHERE namespace = ? AND name = ?",
-                    (self._ns, name),
-                ).fetchall()
-            if not rows:
-                raise TableNotFoundError(f"{self.url}: table {name!r} is gone")
-            self._specs[name] = [Spec(s["shape"], s["dtype"]) for s in json.loads(rows[0][0])]
-        return self._specs[name]
-
-    def _arrays(self, name: str, payload: bytes) -> List[np.ndarray]:
-        specs = self._flat_specs(name)
+    def _arrays(self, name: str, payload: bytes, specs: Sequence[Spec]) -> List[np.ndarray]:
         expected = sum(s.nbytes for s in specs)
         if len(payload) != expected:
             raise CorruptDataError(
@@ -274,3 +271,9 @@ class SqliteBackend(Backend):
             out.append(array.reshape(spec.shape))
             offset += spec.nbytes
         return out
+
+
+@final
+class SqliteBackend(SqliteStore):
+    """``vsqlite://``: :class:`SqliteStore` as registered (its broken variants subclass
+    the store, not this)."""

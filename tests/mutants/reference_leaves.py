@@ -1,40 +1,48 @@
 """``vsqlite-leaves:///path/to/store.db``: the reference backend with leaf versions
-(``supports_leaf_versions``), written from docs/plugins.md and the protocol's docstrings
-as a third party would; the mutation tests break it on purpose (``mutants.broken_leaves``).
+(:class:`~varsync.backend.SupportsLeafVersions`), written from docs/plugins.md and the
+protocol's docstrings as a third party would, to Backend protocol 1; the mutation tests
+break it on purpose (``mutants.broken_leaves``, subclasses of :class:`SqliteLeafStore`).
 
-Its own schema beside the reference's: table ``tables`` gains a history token per created
-table (``epoch``, random) and the current version's leaf-version map (JSON, one int per
-leaf); table ``leaves`` holds one row per leaf and version at which that leaf was
-written. A write, whole or partial, is one ``BEGIN IMMEDIATE`` transaction: it reads the
-map, inserts the rows of the leaves given, sets the version and the new map, and deletes
-the rows of those leaves that the new map no longer names (retention: a leaf unchanged
-for any number of versions keeps its one row). A read is one transaction of several
-statements (the head, then the rows it names), so it sees one version. A read for a
-caller holding a version checks the epoch through :class:`varsync.backend.Histories`:
-after :func:`start_new_history`, versions count from 1 again and a holder gets
-:class:`~varsync.TableResetError`, never leaves of two histories.
+Its own schema beside the reference's: table ``tables`` gains the current version's
+leaf-version map (JSON, one int per leaf) beside the epoch SQLite mints per inserted row;
+table ``leaves`` holds one row per leaf and version at which that leaf was written. A
+write, whole or partial, is one ``BEGIN IMMEDIATE`` transaction: it reads the head and the
+map, refuses a ``base`` that is not that head (epoch included), inserts the rows of the
+leaves given, sets the version and the new map, and deletes the rows of those leaves that
+the new map no longer names (retention: a leaf unchanged for any number of versions keeps
+its one row). A read is one transaction of several statements (the head, then the rows it
+names), so it sees one version and answers that version's head. After
+:func:`start_new_history`, versions count from 1 again under a new epoch: the core, which
+compares epochs, tells a holder of the old history; this backend remembers nothing of what
+a caller saw.
 """
 
 from __future__ import annotations
 
 import json
-import secrets
 import sqlite3
-from typing import Any, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, final
 from urllib.parse import unquote, urlsplit
 
 import numpy as np
 
-from mutants.reference import SqliteBackend
-from varsync import Spec
-from varsync.backend import Histories, LeafSnapshot, Snapshot
-from varsync.errors import CorruptDataError, TableNotFoundError
+from mutants.reference import SqliteStore
+from varsync.backend import (
+    CorruptDataError,
+    Head,
+    LeafRead,
+    Read,
+    Spec,
+    SupportsLeafVersions,
+    TableNotFoundError,
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS tables (
     namespace TEXT NOT NULL, name TEXT NOT NULL, signature TEXT NOT NULL,
     specs TEXT NOT NULL, version INTEGER NOT NULL DEFAULT 0,
-    epoch TEXT NOT NULL, leaf_versions TEXT NOT NULL DEFAULT '[]',
+    epoch TEXT NOT NULL DEFAULT (lower(hex(randomblob(8)))),
+    leaf_versions TEXT NOT NULL DEFAULT '[]',
     PRIMARY KEY (namespace, name));
 CREATE TABLE IF NOT EXISTS leaves (
     namespace TEXT NOT NULL, name TEXT NOT NULL, leaf INTEGER NOT NULL,
@@ -42,67 +50,52 @@ CREATE TABLE IF NOT EXISTS leaves (
     PRIMARY KEY (namespace, name, leaf, version));
 """
 
-#: A table's head: its version, epoch and leaf-version map.
-Head = Tuple[int, str, List[int]]
 
-
-class SqliteLeafBackend(SqliteBackend):
+class SqliteLeafStore(SqliteStore, SupportsLeafVersions):
     """Tables in one SQLite file, each leaf a row of the version that wrote it."""
 
-    supports_leaf_versions = True
     schema = SCHEMA
-
-    def __init__(self, url: str, **kwargs: Any) -> None:
-        self._histories = Histories()
-        super().__init__(url, **kwargs)
-
-    # -- tables ----------------------------------------------------------------------
-
-    def create_table(self, name: str, signature: str, specs: Sequence[Spec]) -> str:
-        flat = json.dumps([{"dtype": s.dtype.name, "shape": list(s.shape)} for s in specs])
-        epoch = secrets.token_hex(8)
-        with self._connection() as conn:
-            made = conn.execute(
-                "INSERT OR IGNORE INTO tables (namespace, name, signature, specs, epoch) "
-                "VALUES (?, ?, ?, ?, ?)",
-                (self._ns, name, signature, flat, epoch),
-            ).rowcount
-        if made:
-            self._histories.adopt(name, epoch)
-        self._specs.pop(name, None)  # a table made again may have other specs
-        stored = self.signature(name)
-        assert stored is not None  # made above; only start_new_history drops one
-        return stored
 
     # -- writes ----------------------------------------------------------------------
 
-    def write(self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]) -> int:
-        return self._publish(name, dict(enumerate(arrays)), len(arrays), None)
+    def write(
+        self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec], deadline: float
+    ) -> Head:
+        head = self._publish(name, dict(enumerate(arrays)), len(arrays), None, deadline)
+        assert head is not None  # a whole write on no base always lands
+        return head
 
     def write_leaves(
         self,
         name: str,
         leaves: Mapping[int, np.ndarray],
         specs: Sequence[Spec],
-        base: Optional[int] = None,
-    ) -> int:
-        return self._publish(name, leaves, len(specs), base)
+        base: Optional[Head],
+        deadline: float,
+    ) -> Optional[Head]:
+        return self._publish(name, leaves, len(specs), base, deadline)
 
     def _publish(
-        self, name: str, leaves: Mapping[int, np.ndarray], count: int, base: Optional[int]
-    ) -> int:
-        """One version in which the leaves given change and the rest keep theirs, or 0
-        (nothing written) if it is not on ``base`` or would leave a leaf without a value."""
+        self,
+        name: str,
+        leaves: Mapping[int, np.ndarray],
+        count: int,
+        base: Optional[Head],
+        deadline: float,
+    ) -> Optional[Head]:
+        """One version in which the leaves given change and the rest keep theirs, or
+        ``None`` (nothing written) if the head is not ``base`` or it would leave a leaf
+        without a value."""
         payloads = {index: array.tobytes() for index, array in leaves.items()}  # copies
         whole = len(payloads) == count
-        with self._connection() as conn:
+        with self._connection(deadline) as conn:
             conn.execute("BEGIN IMMEDIATE")  # one writer at a time, in any process
             try:
-                current, epoch, numbers = self._head(conn, name)
-                if not self._may_write(name, current, epoch, base, whole):
+                current, numbers = self._leaf_head(conn, name)
+                if not self._may_write(current, base, whole):
                     conn.rollback()
-                    return 0
-                version = current + 1
+                    return None
+                version = current.version + 1
                 numbers = [version] * count if whole else list(numbers)
                 for index, payload in payloads.items():
                     numbers[index] = version
@@ -121,17 +114,12 @@ class SqliteLeafBackend(SqliteBackend):
             except BaseException:
                 conn.rollback()
                 raise
-        self._histories.adopt(name, epoch)  # this write's history is the one it saw
-        return version
+        return Head(version, current.epoch)
 
-    def _may_write(
-        self, name: str, current: int, epoch: str, base: Optional[int], whole: bool
-    ) -> bool:
-        if current == 0 and not whole:
+    def _may_write(self, current: Head, base: Optional[Head], whole: bool) -> bool:
+        if current.version == 0 and not whole:
             return False  # an empty table: nothing to keep the other leaves of
-        if base is None:
-            return True
-        return current == base and epoch == self._histories.trusted(name)
+        return base is None or current == base  # the version and the epoch
 
     def _retain(self, conn: sqlite3.Connection, name: str, numbers: List[int]) -> None:
         """Delete the rows the current map no longer names: older rows of rewritten leaves."""
@@ -142,7 +130,8 @@ class SqliteLeafBackend(SqliteBackend):
 
     # -- reads -----------------------------------------------------------------------
 
-    def _head(self, conn: sqlite3.Connection, name: str) -> Head:
+    def _leaf_head(self, conn: sqlite3.Connection, name: str) -> Tuple[Head, List[int]]:
+        """The table's head and its leaf-version map, in one statement."""
         rows = conn.execute(
             "SELECT version, epoch, leaf_versions FROM tables WHERE namespace = ? AND name = ?",
             (self._ns, name),
@@ -150,49 +139,39 @@ class SqliteLeafBackend(SqliteBackend):
         if not rows:
             raise TableNotFoundError(f"{self.url}: table {name!r} is gone")
         version, epoch, numbers = rows[0]
-        return int(version), str(epoch), [int(n) for n in json.loads(numbers)]
+        return Head(int(version), str(epoch)), [int(n) for n in json.loads(numbers)]
 
-    def history_of(self, name: str) -> Optional[Hashable]:
-        return self._histories.trusted(name)
+    def leaf_versions(self, name: str, deadline: float) -> Tuple[Head, List[int]]:
+        with self._connection(deadline) as conn:
+            return self._leaf_head(conn, name)
 
-    def leaf_versions(self, name: str) -> Tuple[int, List[int]]:
-        with self._connection() as conn:
-            version, _, numbers = self._head(conn, name)
-        return version, numbers
-
-    def read(
-        self, name: str, newer_than: int, timeout: Optional[float],
-        specs: Optional[Sequence[Spec]] = None,
-    ) -> Snapshot:
-        version, _, arrays = self._read(name, newer_than, every=True)
+    def read(self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]) -> Read:
+        head, _, arrays = self._read(name, newer_than, deadline, specs, every=True)
         if arrays is None:
-            return version, None
-        return version, [a for a in arrays if a is not None]
+            return Read(head, None)
+        return Read(head, [a for a in arrays if a is not None])
 
     def read_leaves(
-        self, name: str, newer_than: int, timeout: Optional[float], specs: Sequence[Spec]
-    ) -> LeafSnapshot:
-        return self._read(name, newer_than, every=False)
+        self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]
+    ) -> LeafRead:
+        return self._read(name, newer_than, deadline, specs, every=False)
 
-    def _read(self, name: str, newer_than: int, every: bool) -> LeafSnapshot:
+    def _read(
+        self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec], every: bool
+    ) -> LeafRead:
         """The head and the rows it names (those changed since ``newer_than``, or
         ``every`` one), in one transaction: one version, whatever writers do meanwhile."""
-        specs = self._flat_specs(name)
-        with self._connection() as conn:
+        with self._connection(deadline) as conn:
             conn.execute("BEGIN")
             try:
-                version, epoch, numbers = self._head(conn, name)
-                self._check_history(name, epoch, newer_than, version)
-                if version <= newer_than:
-                    return version, None, None
+                head, numbers = self._leaf_head(conn, name)
+                if head.version <= newer_than:
+                    return LeafRead(head, None, None)
                 since = 0 if every else newer_than
                 rows = self._rows(conn, name, since)
             finally:
                 conn.rollback()  # read only: nothing to keep
-        return version, numbers, self._arrays_of(name, version, numbers, since, rows, specs)
-
-    def _check_history(self, name: str, epoch: str, held: int, version: int) -> None:
-        self._histories.check(name, epoch, held, where=self.url, current=version)
+        return LeafRead(head, numbers, self._arrays_of(name, head, numbers, since, rows, specs))
 
     def _rows(
         self, conn: sqlite3.Connection, name: str, since: int
@@ -208,12 +187,12 @@ class SqliteLeafBackend(SqliteBackend):
         return found
 
     def _arrays_of(
-        self, name: str, version: int, numbers: List[int], since: int,
+        self, name: str, head: Head, numbers: List[int], since: int,
         rows: Dict[int, Tuple[int, bytes]], specs: Sequence[Spec],
     ) -> List[Optional[np.ndarray]]:
         if len(numbers) != len(specs):
             raise CorruptDataError(
-                f"{self.url}: table {name!r} version {version} has {len(numbers)} leaf "
+                f"{self.url}: table {name!r} version {head.version} has {len(numbers)} leaf "
                 f"versions for {len(specs)} leaves"
             )
         out: List[Optional[np.ndarray]] = []
@@ -224,17 +203,23 @@ class SqliteLeafBackend(SqliteBackend):
             got = rows.get(index)
             if got is None or got[0] != number or len(got[1]) != spec.nbytes:
                 raise CorruptDataError(
-                    f"{self.url}: table {name!r} version {version} has no row of "
+                    f"{self.url}: table {name!r} version {head.version} has no row of "
                     f"{spec.nbytes} bytes for leaf {index} at version {number}"
                 )
             out.append(np.frombuffer(got[1], spec.dtype).reshape(spec.shape))
         return out
 
 
+@final
+class SqliteLeafBackend(SqliteLeafStore):
+    """``vsqlite-leaves://``: :class:`SqliteLeafStore` as registered (its broken variants
+    subclass the store, not this)."""
+
+
 def start_new_history(url: str, table: str, namespace: str = "") -> None:
     """The conformance suite's ``new_history``: delete ``table`` and its rows from the
-    store's file, as a store that lost its data; ``create_table`` makes it again (for
-    ``vsqlite-leaves://``, with a new epoch) and its versions count from 1 again."""
+    store's file, as a store that lost its data; ``create_table`` makes it again, with a
+    new epoch, and its versions count from 1 again."""
     path = unquote(urlsplit(url).path)
     conn = sqlite3.connect(path, timeout=60, isolation_level=None)
     try:

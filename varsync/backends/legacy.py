@@ -197,6 +197,8 @@ class _LeafVersions(SupportsLeafVersions):
         base: Head | None,
         deadline: float,
     ) -> Head | None:
+        if base is not None and base != self._head(name, base.version):
+            return None  # a base of another history than the one the old backend trusts
         version = self.legacy.write_leaves(
             name, leaves, specs, None if base is None else base.version
         )

@@ -67,7 +67,9 @@ class ConcurrencyTests(_Base):
                 if version <= last_version:
                     problems.append(f"version went from {last_version} to {version}")
                 number = check_consistent(values)
-                if number < version:  # push n made version n: never an older value as newer
+                # push n made version n: the head and the arrays of one version, never an
+                # older push's value as newer (torn) nor a newer one's under an older head
+                if number != version:
                     problems.append(f"version {version} came with the value of push {number}")
                 last_version, last_number = version, number
             elif finished and (not final or last_version >= final[0]):
