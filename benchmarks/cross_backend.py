@@ -2,7 +2,7 @@
 
 1. the size sweep (groups.py): every backend beside its baselines, 1 KB to 1 GB, 4 float32
    arrays, and 500 small arrays at 1 MB;
-2. ``pull_if_newer`` on a Reverb server of 50 tables beside its ``server_info`` floor;
+2. ``pull_if_newer`` on a Reverb server of 50 tables beside its ServerInfo floor;
 3. fan-out and reader memory (readers.py).
 
 Servers and reader processes start together, before anything is timed, and stop on the

@@ -40,6 +40,7 @@ from importlib import metadata
 from typing import Any, Callable, cast
 
 from .harness import MB, Group, Op, machine, run_group, size_label
+from .servers import next_message, stop_children
 
 TABLE = "variables"
 
@@ -233,38 +234,18 @@ def torch_redis(plan: Frameworks, url: str) -> Samples:
         hand.close()
 
 
-def torchrl_slot() -> str | None:
-    """Why TorchRL's own weight sync cannot be measured here; None if it can."""
-    return _import_problem("torchrl") or _import_problem("varsync_shm")
-
-
-#: The contenders of the torchrl part: (contender, TorchRL's scheme class or None).
-TORCHRL_SCHEMES = (
-    ("torchrl SharedMem", "SharedMemWeightSyncScheme"),
-    ("torchrl MultiProcess", "MultiProcessWeightSyncScheme"),
-    ("varsync shm://", None),
-    ("varsync shm://, confirmed", None),
-)
-TORCHRL_WAIT = 120.0  # seconds, the bound of every wait on a worker
+TORCHRL_WAIT = 120.0  # seconds, the bound of every wait on the worker
 
 
 def torchrl(plan: Frameworks) -> Samples:
     """TorchRL's weight sync as its multi-process collectors drive it, without the
-    collector: each scheme's sender side here (``init_on_sender`` with the collector's own
-    copy of the policy, ``connect``, then ``send(trainer_policy)`` per round, which is what
-    ``collector.update_policy_weights_(policy)`` calls), its receiver side in one spawned
-    worker process (``init_on_receiver(model=...)``, ``connect``), each scheme with a policy
-    of its own there. TorchRL's schemes apply in their background thread and acknowledge;
-    varsync's, with ``background=False``, applies in ``receive()`` and the worker
-    acknowledges on a queue. Timed: from ``send`` until the worker's policy holds the new
-    weights. TorchRL's ``send`` (sync=True, its default) returns on the worker's
-    acknowledgement; varsync's unconfirmed one (``varsync shm://``) returns once the push is
-    stored, then the trainer waits for the worker's (timed apart: "send", "until the worker
-    applied"); its confirmed one (``varsync shm://, confirmed``: ``sync=True``, its
-    default, with ``num_workers=1``) returns once the worker's background thread applied
-    the version and reported it in the reader registry, as a collector's would."""
-    import queue
-
+    collector: each scheme's sender here (``send(trainer_policy)`` per round, what
+    ``collector.update_policy_weights_`` calls), its receiver in one spawned worker, each
+    with a policy of its own. Timed: from ``send`` until the worker's policy holds the new
+    weights. TorchRL's ``send`` (sync=True) returns on the worker's acknowledgement;
+    varsync's unconfirmed scheme returns once the push is stored, then the trainer waits
+    for the worker's answer (timed apart); its confirmed one (``num_workers=1``) returns
+    once the worker applied the version and said so in the reader registry."""
     import torch
     from torchrl import weight_update  # type: ignore[import-not-found, unused-ignore]
 
@@ -274,54 +255,43 @@ def torchrl(plan: Frameworks) -> Samples:
     ctx = torch.multiprocessing.get_context("spawn")  # as TorchRL's collectors start workers
     trainer = policy(plan, 0)
     name = f"bench-torchrl-{uuid.uuid4().hex[:6]}"
-    schemes: dict[str, Any] = {}
+    cpu = [torch.device("cpu")]
+    schemes: dict[str, Any] = {
+        "torchrl SharedMem": weight_update.SharedMemWeightSyncScheme(),
+        "torchrl MultiProcess": weight_update.MultiProcessWeightSyncScheme(),
+        "varsync shm://": VarsyncWeightSyncScheme(
+            f"shm://{name}", "policy", background=False, timeout=TORCHRL_WAIT
+        ),
+        "varsync shm://, confirmed": VarsyncWeightSyncScheme(
+            f"shm://{name}-confirmed", "policy", timeout=TORCHRL_WAIT
+        ),
+    }
+    schemes["torchrl SharedMem"].init_on_sender(
+        model_id="policy", model=policy(plan, 2), devices=cpu, ctx=ctx
+    )
+    schemes["torchrl MultiProcess"].init_on_sender(
+        model_id="policy", model=policy(plan, 2), devices=cpu, ctx=ctx
+    )
+    schemes["varsync shm://"].init_on_sender(model_id="policy", model=trainer)
+    schemes["varsync shm://, confirmed"].init_on_sender(
+        model_id="policy", model=trainer, num_workers=1
+    )
     commands, replies = ctx.Queue(), ctx.Queue()
-    worker = None
+    args = (schemes, plan, commands, replies)
+    worker = ctx.Process(target=_torchrl_worker, name="torchrl-receivers", daemon=True, args=args)
     try:
-        for contender, cls in TORCHRL_SCHEMES:
-            if contender == "varsync shm://":
-                scheme = VarsyncWeightSyncScheme(
-                    f"shm://{name}", "policy", background=False, timeout=TORCHRL_WAIT
-                )
-                scheme.init_on_sender(model_id="policy", model=trainer)
-            elif cls is None:
-                scheme = VarsyncWeightSyncScheme(
-                    f"shm://{name}-confirmed", "policy", timeout=TORCHRL_WAIT
-                )
-                scheme.init_on_sender(model_id="policy", model=trainer, num_workers=1)
-            else:
-                scheme = getattr(weight_update, cls)()
-                scheme.init_on_sender(
-                    model_id="policy", model=policy(plan, 2), devices=[torch.device("cpu")], ctx=ctx
-                )
-            schemes[contender] = scheme
-        worker = ctx.Process(
-            target=_torchrl_worker,
-            name="torchrl-receivers",
-            daemon=True,
-            args=(schemes, plan, commands, replies),
-        )
         worker.start()
         for scheme in schemes.values():
             scheme.connect()  # the buffers, the weights or the first push
 
         def reply() -> Any:
-            deadline = time.monotonic() + TORCHRL_WAIT
-            while True:
-                try:
-                    return replies.get(timeout=0.5)
-                except queue.Empty:
-                    pass
-                if worker is not None and worker.exitcode is not None:
-                    raise RuntimeError(f"the worker exited ({worker.exitcode})")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the worker did not answer in {TORCHRL_WAIT:g} s")
+            return next_message(replies, [worker], TORCHRL_WAIT, "the torchrl worker")
 
         if reply() != "ready":
             raise RuntimeError("the worker did not start")
 
-        def send(contender: str) -> Callable[[], Any]:
-            return lambda: schemes[contender].send(trainer)
+        def send(contender: str) -> Op:
+            return (contender, "send", lambda: schemes[contender].send(trainer))
 
         def train_step() -> None:  # untimed: new weights for every round
             with torch.no_grad():
@@ -329,35 +299,21 @@ def torchrl(plan: Frameworks) -> Samples:
                     p.add_(1.0)
 
         turns: list[list[Op]] = [
-            [("torchrl SharedMem", "send", send("torchrl SharedMem"))],
-            [("torchrl MultiProcess", "send", send("torchrl MultiProcess"))],
-            [
-                ("varsync shm://", "send", send("varsync shm://")),
-                ("varsync shm://", "until the worker applied", reply),
-            ],
-            [("varsync shm://, confirmed", "send", send("varsync shm://, confirmed"))],
+            [send("torchrl SharedMem")],
+            [send("torchrl MultiProcess")],
+            [send("varsync shm://"), ("varsync shm://", "until the worker applied", reply)],
+            [send("varsync shm://, confirmed")],
         ]
         samples = in_rounds(turns, plan, train_step)
-        expected = _digest(trainer)
         for contender in schemes:
             commands.put(("digest", contender))
-            if reply() != expected:
-                raise RuntimeError(
-                    f"the worker's policy under {contender} differs from the "
-                    "trainer's after the rounds"
-                )
+            if reply() != _digest(trainer):
+                raise RuntimeError(f"the worker's policy under {contender} is not the trainer's")
         return samples
     finally:
-        if worker is not None and worker.pid is not None:
-            if worker.is_alive():
-                commands.put(("stop", None))
-            worker.join(timeout=30)
-            if worker.is_alive():
-                worker.terminate()
-                worker.join(timeout=10)
-            if worker.is_alive():
-                worker.kill()
-                worker.join(timeout=10)
+        if worker.is_alive():
+            commands.put(("stop", None))
+        stop_children([worker], 30)
         for scheme in schemes.values():
             scheme.shutdown()
         for q in (commands, replies):
@@ -372,12 +328,10 @@ def _digest(module: Any) -> list[float]:
 
 
 def _torchrl_worker(schemes: dict[str, Any], plan: Frameworks, commands: Any, replies: Any) -> None:
-    """A collector's worker, reduced to its weight sync: the receiver side of each scheme,
-    each for a policy of its own. varsync's unconfirmed scheme (``background=False``)
-    applies each newer version in ``receive`` here and answers its version; TorchRL's and
-    varsync's confirmed one apply in their background threads and acknowledge, through
-    their own queues or the reader registry. ``commands``:
-    ("digest", contender): answer that policy's per-tensor sums; ("stop", None)."""
+    """A collector's worker, reduced to its weight sync: the receiver of each scheme.
+    varsync's unconfirmed scheme applies in ``receive`` here, and the worker answers its
+    version; the others apply in their own threads. ``commands``: ("digest", contender):
+    answer that policy's per-tensor sums; ("stop", None)."""
     import queue
 
     applying = []  # the schemes whose receive() this loop calls

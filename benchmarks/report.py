@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .harness import (
     GB,
@@ -228,53 +228,54 @@ def sweep(results: dict[str, Any]) -> list[str]:
         "",
         "![Throughput vs nest size](../docs/img/throughput.png)",
         "",
-        "4 float32 arrays (and 500 small ones, last column), random values. Each backend ran in "
-        "a group with its baselines, taking turns within every round. memory:// and shm:// pulls "
+        "4 float32 arrays (×500: 500 small ones), random values. Each backend ran in a group "
+        "with its baselines, taking turns within every round (`np.copyto` and "
+        "`tf.Variable.assign` are shown from the memory:// group). memory:// and shm:// pulls "
         "return views (no copy): compare backends on update (the bytes land in tf.Variables).",
         "",
     ]
-    columns = [(4, n) for n in size_columns(index, 4)] + [
-        (lv, n) for lv in sorted({k[1] for k in index} - {4}) for n in size_columns(index, lv)
-    ]
+    layouts = sorted({k[1] for k in index}, key=lambda lv: (lv != 4, lv))
+    columns = [(lv, n) for lv in layouts for n in size_columns(index, lv)]
     names = [size_label(n) + ("" if lv == 4 else f" ×{lv}") for lv, n in columns]
+    order = list(LABELS)
     for op in ("push", "pull", "update", "push, new table", "push, new keys"):
-        keys = sorted(
-            {(k[0], k[3]) for k in index if k[4] == op},
-            key=lambda k: (list(LABELS).index(k[1]) if k[1] in LABELS else 99, k),
-        )
-        rows = []
-        for group, contender in keys:
-            cells = []
-            for lv, n in columns:
-                r = index.get((group, lv, n, contender, op))
-                cells.append(spread_text(summary(r["samples"])) if r else "–")
-            rows.append(
-                [
-                    f"{label(contender)}"
-                    + (f" ({group} group)" if contender in ("np.copyto", "tf assign") else ""),
-                    *cells,
-                ]
-            )
+        keys = {(k[0], k[3]) for k in index if k[4] == op}
+        keys = {(g, c) for g, c in keys if c not in ("np.copyto", "tf assign") or g == "memory"}
+        rows = [
+            [label(c), *[cell(index.get((g, lv, n, c, op)), spread_text) for lv, n in columns]]
+            for g, c in sorted(keys, key=lambda k: (order.index(k[1]) if k[1] in order else 99, k))
+        ]
         if rows:
             lines += [f"**{op}**: median time (IQR)", "", *table(["", *names], rows)]
-    lines += ["### Ratios against the baselines, same rounds", ""]
+    pairs = {(k[0], k[3], k[4], tuple(b)) for k, r in index.items() for b in r["baselines"]}
     rows = []
-    for (group, lv, n, contender, op), r in sorted(
-        index.items(), key=lambda kv: (kv[0][0], kv[0][3], kv[0][4], kv[0][1], kv[0][2])
-    ):
-        for base in r.get("baselines", []):
-            other = index.get((group, lv, n, *base))
-            if other:
-                what = f"{label(contender)} {op} / {label(base[0])} {base[1]}"
-                rows.append(
-                    [
-                        what,
-                        size_label(n) + ("" if lv == 4 else f" ×{lv}"),
-                        ratio_text(paired_ratio(r["samples"], other["samples"])),
-                    ]
-                )
-    lines += table(["ratio", "size", "median (IQR)"], rows)
-    return lines
+    for group, contender, op, (base, base_op) in sorted(pairs):
+        cells = []
+        for lv, n in columns:
+            mine, other = (
+                index.get((group, lv, n, contender, op)),
+                index.get((group, lv, n, base, base_op)),
+            )
+            cells.append(
+                ratio_text(paired_ratio(mine["samples"], other["samples"]))
+                if mine and other
+                else "–"
+            )
+        if set(cells) != {"–"}:
+            rows.append([f"{label(contender)} {op} / {label(base)} {base_op}", *cells])
+    return lines + [
+        "**Ratios** against the baselines, round by round: median (IQR)",
+        "",
+        *table(["", *names], rows),
+    ]
+
+
+def median_p90(s: dict[str, float]) -> str:
+    return f"{seconds_text(s['median'])} ({seconds_text(s['p90'])})"
+
+
+def cell(record: dict[str, Any] | None, text: Callable[[dict[str, float]], str]) -> str:
+    return text(summary(record["samples"])) if record else "–"
 
 
 def polls(results: dict[str, Any]) -> list[str]:
@@ -285,18 +286,11 @@ def polls(results: dict[str, Any]) -> list[str]:
     sizes = size_columns(index, 4)
     rows = []
     for group in keys:
-        cells = []
-        for n in sizes:
-            r = index.get((group, 4, n, group, "pull_if_newer"))
-            s = summary(r["samples"]) if r else None
-            cells.append(f"{seconds_text(s['median'])} ({seconds_text(s['p90'])})" if s else "–")
-        rows.append([label(group), *cells])
+        records = [index.get((group, 4, n, group, "pull_if_newer")) for n in sizes]
+        rows.append([label(group), *[cell(r, median_p90) for r in records]])
     full = [index.get(("reverb", 4, n, "tf-agents", "pull")) for n in sizes]
     rows.append(
-        [
-            "TF-Agents: a full pull",
-            *[seconds_text(summary(r["samples"])["median"]) if r else "–" for r in full],
-        ]
+        ["TF-Agents: a full pull", *[cell(r, lambda s: seconds_text(s["median"])) for r in full]]
     )
     lines = [
         "## 2. pull_if_newer when nothing changed",
@@ -314,8 +308,8 @@ def polls(results: dict[str, Any]) -> list[str]:
         lines += [
             f"**Many Reverb tables**: on a server of {results['cross-backend']['plan']['tables']} "
             f"tables of 20 leaves, pull_if_newer unchanged took {spread_text(mine)}, each call "
-            f"followed by the `server_info` call every Reverb version check makes (its reply holds "
-            f"every table's info): {spread_text(floor)}; ratio "
+            "followed by the raw ServerInfo request every Reverb version check makes (its "
+            f"reply holds every table's info): {spread_text(floor)}; ratio "
             f"{ratio_text(paired_ratio(tables['pull_if_newer'], tables['server_info']))}.",
             "",
         ]

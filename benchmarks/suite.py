@@ -12,8 +12,8 @@ RESULTS.md and the plots are rendered from it (report.py, plots.py). A run of so
 keeps the other groups' results from the results.json there, so the two environments' runs
 merge. ``--report`` renders RESULTS.md again from results.json without measuring.
 ``--smoke``: every group tiny, prints the report, fails if a section is empty; writes only
-to a temporary directory. ``--backends``/``--sizes`` make a focused run of the sweep,
-whose report goes to benchmarks/out/ (RESULTS.md is not touched).
+to a temporary directory. ``--backends``/``--sizes`` (and ``--rounds``) make a focused run
+of the sweep, whose report goes to benchmarks/out/ (RESULTS.md is not touched).
 
 Servers are started here and stopped on the way out, also on Ctrl-C, SIGTERM or an error.
 Reverb listens on every interface: run this under ``scripts/loopback-only``.
@@ -55,6 +55,7 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--backends", nargs="+", choices=BACKENDS, help="sweep only these backends")
     parser.add_argument("--sizes", nargs="+", help="sweep only these sizes (1MB, 100MB, ...)")
+    parser.add_argument("--rounds", type=int, help="timed rounds of every size swept")
     parser.add_argument("--out", type=Path, help="RESULTS.md to write")
     return parser.parse_args(argv)
 
@@ -152,6 +153,8 @@ def run_group(group: str, args: argparse.Namespace, results: dict[str, Any]) -> 
             else cross_backend.full_plan()
         )
         sizes = [parse_size(s) for s in args.sizes] if args.sizes else None
+        for case in plan.cases if args.rounds else ():
+            case.rounds = args.rounds
         if not (args.smoke or args.backends or args.sizes):
             results["fresh_memory"] = fresh_memory(16 * MB if args.quick else 512 * MB, 5.0)
         out = results.setdefault(group, {"machine": results["machine"]})
