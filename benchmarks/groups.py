@@ -264,7 +264,7 @@ def bytes_of(array: np.ndarray) -> memoryview:
 def first_pushes(url: str, nest: Any, namespace: str, admin: Any) -> Timings:
     """A new table's first push (the table made untimed) and a hand-written atomic publish
     into new keys: both make the server write fresh memory, the floor of a first push.
-    Their keys are deleted after."""
+    varsync's goes first, the colder turn. Their keys are deleted after."""
     import varsync
 
     with varsync.connect(url, namespace=namespace, timeout=300) as store:

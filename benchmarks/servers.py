@@ -163,21 +163,13 @@ class RedisServer:
         between finding it and the server binding it."""
         for _ in range(3):
             self.port = _free_port()
+            flags = f"--bind 127.0.0.1 --port {self.port} --protected-mode yes --daemonize no"
+            files = ["--dir", str(self.directory), "--logfile", str(self.directory / "redis.log")]
             self.process = subprocess.Popen(
                 [
                     self.binary,
-                    "--bind",
-                    "127.0.0.1",
-                    "--port",
-                    str(self.port),
-                    "--protected-mode",
-                    "yes",
-                    "--daemonize",
-                    "no",
-                    "--dir",
-                    str(self.directory),
-                    "--logfile",
-                    str(self.directory / "redis.log"),
+                    *flags.split(),
+                    *files,
                     "--appendonly",
                     "no",
                     "--save",

@@ -85,10 +85,8 @@ def main(argv: list[str] | None = None) -> int:
             raw.write_text(json.dumps(results, default=str))
         from . import report
 
-        images = draw(
-            results, out_path.parent / "img" if out_path.parent != HERE else ROOT / "docs" / "img"
-        )
-        markdown = report.render(results, images, out_path.parent)
+        draw(results, ROOT / "docs" / "img" if out_path.parent == HERE else out_path.parent / "img")
+        markdown = report.render(results)
         out_path.write_text(markdown)
         log(f"wrote {out_path} and {raw}")
         if args.smoke:
@@ -123,6 +121,8 @@ def measure(args: argparse.Namespace, focused: bool) -> dict[str, Any]:
     try:
         for group in groups:
             reason = run_group(group, args, results)
+            if group in results:
+                results[group]["load_average_end"] = os.getloadavg()
             if reason:
                 results["skipped"][group] = reason
                 log(f"-- group {group} skipped: {reason}")
@@ -212,17 +212,14 @@ def merged(results: dict[str, Any], raw: Path) -> dict[str, Any]:
     return results
 
 
-def draw(results: dict[str, Any], folder: Path) -> dict[str, Path]:
-    """The PNGs of the results (none without matplotlib, not in ``make test``'s extras),
-    with those already in ``folder``."""
+def draw(results: dict[str, Any], folder: Path) -> None:
+    """The PNGs of the results (none without matplotlib, not in ``make test``'s extras)."""
     try:
         from . import plots
     except ImportError as exc:
         log(f"   no plots ({exc}); `make bench` installs matplotlib")
-        return {}
-    images = {p.stem: p for p in folder.glob("*.png")} if folder.is_dir() else {}
-    images.update(plots.draw_all(results, folder))
-    return images
+        return
+    plots.draw_all(results, folder)
 
 
 if __name__ == "__main__":

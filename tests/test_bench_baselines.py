@@ -47,7 +47,8 @@ def results(records: List[Dict[str, Any]]) -> Dict[str, Any]:
                "numpy": "1", "started": "now", "load_average": (1.5, 1, 1),
                "tree": {"commit": "abc", "modified": []}}
     return {"machine": machine, "load_average_end": (2.5, 1, 1), "skipped": {},
-            "cross-backend": {"sweep": records, "plan": {"tables": 50}}}
+            "cross-backend": {"sweep": records, "plan": {"tables": 50}, "machine": machine,
+                              "load_average_end": (2.5, 1, 1)}}
 
 
 def test_a_redis_push_target_is_the_round_by_round_ratio_to_the_atomic_publish() -> None:
@@ -59,7 +60,7 @@ def test_a_redis_push_target_is_the_round_by_round_ratio_to_the_atomic_publish()
         sweep_record("redis-py pipelined SETs", "push", [0.25, 2.5, 0.25], 400 * mb),
     ]
     records[0]["baselines"] = [["redis-py MULTI/EXEC", "push"], ["redis-py pipelined SETs", "push"]]
-    markdown = report.render(results(records), {}, ROOT)
+    markdown = report.render(results(records))
     lines = markdown.splitlines()
     atomic = [ln for ln in lines if ln.startswith("| Redis push vs the atomic") and "400 MB" in ln]
     assert atomic == [
@@ -69,7 +70,7 @@ def test_a_redis_push_target_is_the_round_by_round_ratio_to_the_atomic_publish()
     pipelined = [ln for ln in lines if ln.startswith("| Redis push vs pipelined SETs")]
     assert pipelined == ["| Redis push vs pipelined SETs (not atomic) | 400 MB | 0.80 (0.80–0.80) "
                          "| recorded |"]
-    assert "Load average 1.5 when the run started, 2.5 when it ended" in markdown
+    assert "Load average (start → end): cross-backend (now) 1.5 → 2.5" in markdown
     # a smoke run fails on a section a group that ran did not produce
     assert report.missing(results(records), markdown) == [
         "cross-backend: no section ## 2.", "cross-backend: no section ## 3."]
