@@ -14,18 +14,21 @@ import matplotlib.pyplot as plt
 from .harness import GB, MB, summary
 from .report import framework_records, label, sweep_index
 
-STYLE = {  # contender -> line style: varsync solid, baselines dashed, floors dotted
-    "memory": "-",
-    "reverb": "-",
-    "redis": "-",
-    "shm": "-",
-    "tf-agents": "--",
-    "redis-py SETs": "--",
-    "redis-py MULTI/EXEC": "--",
-    "np.copyto": ":",
-    "tf assign": ":",
-    "tcp loopback": "-.",
+STYLE = {  # contender -> (line style, colour): varsync solid, baselines dashed, floors dotted
+    "memory": ("-", "tab:blue"),
+    "reverb": ("-", "tab:orange"),
+    "redis": ("-", "tab:red"),
+    "shm": ("-", "tab:green"),
+    "varsync drop-in": ("-", "tab:olive"),
+    "tf-agents": ("--", "tab:orange"),
+    "redis-py SETs": ("--", "tab:red"),
+    "redis-py pipelined SETs": ("--", "tab:pink"),
+    "redis-py MULTI/EXEC": ("--", "tab:purple"),
+    "np.copyto": (":", "black"),
+    "tf assign": (":", "tab:gray"),
+    "tcp loopback": ("-.", "tab:brown"),
 }
+FLOORS = {"np.copyto": "copy", "tcp loopback": "transfer"}  # drawn in the push and pull panels
 
 
 def draw_all(results: dict[str, Any], folder: Path) -> dict[str, Path]:
@@ -48,25 +51,38 @@ def draw_all(results: dict[str, Any], folder: Path) -> dict[str, Path]:
 def _series(
     index: dict[Any, Any], contender: str, op: str, per_second: bool
 ) -> tuple[list[float], ...]:
-    points = sorted(
-        (k[2], r["samples"])
-        for k, r in index.items()
-        if k[1] == 4 and k[3] == contender and k[4] == op
-    )
-    xs, ys, lo, hi = [], [], [], []
-    for nbytes, samples in points:
+    """Median and IQR per size (4 arrays) of one operation, from the first group timing it."""
+    points: dict[int, list[float]] = {}
+    for key, record in sorted(index.items()):
+        if key[1] == 4 and key[3] == contender and key[4] == op:
+            points.setdefault(key[2], record["samples"])
+    xs: list[float] = []
+    ys: list[float] = []
+    lo: list[float] = []
+    hi: list[float] = []
+    for nbytes, samples in sorted(points.items()):
         s = summary(samples)
-        if per_second:
-            xs.append(nbytes)
-            ys.append(nbytes / s["median"] / GB)
-            lo.append(ys[-1] - nbytes / s["q3"] / GB)
-            hi.append(nbytes / s["q1"] / GB - ys[-1])
-        else:
-            xs.append(nbytes)
-            ys.append(s["median"] * 1e3)
-            lo.append(ys[-1] - s["q1"] * 1e3)
-            hi.append(s["q3"] * 1e3 - ys[-1])
+        med, q1, q3 = (
+            (nbytes / s[k] / GB for k in ("median", "q1", "q3"))
+            if per_second
+            else (s[k] * 1e3 for k in ("median", "q1", "q3"))
+        )
+        xs.append(nbytes)
+        ys.append(med)
+        lo.append(med - min(q1, q3))
+        hi.append(max(q1, q3) - med)
     return xs, ys, lo, hi
+
+
+def _line(axis: Any, index: dict[Any, Any], contender: str, op: str, per_second: bool) -> bool:
+    xs, ys, lo, hi = _series(index, contender, op, per_second)
+    if xs:
+        style, colour = STYLE[contender]
+        name = label(contender) + ("" if per_second or op == "pull_if_newer" else " (a full pull)")
+        axis.errorbar(
+            xs, ys, yerr=[lo, hi], ls=style, color=colour, marker="o", ms=3, capsize=2, label=name
+        )
+    return bool(xs)
 
 
 def throughput(results: dict[str, Any]) -> Any:
@@ -75,52 +91,31 @@ def throughput(results: dict[str, Any]) -> Any:
         return None
     figure, axes = plt.subplots(1, 3, figsize=(17, 5.5), sharey=True)
     for axis, op in zip(axes, ("push", "pull", "update")):
-        for contender, style in STYLE.items():
-            ops = [op] if contender not in ("np.copyto", "tcp loopback") else ["copy", "transfer"]
-            for name in ops:
-                xs, ys, lo, hi = _series(index, contender, name, per_second=True)
-                if xs and (name == op or op != "update"):
-                    axis.errorbar(
-                        xs,
-                        ys,
-                        yerr=[lo, hi],
-                        ls=style,
-                        marker="o",
-                        ms=3,
-                        capsize=2,
-                        label=label(contender),
-                    )
+        for contender in STYLE:
+            name = FLOORS.get(contender, op) if op != "update" else op
+            _line(axis, index, contender, name, per_second=True)
         axis.set(xscale="log", yscale="log", title=op, xlabel="nest size (bytes)")
         axis.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("GB/s (median; bars: IQR)")
-    axes[0].legend(fontsize=7)
+    handles = {h.get_label(): h for axis in axes for h in axis.get_legend_handles_labels()[0]}
+    figure.legend(handles.values(), handles.keys(), loc="lower center", ncol=4, fontsize=8)
+    figure.subplots_adjust(bottom=0.25)
     return figure
 
 
 def polls(results: dict[str, Any]) -> Any:
     index = sweep_index(results)
     figure, axis = plt.subplots(figsize=(8, 5))
-    drawn = False
-    for contender, op in [(c, "pull_if_newer") for c in ("memory", "reverb", "redis", "shm")] + [
-        ("tf-agents", "pull")
-    ]:
-        xs, ys, lo, hi = _series(index, contender, op, per_second=False)
-        if xs:
-            drawn = True
-            name = label(contender) + (" (a full pull)" if op == "pull" else "")
-            axis.errorbar(
-                xs, ys, yerr=[lo, hi], marker="o", ms=3, capsize=2, label=name, ls=STYLE[contender]
-            )
-    if not drawn:
+    drawn = [
+        _line(axis, index, c, "pull_if_newer", False) for c in ("memory", "reverb", "redis", "shm")
+    ]
+    if not (_line(axis, index, "tf-agents", "pull", False) or any(drawn)):
         plt.close(figure)
         return None
     axis.set(
-        xscale="log",
-        yscale="log",
-        xlabel="nest size (bytes)",
-        ylabel="ms",
-        title="pull_if_newer when nothing changed",
+        xscale="log", yscale="log", xlabel="nest size (bytes)", ylabel="ms (median; bars: IQR)"
     )
+    axis.set_title("pull_if_newer when nothing changed")
     axis.grid(True, which="both", alpha=0.3)
     axis.legend(fontsize=8)
     return figure

@@ -400,13 +400,6 @@ def frameworks(results: dict[str, Any]) -> list[str]:
         "",
         *table(["part", "contender", "operation", "median (IQR)"], rows),
     ]
-    if fw.get("jax_aliases"):
-        lines += [
-            "Shares the numpy memory (no copy): "
-            + ", ".join(f"{k}: {v}" for k, v in fw["jax_aliases"].items())
-            + ".",
-            "",
-        ]
     lines += [f"*{part} skipped: {why}*" for part, why in fw.get("skipped", {}).items()]
     return lines + [""]
 
