@@ -73,8 +73,8 @@ $(TORCH_VENV)/.installed: pyproject.toml
 	$(TORCH_VENV)/bin/python -m pip --disable-pip-version-check -q install "torch==2.13.0" -e ".[reverb,torch]"
 	touch $@
 
-bench: tf-env $(TORCH_VENV)/.installed
-	$(PY) -c "import matplotlib" 2>/dev/null && test -x $(VENV)/bin/py-spy || $(PIP) install -e ".[all,test,bench]"
+bench: tf-env
+	$(PY) -c "import matplotlib" 2>/dev/null || $(PIP) install -e ".[all,test,bench]"
 	scripts/loopback-only $(PY) -m benchmarks.suite --group cross-backend
 	$(TOXRUN) -e modern --notest
 	.tox/modern/bin/python -c "import matplotlib" 2>/dev/null || .tox/modern/bin/python -m pip --disable-pip-version-check -q install -e ".[bench]"

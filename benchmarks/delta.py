@@ -1,4 +1,4 @@
-"""The delta group (issue 16, "move only what changed"): what a push, a pull and an
+"""The delta group ("move only what changed"): what a push, a pull and an
 update of a nest that changed in part cost on memory://, redis:// and shm://, in bytes
 moved and in time, beside the whole transfers they replace.
 
@@ -6,19 +6,16 @@ Stages, each over the three backends taking turns in the same rounds (the backen
 order rotated every round, the reader's calls reversed every other round), a writer
 and a reader container per backend in this process:
 
-- ``frozen90`` (measures 16.1, 16.2): ``nbytes`` (100 MB) in 10 leaves that never change
+- ``frozen90``: ``nbytes`` (100 MB) in 10 leaves that never change
   (90 % of the bytes) and 5 that all change before every push (10 %). Per round: the
   writer's ``push`` (skip_unchanged on, the default), then the reader's
   ``pull_if_newer(v, held=nest)``, ``update(targets)`` (numpy arrays) and a whole
   ``pull()`` of the same version.
-- ``one_of_50`` (16.3): 50 leaves of ``nbytes / 50`` (2 MB); the same one changes before
-  every push. ``one_of_50_rotating`` (beyond the targets): a different one every push.
-- ``all_changed`` (16.4): the ``frozen90`` layout with every leaf changed before every
-  push, pushed with skip_unchanged on and with ``skip_unchanged=False`` (the pre-delta
-  path: a plain whole write) to two tables; and ``varsync.delta.changed_leaves`` alone.
-- ``push_leaves_paths`` (issue 36, memory:// only): ``push_leaves`` of 2,000 paths into a
-  table of 10,000 small leaves beside a whole push of the same table. Alone:
-  ``python -m benchmarks.delta [--leaves N] [--paths K] [--rounds R]``.
+- ``one_of_50``: 50 leaves of ``nbytes / 50`` (2 MB); the same one changes before
+  every push. ``one_of_50_rotating``: a different one every push.
+- ``all_changed``: the ``frozen90`` layout with every leaf changed before every push,
+  pushed with skip_unchanged on and with ``skip_unchanged=False`` (the pre-delta path: a
+  plain whole write) to two tables.
 
 Bytes moved per call: on redis://, the group's own server's ``INFO stats`` around it
 (:class:`ServerBytes`); on shm://, the backend's ``details()`` counters of the bytes its
@@ -35,7 +32,6 @@ import gc
 import os
 import statistics
 import time
-import traceback
 import uuid
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -45,8 +41,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .common import MB, machine, paired_ratio, size_label, summary
-from .frameworks import _import_problem, _version, working_tree
+from .frameworks import _import_problem, _version
+from .harness import MB, machine, size_label
 
 Nest = dict[str, np.ndarray]
 BACKENDS = ("memory", "redis", "shm")
@@ -56,8 +52,7 @@ WHOLE_UPDATE = "update, delta_only=False"
 
 @dataclass
 class DeltaPlan:
-    """Sizes and rounds of the group. ``seconds``: about how long it takes (the suite
-    skips the group when less of its budget is left)."""
+    """Sizes and rounds of the group."""
 
     nbytes: int = 100 * MB
     leaves: int = 50  # the one_of_50 stages
@@ -65,11 +60,6 @@ class DeltaPlan:
     push_rounds: int = 25  # all_changed: its ratio's target (1.05) is within the noise
     warm: int = 2
     rotating: bool = True  # also the one_of_50 stage with a different leaf each push
-    detection_samples: int = 11
-    paths_table: int = 10_000  # push_leaves_paths: the table's leaves, float32 (4,) each
-    paths: int = 2_000  # push_leaves_paths: the paths each push_leaves gives
-    paths_rounds: int = 7
-    seconds: float = 240
 
 
 def plan_for(smoke: bool, quick: bool) -> DeltaPlan:
@@ -79,11 +69,6 @@ def plan_for(smoke: bool, quick: bool) -> DeltaPlan:
             rounds=2,
             push_rounds=2,
             warm=1,
-            detection_samples=2,
-            paths_table=1_000,
-            paths=200,
-            paths_rounds=2,
-            seconds=20,
         )
     if quick:
         return DeltaPlan(
@@ -91,9 +76,6 @@ def plan_for(smoke: bool, quick: bool) -> DeltaPlan:
             rounds=3,
             push_rounds=3,
             warm=1,
-            detection_samples=3,
-            paths_rounds=3,
-            seconds=40,
         )
     return DeltaPlan()
 
@@ -155,6 +137,7 @@ class ServerBytes:
     def __init__(self, url: str) -> None:
         import redis
 
+        self.url = url
         self.client = redis.Redis.from_url(url, socket_timeout=60)
         self.overhead = 0
         self.overhead = int(statistics.median(self.since(self.reading()) for _ in range(5)))
@@ -295,78 +278,33 @@ def run(
     "delta"). A redis-server of the group's own is started in ``servers`` (the caller
     stops it); the shm:// store is removed on the way out."""
     started = time.monotonic()
-    out.update(
-        {
-            "machine": machine(),
-            "plan": asdict(plan),
-            "records": [],
-            "skipped": {},
-            "backends": {},
-            "stages": {},
-            "tree": working_tree(),
-            "versions": {
-                name: _version(name)
-                for name in ("varsync", "varsync-shm", "redis", "numpy", "xxhash")
-            },
-        }
-    )
-    log(f"   load average {out['machine']['load_average'][0]:.1f}")
+    names = ("varsync", "varsync-shm", "redis", "numpy", "xxhash")
+    out.update(machine=machine(), plan=asdict(plan), records=[], skipped={}, backends={})
+    out.update(stages={}, versions={name: _version(name) for name in names})
     shm_store = f"bench-delta-{uuid.uuid4().hex[:6]}"
     sides: list[Side] = []
     try:
         sides = connect_sides(out, log, servers, shm_store)
         nest, live = frozen90(plan.nbytes)
-        names = sorted(nest)
-        stages = [
-            Workload(
-                "frozen90",
-                "90 % of the bytes frozen, 10 % changed every push",
-                nest,
-                lambda n: live,
-            )
-        ]
         fifty = even(plan.nbytes, plan.leaves)
-        fixed = sorted(fifty)[plan.leaves // 2]
-        stages.append(
-            Workload(
-                "one_of_50",
-                f"1 of {plan.leaves} leaves ({fixed}) changed every push",
-                fifty,
-                lambda n: [fixed],
-            )
-        )
-        if plan.rotating:
-            order = sorted(fifty)
-            stages.append(
-                Workload(
-                    "one_of_50_rotating",
-                    f"1 of {plan.leaves} leaves changed every push, a different one each time",
-                    fifty,
-                    lambda n: [order[n % len(order)]],
-                )
-            )
-        for workload in stages:
-            run_stage(
-                workload,
-                sides,
-                plan,
-                out,
-                log,
-                partial(ReaderStage, table=workload.key),
-                plan.rounds,
-            )
-        run_stage(
-            Workload("all_changed", "every leaf changed every push", nest, lambda n: names),
-            sides,
-            plan,
-            out,
-            log,
-            partial(PushStage, table="all_changed"),
-            plan.push_rounds,
-        )
-        del fifty
-        detection(nest, live, plan, out, log)
-        push_leaves_paths(plan, out, log)
+        order = sorted(fifty)
+        fixed = order[plan.leaves // 2]
+        title = f"1 of {plan.leaves} leaves"
+        stages = [
+            Workload("frozen90", "90 % of the bytes frozen, 10 % changed every push", nest,
+                     lambda n: live),
+            Workload("one_of_50", f"{title} ({fixed}) changed every push", fifty,
+                     lambda n: [fixed]),
+            Workload("one_of_50_rotating", f"{title} changed every push, a new one each time",
+                     fifty, lambda n: [order[n % len(order)]]),
+        ]  # fmt: skip
+        for workload in stages[: 3 if plan.rotating else 2]:
+            reading = partial(ReaderStage, table=workload.key)
+            run_stage(workload, sides, plan, out, log, reading, plan.rounds)
+        everything = Workload("all_changed", "every leaf changed every push", nest,
+                              lambda n: sorted(nest))  # fmt: skip
+        pushing = partial(PushStage, table="all_changed")
+        run_stage(everything, sides, plan, out, log, pushing, plan.push_rounds)
     finally:
         for side in sides:
             side.close()
@@ -382,69 +320,42 @@ def run(
 def connect_sides(
     out: dict[str, Any], log: Callable[[str], None], servers: ExitStack, shm_store: str
 ) -> list[Side]:
+    """A writer and two readers per backend that can run here (the others recorded)."""
     import varsync
 
-    sides = []
-    tag = uuid.uuid4().hex[:6]
+    sides, tag = [], uuid.uuid4().hex[:6]
     for name in BACKENDS:
-        reason = None
         server: ServerBytes | None = None
-        try:
-            if name == "memory":
-                urls: tuple[str, dict[str, Any]] = (f"memory://bench-delta-{tag}", {})
-            elif name == "redis":
-                reason = _import_problem("redis")
-                if reason is None:
-                    from .servers import find_redis_server, running_redis_server
+        reason = _import_problem({"redis": "redis", "shm": "varsync_shm"}.get(name, "varsync"))
+        if name == "redis" and reason is None:
+            from .servers import find_redis_server, running_redis_server
 
-                    if find_redis_server() is None:
-                        reason = "no redis-server binary here"
-                    else:
-                        url = servers.enter_context(running_redis_server()).url
-                        log(f"   redis-server (the group's own) at {url}")
-                        server = ServerBytes(url)
-                        urls = (url, {"namespace": f"delta-{tag}"})
+            if find_redis_server() is None:
+                reason = "no redis-server binary here"
             else:
-                reason = _import_problem("varsync_shm")
-                urls = (f"shm://{shm_store}", {})
-            if reason:
-                out["skipped"][name] = reason
-                log(f"   {name}: skipped: {reason}")
-                continue
-            writer, reader, whole = (
-                varsync.connect(urls[0], timeout=300, **urls[1]) for _ in range(3)
-            )
-        except Exception:
-            out["skipped"][name] = f"failed: {traceback.format_exc().splitlines()[-1]}"
-            log(f"   {name} FAILED to connect:\n{traceback.format_exc()}")
+                server = ServerBytes(servers.enter_context(running_redis_server()).url)
+        if reason:
+            out["skipped"][name] = reason
+            log(f"   {name}: skipped: {reason}")
             continue
-        side = Side(
-            name, writer, reader, whole, [Meter(c.backend) for c in (writer, reader, whole)], server
-        )
+        url, options = {
+            "memory": (f"memory://bench-delta-{tag}", {}),
+            "redis": (server.url if server else "", {"namespace": f"delta-{tag}"}),
+            "shm": (f"shm://{shm_store}", {}),
+        }[name]
+        writer, reader, whole = (varsync.connect(url, timeout=300, **options) for _ in range(3))
+        meters = [Meter(c.backend) for c in (writer, reader, whole)]
+        side = Side(name, writer, reader, whole, meters, server)
         out["backends"][name] = {
             "class": type(writer.backend).__name__,
             "supports_leaf_versions": side.leaf_versions,
         }
-        if server is not None:
-            out["backends"][name]["server_version"] = server.version
-        log(
-            f"   {name}: {type(writer.backend).__name__}, supports_leaf_versions = "
-            f"{side.leaf_versions}"
-        )
+        log(f"   {name}: {type(writer.backend).__name__}, leaf versions: {side.leaf_versions}")
         sides.append(side)
     return sides
 
 
 Timing = tuple[str, float, int, int]  # operation, seconds, bytes moved, protocol bytes
-
-
-def _fail(
-    side: Side, stage: str, sides: list[Side], out: dict[str, Any], log: Callable[[str], None]
-) -> None:
-    out["skipped"][side.name] = f"failed in {stage}: {traceback.format_exc().splitlines()[-1]}"
-    log(f"   {side.name} FAILED in {stage}; left out of the rest:\n{traceback.format_exc()}")
-    sides.remove(side)
-    side.close()
 
 
 def _timed_op(side: Side, op: str, call: Callable[[], Any], table: str) -> tuple[Timing, Any]:
@@ -464,16 +375,12 @@ def run_stage(
     rounds: int,
 ) -> None:
     """``plan.warm`` untimed rounds then ``rounds`` timed ones of ``kind``'s calls on
-    every backend; before each round, the workload's changing leaves get new values. A
-    backend that fails is recorded as such and left out of the rest."""
+    every backend, the backends' order rotating; before each round, the workload's
+    changing leaves get new values."""
     key, nest, started = workload.key, workload.nest, time.monotonic()
-    stages: dict[str, Stage] = {}
-    for side in list(sides):
-        try:
-            stages[side.name] = kind(side)
-            stages[side.name].setup(nest)
-        except Exception:
-            _fail(side, key, sides, out, log)
+    stages = {side.name: kind(side) for side in sides}
+    for stage in stages.values():
+        stage.setup(nest)
     out["stages"][key] = {
         "title": workload.title,
         "bytes": sum(a.nbytes for a in nest.values()),
@@ -488,42 +395,22 @@ def run_stage(
         changed = change(nest, workload.changing(number))
         shift = number % max(1, len(sides))
         for side in sides[shift:] + sides[:shift]:
-            try:
-                timings = stages[side.name].round(nest, number)
-            except Exception:
-                _fail(side, key, sides, out, log)
-                continue
+            timings = stages[side.name].round(nest, number)
             for op, seconds, moved, protocol in timings if number >= plan.warm else ():
+                fields = ("seconds", "moved", "protocol", "changed")
                 r = records.setdefault(
                     (side.name, op),
-                    {
-                        "stage": key,
-                        "backend": side.name,
-                        "op": op,
-                        "seconds": [],
-                        "moved": [],
-                        "protocol": [],
-                        "changed": [],
-                    },
+                    {"stage": key, "backend": side.name, "op": op} | {f: [] for f in fields},
                 )
-                for field, value in (
-                    ("seconds", seconds),
-                    ("moved", moved),
-                    ("protocol", protocol),
-                    ("changed", changed),
-                ):
+                for field, value in zip(fields, (seconds, moved, protocol, changed)):
                     r[field].append(value)
-    for side in list(sides):
-        try:
-            stages[side.name].check(nest)
-        except Exception:
-            _fail(side, key, sides, out, log)
+    for stage in stages.values():
+        stage.check(nest)
     out["records"] += list(records.values())
     out["stages"][key].update(
         seconds=time.monotonic() - started, load_average_after=os.getloadavg()
     )
-    stages.clear()
-    _log_stage(key, out, log)
+    log(f"   {key}: {size_label(out['stages'][key]['bytes'])}, {time.monotonic() - started:.0f} s")
 
 
 class Stage:
@@ -613,154 +500,3 @@ class PushStage(Stage):
             _timed_op(self.side, op, call, name)[0]
             for op, call, name in (calls if number % 2 == 0 else calls[::-1])
         ]
-
-
-def detection(
-    nest: Nest, live: list[str], plan: DeltaPlan, out: dict[str, Any], log: Callable[[str], None]
-) -> None:
-    """``varsync.delta.changed_leaves`` alone on the ``frozen90`` nest, against the
-    record of a push of it: after every leaf changed (a 64-byte sample per leaf shows
-    it), after the live 10 % changed (the frozen 90 % hashed whole), after nothing
-    changed (every leaf hashed)."""
-    from varsync import delta
-
-    arrays = [nest[name] for name in sorted(nest)]
-
-    def record_of() -> Any:
-        _, samples, hashes = delta.changed_leaves(None, arrays)
-        return delta.Written(1, samples, hashes)
-
-    # every record is of values that differ from the final ones by exactly its case
-    everything = record_of()
-    change(nest, sorted(nest))
-    frozen_only = record_of()
-    change(nest, live)
-    cases: dict[str, tuple[Any, int]] = {
-        "every leaf changed": (everything, len(arrays)),
-        "10 % changed (the frozen 90 % hashed)": (frozen_only, len(live)),
-        "nothing changed (every leaf hashed)": (record_of(), 0),
-    }
-    samples: dict[str, list[float]] = {name: [] for name in cases}
-    found: dict[str, int] = {}
-    for number in range(plan.detection_samples):
-        for name, (last, _) in (
-            list(cases.items()) if number % 2 == 0 else list(cases.items())[::-1]
-        ):
-            seconds, (changed, _, _) = clocked(partial(delta.changed_leaves, last, arrays))
-            samples[name].append(seconds)
-            found[name] = len(changed)
-    out["detection"] = {
-        "bytes": sum(a.nbytes for a in arrays),
-        "leaves": len(arrays),
-        "cases": [
-            {
-                "case": name,
-                "expected": cases[name][1],
-                "found": found[name],
-                "seconds": samples[name],
-            }
-            for name in cases
-        ],
-    }
-    for c in out["detection"]["cases"]:
-        s = summary(c["seconds"])
-        log(
-            f"   changed_leaves, {c['case']}: {s['median'] * 1e3:.3g} ms "
-            f"({c['found']} of {len(arrays)} leaves found changed, {c['expected']} expected)"
-        )
-
-
-def _log_stage(key: str, out: dict[str, Any], log: Callable[[str], None]) -> None:
-    info = out["stages"][key]
-    log(
-        f"   {key}: {size_label(info['bytes'])}, {info['leaves']} leaves, "
-        f"{size_label(info['changed_bytes'])} changed per push, "
-        f"{info.get('seconds', 0):.0f} s"
-    )
-    records = {
-        (r["backend"], r["op"]): r for r in out["records"] if r["stage"] == key and r["seconds"]
-    }
-    against = {
-        "pull_if_newer(held)": ["pull"],
-        "update": ["pull", WHOLE_UPDATE],
-        "push": [WHOLE_PUSH] if key == "all_changed" else [],
-    }
-    for (backend, op), r in records.items():
-        ratio = summary([m / c for m, c in zip(r["moved"], r["changed"]) if c])
-        times = ""
-        for other in against.get(op, []):
-            if (backend, other) in records:
-                paired = paired_ratio(r["seconds"], records[(backend, other)]["seconds"])
-                times += f", {paired['median']:.2f}x the time of {other}"
-        log(
-            f"     {backend:6} {op:26} {summary(r['seconds'])['median'] * 1e3:8.2f} ms, moved "
-            f"{size_label(statistics.median(r['moved']))} = {ratio['median']:.2f}x the bytes "
-            f"changed{times}"
-        )
-
-
-def push_leaves_paths(plan: DeltaPlan, out: dict[str, Any], log: Callable[[str], None]) -> None:
-    """``push_leaves`` of ``plan.paths`` paths into a memory:// table of
-    ``plan.paths_table`` float32 leaves of shape (4,), beside a whole push of the same
-    table (skip_unchanged=False), the two in the same rounds, their order reversed every
-    other round (issue 36: the paths were looked up in O(paths x leaves))."""
-    import varsync
-
-    nest = {f"v{i:05d}": np.zeros(4, np.float32) for i in range(plan.paths_table)}
-    names = sorted(nest)[:: max(1, len(nest) // plan.paths)][: plan.paths]
-    samples: dict[str, list[float]] = {"push_leaves": [], WHOLE_PUSH: []}
-    with varsync.connect(f"memory://bench-paths-{uuid.uuid4().hex[:6]}") as store:
-        store.create_table("paths", nest)
-        store.push(nest, "paths")
-        for number in range(plan.warm + plan.paths_rounds):
-            gc.collect()
-            change(nest, list(nest))
-            leaves = {(name,): nest[name] + 1 for name in names}
-            calls: list[tuple[str, Callable[[], Any]]] = [
-                ("push_leaves", partial(store.push_leaves, leaves, "paths")),
-                (WHOLE_PUSH, partial(store.push, nest, "paths", skip_unchanged=False)),
-            ]
-            for op, call in calls if number % 2 == 0 else calls[::-1]:
-                took, _ = clocked(call)
-                if number >= plan.warm:
-                    samples[op].append(took)
-    out["push_leaves_paths"] = {
-        "leaves": len(nest),
-        "paths": len(names),
-        "leaf_bytes": 16,
-        "seconds": samples,
-    }
-    log(
-        f"   push_leaves_paths: {len(names)} paths into {len(nest)} leaves of 16 B, "
-        f"{len(samples['push_leaves'])} rounds"
-    )
-    for op, times in samples.items():
-        s = summary(times)
-        log(
-            f"     {op:26} median {s['median'] * 1e3:8.2f} ms, IQR {s['q1'] * 1e3:.2f}-"
-            f"{s['q3'] * 1e3:.2f} ms, min-max {s['min'] * 1e3:.2f}-{s['max'] * 1e3:.2f} ms"
-        )
-    ratio = paired_ratio(samples["push_leaves"], samples[WHOLE_PUSH])
-    log(
-        f"     push_leaves / whole push: median {ratio['median']:.2f}x "
-        f"(IQR {ratio['q1']:.2f}-{ratio['q3']:.2f}x)"
-    )
-
-
-if __name__ == "__main__":
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.delta",
-        description=(
-            "push_leaves of many paths beside a whole push, on memory:// (the delta group's "
-            "push_leaves_paths stage alone; the whole group runs in benchmarks.suite)"
-        ),
-    )
-    parser.add_argument("--leaves", type=int, default=DeltaPlan.paths_table)
-    parser.add_argument("--paths", type=int, default=DeltaPlan.paths)
-    parser.add_argument("--rounds", type=int, default=DeltaPlan.paths_rounds)
-    args = parser.parse_args()
-    push_leaves_paths(
-        DeltaPlan(paths_table=args.leaves, paths=args.paths, paths_rounds=args.rounds), {}, print
-    )

@@ -1,4 +1,4 @@
-"""The framework group (issue 14.8): PyTorch and JAX values through varsync beside what
+"""The frameworks group: PyTorch and JAX values through varsync beside what
 their users write without it, each pair taking turns in the same rounds.
 
 The workload is a policy of ``tensors`` tensors (``tensors // 2`` square ``nn.Linear``
@@ -34,17 +34,29 @@ import io
 import math
 import os
 import time
-import traceback
 import uuid
+from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from typing import Any, Callable, cast
 
-from .common import machine, size_label, timed
-from .plan import Frameworks
+from .harness import MB, Group, Op, machine, run_group, size_label
+from .servers import next_message, stop_children
 
 TABLE = "variables"
-Turn = list[tuple[str, str, Callable[[], Any]]]  # (contender, operation, call), in order
-PARTS = ("torch shm", "torch shm, 1 thread", "torch redis", "torchrl", "jax shm")
+
+
+@dataclass
+class Frameworks:
+    """A policy of ``tensors`` float32 tensors, ``nbytes`` in all; ``rounds`` timed rounds
+    after ``warm`` untimed ones."""
+
+    nbytes: int = 100 * MB
+    tensors: int = 50
+    rounds: int = 15
+    warm: int = 2
+
+
+Samples = dict[tuple[str, str], list[float]]
 
 
 def unavailable() -> str | None:
@@ -53,11 +65,12 @@ def unavailable() -> str | None:
     return "; ".join(reasons) if len(reasons) == 2 else None
 
 
-def _import_problem(module: str) -> str | None:
-    try:
-        __import__(module)
-    except Exception as exc:
-        return f"{module} does not import ({type(exc).__name__}: {exc})"
+def _import_problem(*modules: str) -> str | None:
+    for module in modules:
+        try:
+            __import__(module)
+        except Exception as exc:
+            return f"{module} does not import ({type(exc).__name__}: {exc})"
     return None
 
 
@@ -71,135 +84,38 @@ def _version(distribution: str) -> str:
 def run(
     plan: Frameworks, out: dict[str, Any], log: Callable[[str], None], redis_url: Callable[[], str]
 ) -> None:
-    """Every part the frameworks here allow, into ``out`` (results.json's "frameworks").
-    ``redis_url`` starts the redis-server on first use (the caller stops it)."""
-    out.update(
-        {
-            "machine": machine(),
-            "plan": {
-                "nbytes": plan.nbytes,
-                "tensors": plan.tensors,
-                "rounds": plan.rounds,
-                "warm": plan.warm,
-            },
-            "records": [],
-            "skipped": {},
-            "torch_threads": None,
-        }
-    )
-    out["versions"] = {
-        name: _version(name)
-        for name in (
-            "varsync",
-            "varsync-shm",
-            "torch",
-            "torchrl",
-            "tensordict",
-            "jax",
-            "jaxlib",
-            "redis",
-            "numpy",
-        )
-    }
-    out["tree"] = working_tree()
-    started = time.monotonic()
-    parts: list[tuple[str, str | None, Callable[[], dict[tuple[str, str], list[float]]]]] = [
-        (
-            "torch shm",
-            _import_problem("torch") or _import_problem("varsync_shm"),
-            lambda: torch_shm(plan),
-        ),
-        (
-            "torch shm, 1 thread",
-            _import_problem("torch") or _import_problem("varsync_shm"),
-            lambda: torch_shm(plan, threads=1),
-        ),
-        (
-            "torch redis",
-            _import_problem("torch") or _import_problem("redis"),
-            lambda: torch_redis(plan, redis_url()),
-        ),
-        ("torchrl", _import_problem("torch") or torchrl_slot(), lambda: torchrl(plan)),
-        (
-            "jax shm",
-            _import_problem("jax") or _import_problem("varsync_shm"),
-            lambda: jax_shm(plan, out.setdefault("jax_aliases", {})),
-        ),
+    """Every part the frameworks here allow, into ``out``; ``redis_url`` starts the
+    redis-server on first use (the caller stops it)."""
+    names = ("varsync", "varsync-shm", "torch", "torchrl", "jax", "jaxlib", "redis", "numpy")
+    out.update(machine=machine(), plan=asdict(plan), records=[], skipped={})
+    out["versions"] = {name: _version(name) for name in names}
+    parts: list[tuple[str, tuple[str, ...], Callable[[], Samples]]] = [
+        ("torch shm", ("torch", "varsync_shm"), lambda: torch_shm(plan)),
+        ("torch shm, 1 thread", ("torch", "varsync_shm"), lambda: torch_shm(plan, threads=1)),
+        ("torch redis", ("torch", "redis"), lambda: torch_redis(plan, redis_url())),
+        ("torchrl", ("torch", "torchrl", "varsync_shm"), lambda: torchrl(plan)),
+        ("jax shm", ("jax", "varsync_shm"), lambda: jax_shm(plan)),
     ]
-    for part, reason, call in parts:
+    for part, modules, call in parts:
+        reason = _import_problem(*modules)
         if reason:
             out["skipped"][part] = reason
             log(f"   {part}: skipped: {reason}")
             continue
-        part_started = time.monotonic()
-        try:
-            samples = call()
-        except Exception:
-            out["skipped"][part] = f"failed: {traceback.format_exc().splitlines()[-1]}"
-            log(f"   {part} FAILED:\n{traceback.format_exc()}")
-            continue
-        for (contender, op), values in samples.items():
-            out["records"].append(
-                {
-                    "part": part,
-                    "contender": contender,
-                    "op": op,
-                    "bytes": plan.nbytes,
-                    "samples": values,
-                }
-            )
-        log(
-            f"   {part}: {size_label(plan.nbytes)}, {plan.rounds} rounds: "
-            f"{time.monotonic() - part_started:.0f} s"
-        )
+        started = time.monotonic()
+        for (contender, op), values in call().items():
+            record = {"part": part, "contender": contender, "op": op, "samples": values}
+            out["records"].append(record)
+        log(f"   {part}: {size_label(plan.nbytes)}: {time.monotonic() - started:.0f} s")
         gc.collect()
-    if _import_problem("torch") is None:
-        import torch
-
-        out["torch_threads"] = torch.get_num_threads()
     out["load_average_after"] = os.getloadavg()
-    out["seconds"] = time.monotonic() - started
 
 
-def working_tree() -> dict[str, Any]:
-    """The commit measured and the library files that differed from it (uncommitted)."""
-    import subprocess
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(
-                ["git", "-C", root, *args], capture_output=True, text=True, timeout=20, check=True
-            ).stdout.rstrip("\n")
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    changed = git("status", "--porcelain", "--", "varsync", "plugins/varsync-shm/varsync_shm")
-    return {
-        "commit": git("rev-parse", "--short", "HEAD").strip(),
-        "modified": [line[3:] for line in changed.splitlines()],
-    }
-
-
-def in_rounds(
-    turns: list[Turn], rounds: int, warm: int, before: Callable[[], Any] | None = None
-) -> dict[tuple[str, str], list[float]]:
-    """``warm`` untimed rounds, then ``rounds`` timed ones; in each, ``before`` (untimed,
-    e.g. the learner's push of a new version), then every turn, the turns' order reversed
-    every other round so that neither side always goes first. Within a turn the calls keep
-    their order (a push before its pull)."""
-    samples: dict[tuple[str, str], list[float]] = {(c, o): [] for turn in turns for c, o, _ in turn}
-    for number in range(warm + rounds):
-        gc.collect()
-        if before is not None:
-            before()
-        for turn in turns if number % 2 == 0 else turns[::-1]:
-            for contender, op, call in turn:
-                seconds = timed(call)
-                if number >= warm:
-                    samples[(contender, op)].append(seconds)
-    return samples
+def in_rounds(turns: list[list[Op]], plan: Frameworks, before: Callable[[], Any]) -> Samples:
+    """The harness's rounds, with ``before`` (untimed: the learner's push of a new
+    version) at the start of each."""
+    ops = [op for turn in turns for op in turn]
+    return run_group(Group("frameworks", ops, warm=plan.warm, before=before), plan.rounds)
 
 
 # -- the workload -----------------------------------------------------------------------
@@ -232,7 +148,7 @@ def _same(a: Any, b: Any) -> None:
             raise RuntimeError(f"the actor's {name} differs from the learner's after the rounds")
 
 
-def torch_shm(plan: Frameworks, threads: int | None = None) -> dict[tuple[str, str], list[float]]:
+def torch_shm(plan: Frameworks, threads: int | None = None) -> Samples:
     """``threads``: torch's intra-op threads for this part (default: torch's own choice,
     one per core); ``load_state_dict``'s ``copy_`` splits large tensors over them, which on
     a loaded machine waits for descheduled threads."""
@@ -247,7 +163,7 @@ def torch_shm(plan: Frameworks, threads: int | None = None) -> dict[tuple[str, s
         torch.set_num_threads(previous)
 
 
-def _torch_shm(plan: Frameworks) -> dict[tuple[str, str], list[float]]:
+def _torch_shm(plan: Frameworks) -> Samples:
     import varsync
     import varsync_shm
 
@@ -258,16 +174,14 @@ def _torch_shm(plan: Frameworks) -> dict[tuple[str, str], list[float]]:
     reader = varsync.connect(f"shm://{name}")
     try:
         pusher.create_table(TABLE, learner)
-        turns: list[Turn] = [
+        turns: list[list[Op]] = [
             [("varsync shm://", "update(module)", lambda: reader.update(actor, delta_only=False))],
             [("torch", "load_state_dict(copy)", lambda: actor.load_state_dict(copy))],
             [("varsync shm://", "pull(like=module)", lambda: reader.pull(like=actor))],
         ]
         # whole pushes and updates: the same module is pushed every round (what moving only
         # the changed leaves saves is the delta group's)
-        samples = in_rounds(
-            turns, plan.rounds, plan.warm, lambda: pusher.push(learner, skip_unchanged=False)
-        )
+        samples = in_rounds(turns, plan, lambda: pusher.push(learner, skip_unchanged=False))
         reader.update(actor)
         _same(learner, actor)
         return samples
@@ -277,7 +191,7 @@ def _torch_shm(plan: Frameworks) -> dict[tuple[str, str], list[float]]:
         varsync_shm.remove_store(name)
 
 
-def torch_redis(plan: Frameworks, url: str) -> dict[tuple[str, str], list[float]]:
+def torch_redis(plan: Frameworks, url: str) -> Samples:
     import redis
     import torch
 
@@ -302,7 +216,7 @@ def torch_redis(plan: Frameworks, url: str) -> dict[tuple[str, str], list[float]
 
     try:
         pusher.create_table(TABLE, learner)
-        turns: list[Turn] = [
+        turns: list[list[Op]] = [
             [("by hand", "push", hand_push), ("by hand", "pull", hand_pull)],
             [
                 ("varsync redis://", "push", lambda: pusher.push(learner, skip_unchanged=False)),
@@ -310,7 +224,7 @@ def torch_redis(plan: Frameworks, url: str) -> dict[tuple[str, str], list[float]
             ],
         ]
         # Three warm rounds: from the third push on, redis:// overwrites a spare version.
-        samples = in_rounds(turns, plan.rounds, max(plan.warm, 3))
+        samples = in_rounds(turns, replace(plan, warm=max(plan.warm, 3)), lambda: None)
         _same(learner, actor)
         return samples
     finally:
@@ -320,38 +234,18 @@ def torch_redis(plan: Frameworks, url: str) -> dict[tuple[str, str], list[float]
         hand.close()
 
 
-def torchrl_slot() -> str | None:
-    """Why TorchRL's own weight sync cannot be measured here; None if it can."""
-    return _import_problem("torchrl") or _import_problem("varsync_shm")
+TORCHRL_WAIT = 120.0  # seconds, the bound of every wait on the worker
 
 
-#: The contenders of the torchrl part: (contender, TorchRL's scheme class or None).
-TORCHRL_SCHEMES = (
-    ("torchrl SharedMem", "SharedMemWeightSyncScheme"),
-    ("torchrl MultiProcess", "MultiProcessWeightSyncScheme"),
-    ("varsync shm://", None),
-    ("varsync shm://, confirmed", None),
-)
-TORCHRL_WAIT = 120.0  # seconds, the bound of every wait on a worker
-
-
-def torchrl(plan: Frameworks) -> dict[tuple[str, str], list[float]]:
+def torchrl(plan: Frameworks) -> Samples:
     """TorchRL's weight sync as its multi-process collectors drive it, without the
-    collector: each scheme's sender side here (``init_on_sender`` with the collector's own
-    copy of the policy, ``connect``, then ``send(trainer_policy)`` per round, which is what
-    ``collector.update_policy_weights_(policy)`` calls), its receiver side in one spawned
-    worker process (``init_on_receiver(model=...)``, ``connect``), each scheme with a policy
-    of its own there. TorchRL's schemes apply in their background thread and acknowledge;
-    varsync's, with ``background=False``, applies in ``receive()`` and the worker
-    acknowledges on a queue. Timed: from ``send`` until the worker's policy holds the new
-    weights. TorchRL's ``send`` (sync=True, its default) returns on the worker's
-    acknowledgement; varsync's unconfirmed one (``varsync shm://``) returns once the push is
-    stored, then the trainer waits for the worker's (timed apart: "send", "until the worker
-    applied"); its confirmed one (``varsync shm://, confirmed``: ``sync=True``, its
-    default, with ``num_workers=1``) returns once the worker's background thread applied
-    the version and reported it in the reader registry, as a collector's would."""
-    import queue
-
+    collector: each scheme's sender here (``send(trainer_policy)`` per round, what
+    ``collector.update_policy_weights_`` calls), its receiver in one spawned worker, each
+    with a policy of its own. Timed: from ``send`` until the worker's policy holds the new
+    weights. TorchRL's ``send`` (sync=True) returns on the worker's acknowledgement;
+    varsync's unconfirmed scheme returns once the push is stored, then the trainer waits
+    for the worker's answer (timed apart); its confirmed one (``num_workers=1``) returns
+    once the worker applied the version and said so in the reader registry."""
     import torch
     from torchrl import weight_update  # type: ignore[import-not-found, unused-ignore]
 
@@ -361,90 +255,65 @@ def torchrl(plan: Frameworks) -> dict[tuple[str, str], list[float]]:
     ctx = torch.multiprocessing.get_context("spawn")  # as TorchRL's collectors start workers
     trainer = policy(plan, 0)
     name = f"bench-torchrl-{uuid.uuid4().hex[:6]}"
-    schemes: dict[str, Any] = {}
+    cpu = [torch.device("cpu")]
+    schemes: dict[str, Any] = {
+        "torchrl SharedMem": weight_update.SharedMemWeightSyncScheme(),
+        "torchrl MultiProcess": weight_update.MultiProcessWeightSyncScheme(),
+        "varsync shm://": VarsyncWeightSyncScheme(
+            f"shm://{name}", "policy", background=False, timeout=TORCHRL_WAIT
+        ),
+        "varsync shm://, confirmed": VarsyncWeightSyncScheme(
+            f"shm://{name}-confirmed", "policy", timeout=TORCHRL_WAIT
+        ),
+    }
+    schemes["torchrl SharedMem"].init_on_sender(
+        model_id="policy", model=policy(plan, 2), devices=cpu, ctx=ctx
+    )
+    schemes["torchrl MultiProcess"].init_on_sender(
+        model_id="policy", model=policy(plan, 2), devices=cpu, ctx=ctx
+    )
+    schemes["varsync shm://"].init_on_sender(model_id="policy", model=trainer)
+    schemes["varsync shm://, confirmed"].init_on_sender(
+        model_id="policy", model=trainer, num_workers=1
+    )
     commands, replies = ctx.Queue(), ctx.Queue()
-    worker = None
+    args = (schemes, plan, commands, replies)
+    worker = ctx.Process(target=_torchrl_worker, name="torchrl-receivers", daemon=True, args=args)
     try:
-        for contender, cls in TORCHRL_SCHEMES:
-            if contender == "varsync shm://":
-                scheme = VarsyncWeightSyncScheme(
-                    f"shm://{name}", "policy", background=False, timeout=TORCHRL_WAIT
-                )
-                scheme.init_on_sender(model_id="policy", model=trainer)
-            elif cls is None:
-                scheme = VarsyncWeightSyncScheme(
-                    f"shm://{name}-confirmed", "policy", timeout=TORCHRL_WAIT
-                )
-                scheme.init_on_sender(model_id="policy", model=trainer, num_workers=1)
-            else:
-                scheme = getattr(weight_update, cls)()
-                scheme.init_on_sender(
-                    model_id="policy", model=policy(plan, 2), devices=[torch.device("cpu")], ctx=ctx
-                )
-            schemes[contender] = scheme
-        worker = ctx.Process(
-            target=_torchrl_worker,
-            name="torchrl-receivers",
-            daemon=True,
-            args=(schemes, plan, commands, replies),
-        )
         worker.start()
         for scheme in schemes.values():
             scheme.connect()  # the buffers, the weights or the first push
 
         def reply() -> Any:
-            deadline = time.monotonic() + TORCHRL_WAIT
-            while True:
-                try:
-                    return replies.get(timeout=0.5)
-                except queue.Empty:
-                    pass
-                if worker is not None and worker.exitcode is not None:
-                    raise RuntimeError(f"the worker exited ({worker.exitcode})")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the worker did not answer in {TORCHRL_WAIT:g} s")
+            return next_message(replies, [worker], TORCHRL_WAIT, "the torchrl worker")
 
         if reply() != "ready":
             raise RuntimeError("the worker did not start")
 
-        def send(contender: str) -> Callable[[], Any]:
-            return lambda: schemes[contender].send(trainer)
+        def send(contender: str) -> Op:
+            return (contender, "send", lambda: schemes[contender].send(trainer))
 
         def train_step() -> None:  # untimed: new weights for every round
             with torch.no_grad():
                 for p in trainer.parameters():
                     p.add_(1.0)
 
-        turns: list[Turn] = [
-            [("torchrl SharedMem", "send", send("torchrl SharedMem"))],
-            [("torchrl MultiProcess", "send", send("torchrl MultiProcess"))],
-            [
-                ("varsync shm://", "send", send("varsync shm://")),
-                ("varsync shm://", "until the worker applied", reply),
-            ],
-            [("varsync shm://, confirmed", "send", send("varsync shm://, confirmed"))],
+        turns: list[list[Op]] = [
+            [send("torchrl SharedMem")],
+            [send("torchrl MultiProcess")],
+            [send("varsync shm://"), ("varsync shm://", "until the worker applied", reply)],
+            [send("varsync shm://, confirmed")],
         ]
-        samples = in_rounds(turns, plan.rounds, plan.warm, train_step)
-        expected = _digest(trainer)
+        samples = in_rounds(turns, plan, train_step)
         for contender in schemes:
             commands.put(("digest", contender))
-            if reply() != expected:
-                raise RuntimeError(
-                    f"the worker's policy under {contender} differs from the "
-                    "trainer's after the rounds"
-                )
+            if reply() != _digest(trainer):
+                raise RuntimeError(f"the worker's policy under {contender} is not the trainer's")
         return samples
     finally:
-        if worker is not None and worker.pid is not None:
-            if worker.is_alive():
-                commands.put(("stop", None))
-            worker.join(timeout=30)
-            if worker.is_alive():
-                worker.terminate()
-                worker.join(timeout=10)
-            if worker.is_alive():
-                worker.kill()
-                worker.join(timeout=10)
+        if worker.is_alive():
+            commands.put(("stop", None))
+        stop_children([worker], 30)
         for scheme in schemes.values():
             scheme.shutdown()
         for q in (commands, replies):
@@ -459,12 +328,10 @@ def _digest(module: Any) -> list[float]:
 
 
 def _torchrl_worker(schemes: dict[str, Any], plan: Frameworks, commands: Any, replies: Any) -> None:
-    """A collector's worker, reduced to its weight sync: the receiver side of each scheme,
-    each for a policy of its own. varsync's unconfirmed scheme (``background=False``)
-    applies each newer version in ``receive`` here and answers its version; TorchRL's and
-    varsync's confirmed one apply in their background threads and acknowledge, through
-    their own queues or the reader registry. ``commands``:
-    ("digest", contender): answer that policy's per-tensor sums; ("stop", None)."""
+    """A collector's worker, reduced to its weight sync: the receiver of each scheme.
+    varsync's unconfirmed scheme applies in ``receive`` here, and the worker answers its
+    version; the others apply in their own threads. ``commands``: ("digest", contender):
+    answer that policy's per-tensor sums; ("stop", None)."""
     import queue
 
     applying = []  # the schemes whose receive() this loop calls
@@ -520,68 +387,32 @@ def placed(array: Any, offset: int) -> Any:
     return out
 
 
-def jax_shm(plan: Frameworks, aliases: dict[str, bool]) -> dict[tuple[str, str], list[float]]:
-    """``aliases``: filled with whether each way's jax.Arrays share the numpy memory."""
+def jax_shm(plan: Frameworks) -> Samples:
     import jax
     import numpy as np
 
     import varsync
     import varsync_shm
 
-    # What device_put takes, in memory, twice: 64-byte aligned, which JAX on the CPU wraps
-    # without a copy (as it does the aligned views pull returns), and 16 bytes off, as
-    # numpy's own large arrays often are, which it copies.
+    # What device_put takes, twice: 64-byte aligned, which JAX on the CPU wraps without a
+    # copy (as it does the aligned views pull returns), and 16 bytes off, as numpy's own
+    # large arrays often are, which it copies.
     arrays = jax.tree_util.tree_map(lambda a: placed(a, 0), jax_tree(plan))
     unaligned = jax.tree_util.tree_map(lambda a: placed(a, 16), arrays)
     tree = jax.block_until_ready(jax.device_put(jax.tree_util.tree_map(np.copy, arrays)))
-    aliases.update(
-        {
-            name: bool(
-                all(
-                    jax.device_put(a).unsafe_buffer_pointer() == a.ctypes.data
-                    for a in jax.tree_util.tree_leaves(given)
-                )
-            )
-            for name, given in (
-                ("device_put(numpy)", arrays),
-                ("device_put(numpy, unaligned)", unaligned),
-            )
-        }
-    )
     name = f"bench-jax-{uuid.uuid4().hex[:6]}"
     pusher = varsync.connect(f"shm://{name}")
     reader = varsync.connect(f"shm://{name}")
     try:
         pusher.create_table(TABLE, tree)
-        turns: list[Turn] = [
-            [
-                (
-                    "varsync shm://",
-                    "pull(like=tree)",
-                    lambda: jax.block_until_ready(reader.pull(like=tree)),
-                )
-            ],
-            [("jax", "device_put(numpy)", lambda: jax.block_until_ready(jax.device_put(arrays)))],
-            [
-                (
-                    "jax",
-                    "device_put(numpy, unaligned)",
-                    lambda: jax.block_until_ready(jax.device_put(unaligned)),
-                )
-            ],
+        ready = jax.block_until_ready
+        turns: list[list[Op]] = [
+            [("varsync shm://", "pull(like=tree)", lambda: ready(reader.pull(like=tree)))],
+            [("jax", "device_put(numpy)", lambda: ready(jax.device_put(arrays)))],
+            [("jax", "device_put(numpy, unaligned)", lambda: ready(jax.device_put(unaligned)))],
         ]
-        samples = in_rounds(
-            turns, plan.rounds, plan.warm, lambda: pusher.push(tree, skip_unchanged=False)
-        )
+        samples = in_rounds(turns, plan, lambda: pusher.push(tree, skip_unchanged=False))
         pulled = reader.pull(like=tree)
-        aliases["pull(like=tree)"] = bool(
-            all(
-                leaf.unsafe_buffer_pointer() == view.ctypes.data
-                for leaf, view in zip(
-                    jax.tree_util.tree_leaves(pulled), jax.tree_util.tree_leaves(reader.pull())
-                )
-            )
-        )
         for path, leaf in jax.tree_util.tree_leaves_with_path(arrays):
             got = pulled
             for step in path:

@@ -1,79 +1,159 @@
-"""The stages with processes of their own: reader processes pulling one table at once, the
-client-memory probes, and cold starts.
+"""Reader processes pulling one table at once.
 
-- fan-out: 1, 2, 4, 8 readers of one table on reverb://, redis:// and shm://: aggregate
-  throughput, and the growth of the server's memory while they pull;
-- reader memory (issue 4): redis-server's memory growth while four readers pull one
-  400 MB table through varsync, beside four hand-written redis-py readers of the same bytes;
-- client memory: peak resident memory above baseline during one push and one pull, in a
-  fresh process per backend, as a multiple of the payload;
-- cold start (issue 15.5): a new process's first ``varsync.connect(url)`` + ``pull``, per
-  backend, and the heavy modules it imported (``COLD_CHILD``).
+- fan-out: 1, 2, 4, 8 readers ``update`` their own arrays from one table on reverb://,
+  redis:// and shm://: aggregate throughput, and how much the server's memory grew;
+- reader memory: redis-server's growth while readers pull one table through varsync,
+  beside as many hand-written redis-py readers ``GET``-ting the same bytes.
 
-The fan-out and reader-memory stages share one set of reader processes and servers of
-their own, so that what the servers held before the readers is those tables alone.
+The readers are spawned once, with the suite (their imports overlap the servers' start),
+and take commands over a queue; every wait is bounded.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import multiprocessing
-import os
-import statistics
-import subprocess
-import sys
+import queue
+import time
+import traceback
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
-from . import workers
-from .common import GB, MB, Sampler, allocated_bytes_under, nest_of, rss_of
-from .plan import Plan, Readers
-from .servers import ReverbProcess, next_message, running_redis_server, stop_children
+import numpy as np
+
+from .harness import GB, MB, Sampler, allocated_bytes_under, nest_of, rss_of
+from .servers import next_message, running_redis_server, stop_children
 
 TABLE = "variables"
+IDLE_LIMIT = 3600.0  # seconds a reader waits for its next command before it exits
+
+
+@dataclass
+class Readers:
+    """``counts`` runs of that many readers, each filling its arrays ``pulls`` times."""
+
+    nbytes: int
+    counts: list[int]
+    pulls: int
 
 
 @dataclass
 class Pulled:
-    """One contender of a readers stage: what the readers run, and the server's memory."""
+    """What the readers pull: ``kind`` "varsync" (``update`` from ``url``'s ``table``) or
+    "redis-py" (``table`` is ``{key: float32 count}``), and the server's memory measures."""
 
     contender: str
-    kind: str  # "varsync" or "redis-py" (see workers.fanout_reader)
+    kind: str
     url: str
-    table: Any  # a table name, or {key: float32 count} for redis-py
+    table: Any
     measures: dict[str, Callable[[], int]]
 
 
-def run_readers(
-    plan: Plan,
-    readers: Children,
-    reverb: ReverbProcess,
-    out: dict[str, Any],
+class ReaderProcesses:
+    def __init__(self, count: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.commands = [context.Queue() for _ in range(count)]
+        self.results, self.go = context.Queue(), context.Event()
+        self.children: list[Any] = []
+        try:
+            for i in range(count):
+                args = (str(i), self.commands[i], self.results, self.go)
+                child = context.Process(
+                    target=reader, args=args, name=f"bench-reader-{i}", daemon=True
+                )
+                child.start()
+                self.children.append(child)
+        except BaseException:
+            self.stop()
+            raise
+
+    def next(self, timeout: float, what: str) -> Any:
+        message = next_message(self.results, self.children, timeout, what)
+        if message[0] == "error":
+            raise RuntimeError(f"reader {message[1]} failed:\n{message[2]}")
+        return message
+
+    def wait_up(self) -> None:
+        for _ in self.children:
+            self.next(300, "readers starting")
+
+    def stop(self) -> None:
+        for command in self.commands:
+            command.put(None)
+        stop_children(self.children, 60)
+
+    def pull(
+        self, pulled: Pulled, plan: Readers, log: Callable[[str], None]
+    ) -> list[dict[str, Any]]:
+        """Every reader connects and fills its arrays once (untimed); then for each count,
+        that many fill theirs ``pulls`` times at once while the server's memory is sampled."""
+        self._round(pulled, max(plan.counts), 0, {})
+        records = []
+        for count in plan.counts:
+            done, samplers = self._round(pulled, count, plan.pulls, pulled.measures)
+            seconds = max(d[3] for d in done) - min(d[2] for d in done)
+            delivered = count * plan.pulls * plan.nbytes
+            records.append(
+                {
+                    "contender": pulled.contender,
+                    "readers": count,
+                    "bytes": plan.nbytes,
+                    "aggregate_bytes_per_s": delivered / seconds,
+                    "latencies": [t for d in done for t in d[4]],
+                    "server_growth": {m: s.growth for m, s in samplers.items()},
+                }
+            )
+            log(
+                f"   {pulled.contender}, {count} reader(s) of {plan.nbytes / MB:.3g} MB: "
+                f"{delivered / seconds / GB:.2f} GB/s in all, "
+                + ", ".join(f"{m} +{s.growth / MB:.1f} MB" for m, s in samplers.items())
+            )
+        return records
+
+    def _round(
+        self, pulled: Pulled, count: int, pulls: int, measures: dict[str, Callable[[], int]]
+    ) -> tuple[list[tuple[Any, ...]], dict[str, Sampler]]:
+        self.go.clear()
+        for i in range(count):
+            self.commands[i].put((pulled.kind, pulled.url, pulled.table, pulls))
+        for _ in range(count):
+            self.next(600, f"{pulled.contender} readers getting ready")
+        with contextlib.ExitStack() as stack:
+            samplers = {m: stack.enter_context(Sampler(f, 0.005)) for m, f in measures.items()}
+            self.go.set()
+            done = [self.next(900, f"{pulled.contender} readers pulling") for _ in range(count)]
+        return done, samplers
+
+
+def run(
+    processes: ReaderProcesses,
+    reverb: tuple[int, str],
+    fan: Readers,
+    mem: Readers,
     log: Callable[[str], None],
-) -> None:
-    """The fan-out, then the reader-memory comparison, on servers of their own: ``reverb``
-    (started with the suite, serving table "fanout") and a new redis-server."""
+) -> dict[str, list[dict[str, Any]]]:
+    """The fan-out, then the reader-memory comparison, on servers of their own:
+    ``reverb`` (pid, address of a server holding table "fanout") and a new redis-server."""
     import redis
 
     import varsync
     import varsync_shm
 
-    fan, mem = plan.fanout, plan.reader_memory
     shm_name = f"bench-fanout-{uuid.uuid4().hex[:6]}"
-    reverb_pid, addresses = reverb.wait()
-    reverb_address = addresses["fanout"]
+    reverb_pid, reverb_address = reverb
+    out: dict[str, list[dict[str, Any]]] = {"fanout": [], "reader_memory": []}
     with contextlib.ExitStack() as stack:
-        redis_server = stack.enter_context(running_redis_server())
-        admin = stack.enter_context(redis.Redis.from_url(redis_server.url))
+        server = stack.enter_context(running_redis_server())
+        admin = stack.enter_context(redis.Redis.from_url(server.url))
         stack.callback(varsync_shm.remove_store, shm_name)
         redis_memory = {
-            "server RSS": lambda: rss_of(redis_server.pid),
+            "server RSS": lambda: rss_of(server.pid),
             "used_memory": lambda: int(admin.info("memory")["used_memory"]),
         }
-        nest = nest_of(fan.nbytes, 4)
+        shm_bytes = {
+            "bytes in /dev/shm": lambda: allocated_bytes_under(varsync_shm.store_path(shm_name))
+        }
         fanout = [
             Pulled(
                 "reverb",
@@ -82,323 +162,97 @@ def run_readers(
                 "fanout",
                 {"server RSS": lambda: rss_of(reverb_pid)},
             ),
-            Pulled("redis", "varsync", f"{redis_server.url}?namespace=fanout", TABLE, redis_memory),
-            Pulled(
-                "shm",
-                "varsync",
-                f"shm://{shm_name}",
-                TABLE,
-                {
-                    "bytes in /dev/shm": lambda: allocated_bytes_under(
-                        varsync_shm.store_path(shm_name)
-                    )
-                },
-            ),
+            Pulled("redis", "varsync", f"{server.url}?namespace=fanout", TABLE, redis_memory),
+            Pulled("shm", "varsync", f"shm://{shm_name}", TABLE, shm_bytes),
         ]
+        nest = nest_of(fan.nbytes, 4)
         for pulled in fanout:
             with varsync.connect(pulled.url, timeout=300) as store:
                 if pulled.contender != "reverb":  # Reverb's tables are the server's
                     store.create_table(pulled.table, nest)
                 for _ in range(3 if pulled.contender == "shm" else 1):
                     store.push(nest, pulled.table, skip_unchanged=False)
-        del nest
         for pulled in fanout:
-            readers.pull(pulled, fan, out["fanout"], log)
-        for pulled in _reader_memory_contenders(redis_server.url, mem.nbytes, redis_memory):
-            readers.pull(pulled, mem, out["reader_memory"], log)
+            out["fanout"] += processes.pull(pulled, fan, log)
+        nest = nest_of(mem.nbytes, 4)
+        with varsync.connect(server.url, namespace="readers", timeout=300) as store:
+            store.create_table(TABLE, nest)
+            store.push(nest)
+        for name, leaf in nest.items():
+            admin.set(f"hand:readers:{name}", leaf.tobytes())
+        keys = {f"hand:readers:{name}": leaf.size for name, leaf in nest.items()}
+        del nest
+        for pulled in (
+            Pulled("redis", "varsync", f"{server.url}?namespace=readers", TABLE, redis_memory),
+            Pulled("redis-py SETs", "redis-py", server.url, keys, redis_memory),
+        ):
+            out["reader_memory"] += processes.pull(pulled, mem, log)
+    return out
 
 
-def _reader_memory_contenders(
-    url: str, nbytes: int, measures: dict[str, Callable[[], int]]
-) -> list[Pulled]:
-    """The same bytes through varsync and as four hand-written keys, on one server."""
-    import redis
+# -- in the reader process ---------------------------------------------------------------
 
+
+def reader(name: str, commands: Any, results: Any, go: Any) -> None:
+    """For each ``(kind, url, table, pulls)`` command: connect (once per URL), fill its own
+    arrays once untimed, report ready, wait for ``go``, fill them ``pulls`` times, report
+    the times. ``None`` ends it; so do ``IDLE_LIMIT`` seconds without a command."""
+    clients: dict[str, Any] = {}
+    results.put(("up", name))
+    try:
+        while True:
+            try:
+                command = commands.get(timeout=IDLE_LIMIT)
+            except queue.Empty:
+                return
+            if command is None:
+                return
+            kind, url, table, pulls = command
+            try:
+                if url not in clients:
+                    clients[url] = _connect(kind, url)
+                fill, _ = _filler(kind, clients[url], table)
+                fill()  # warm: connection, mappings, page faults of the arrays
+                results.put(("ready", name))
+                if not go.wait(600):
+                    results.put(("error", name, "no go signal within 600 s"))
+                    continue
+                started, times = time.monotonic(), []
+                for _ in range(pulls):
+                    t0 = time.perf_counter()
+                    fill()
+                    times.append(time.perf_counter() - t0)
+                results.put(("done", name, started, time.monotonic(), times))
+                del fill  # a reader holds one command's arrays at a time
+            except Exception:
+                results.put(("error", name, traceback.format_exc()))
+    finally:
+        for client in clients.values():
+            client.close()
+
+
+def _connect(kind: str, url: str) -> Any:
+    if kind == "redis-py":
+        import redis
+
+        return redis.Redis.from_url(url, socket_timeout=300)
     import varsync
 
-    nest = nest_of(nbytes, 4)
-    with varsync.connect(url, namespace="readers", timeout=300) as store:
-        store.create_table(TABLE, nest)
-        store.push(nest)
-    with redis.Redis.from_url(url, socket_timeout=300) as hand:
-        for name, leaf in nest.items():
-            hand.set(f"hand:readers:{name}", leaf.tobytes())
-    keys = {f"hand:readers:{name}": leaf.size for name, leaf in nest.items()}
-    return [
-        Pulled("redis", "varsync", f"{url}?namespace=readers", TABLE, measures),
-        Pulled("redis-py", "redis-py", url, keys, measures),
-    ]
+    return varsync.connect(url, timeout=300)
 
 
-class Children:
-    """Child processes started together with the suite (so that they start while the
-    servers do, before anything is timed), each reporting "up" once ready for commands."""
+def _filler(kind: str, client: Any, table: Any) -> tuple[Callable[[], Any], dict[str, Any]]:
+    """A call that fills this reader's own arrays with the table's values, and the arrays."""
+    if kind == "redis-py":
+        arrays = {key: np.empty(count, np.float32) for key, count in table.items()}
 
-    def __init__(
-        self,
-        what: str,
-        target: Callable[..., None],
-        names: list[str],
-        go: bool,
-        environment: dict[str, str] | None = None,
-    ) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.what = what
-        self.commands = [context.Queue() for _ in names]
-        self.results, self.go = context.Queue(), context.Event()
-        self.children: list[Any] = []
-        saved = {key: os.environ.get(key) for key in environment or {}}
-        os.environ.update(environment or {})  # for the children, which copy it at start
-        try:
-            for i, name in enumerate(names):
-                args = (name, self.commands[i], self.results) + ((self.go,) if go else ())
-                child = context.Process(
-                    target=target, args=args, name=f"bench-{what}-{name}", daemon=True
-                )
-                child.start()
-                self.children.append(child)
-        except BaseException:
-            for child in self.children:  # those already started
-                child.kill()
-                child.join(10)
-            raise
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+        def hand_fill() -> None:
+            for key, array in arrays.items():
+                np.copyto(array, np.frombuffer(client.get(key), np.float32))
 
-    def wait_up(self) -> None:
-        for _ in self.children:
-            message = self.next(300, f"{self.what} starting")
-            if "up" not in message[:2]:
-                raise RuntimeError(f"{self.what}: one did not start: {message}")
-
-    def next(self, timeout: float, what: str) -> Any:
-        return next_message(self.results, self.children, timeout, what)
-
-    def request_stop(self) -> None:
-        for command in self.commands:
-            command.put(None)
-
-    def stop(self) -> None:
-        self.request_stop()
-        stop_children(self.children, 60)
-
-    def pull(
-        self,
-        pulled: Pulled,
-        readers: Readers,
-        record: list[dict[str, Any]],
-        log: Callable[[str], None],
-    ) -> None:
-        """First every reader connects and fills its arrays once, all at once (untimed);
-        then for each count: that many readers fill their arrays ``pulls`` times at once
-        while the server's memory is sampled; one record per count."""
-        name, nbytes = pulled.contender, readers.nbytes
-        self._round(pulled, max(readers.counts), 0, {})
-        for count in readers.counts:
-            done, samplers = self._round(pulled, count, readers.pulls, pulled.measures)
-            seconds = max(d[3] for d in done) - min(d[2] for d in done)
-            delivered = count * readers.pulls * nbytes
-            record.append(
-                {
-                    "contender": name,
-                    "readers": count,
-                    "pulls_each": readers.pulls,
-                    "bytes": nbytes,
-                    "seconds": seconds,
-                    "aggregate_bytes_per_s": delivered / seconds,
-                    "latencies": [t for d in done for t in d[4]],
-                    "server_growth": {metric: s.growth for metric, s in samplers.items()},
-                    "server_baseline": {metric: s.baseline for metric, s in samplers.items()},
-                }
-            )
-            log(
-                f"   {name}, {count} reader(s) of {nbytes / MB:.3g} MB: "
-                f"{delivered / seconds / GB:.2f} GB/s in all, "
-                + ", ".join(f"{m} +{s.growth / MB:.1f} MB" for m, s in samplers.items())
-            )
-
-    def _round(
-        self, pulled: Pulled, count: int, pulls: int, measures: dict[str, Callable[[], int]]
-    ) -> tuple[list[tuple], dict[str, Sampler]]:
-        """``count`` readers get ready, then pull at once while ``measures`` are sampled
-        (from the moment every reader is ready); their "done" messages, the samplers."""
-        self.go.clear()
-        for i in range(count):
-            self.commands[i].put((pulled.kind, pulled.url, pulled.table, pulls))
-        for _ in range(count):
-            _check(self.next(600, f"{pulled.contender} readers getting ready"), "ready")
-        with contextlib.ExitStack() as stack:
-            samplers = {
-                metric: stack.enter_context(
-                    Sampler(measure, 0.005 if metric == "used_memory" else 0.002)
-                )
-                for metric, measure in measures.items()
-            }
-            self.go.set()
-            done = [
-                _check(self.next(900, f"{pulled.contender} readers pulling"), "done")
-                for _ in range(count)
-            ]
-        return done, samplers
-
-
-def reader_processes(count: int) -> Children:
-    """``count`` reader processes (workers.fanout_reader)."""
-    return Children("readers", workers.fanout_reader, [str(i) for i in range(count)], go=True)
-
-
-def _check(message: tuple, expected: str) -> tuple:
-    if message[0] != expected:
-        raise RuntimeError(f"reader {message[1]} failed:\n{message[2]}")
-    return message
-
-
-# -- client memory ------------------------------------------------------------------------
-
-
-PROBES = ["memory", "reverb", "redis", "shm"]
-
-
-def probe_processes() -> Children:
-    """One client-memory probe per backend (workers.memory_probe). glibc raises its mmap
-    threshold after each large free and then keeps freed buffers in the heap: a warm-up
-    would hide the next call's allocations in the baseline. A fixed threshold returns every
-    buffer over 128 KiB to the system when freed."""
-    return Children(
-        "probes",
-        workers.memory_probe,
-        PROBES,
-        go=False,
-        environment={"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)},
-    )
-
-
-def run_client_memory(
-    plan: Plan,
-    probes: Children,
-    reverb_address: str,
-    redis_url: str,
-    out: dict[str, Any],
-    log: Callable[[str], None],
-) -> None:
-    import varsync_shm
-
-    shm_name = f"bench-probe-{uuid.uuid4().hex[:6]}"
-    where = {
-        "memory": ("memory://probe", TABLE),
-        "reverb": (f"reverb://{reverb_address}", "probe"),
-        "redis": (redis_url, TABLE),
-        "shm": (f"shm://{shm_name}", TABLE),
-    }
-    try:
-        for i, group in enumerate(PROBES):
-            probes.commands[i].put((*where[group], plan.probe_bytes))
-        for _ in PROBES:
-            group, figures = probes.next(600, "client memory probes")
-            if "error" in figures:
-                raise RuntimeError(f"the {group} memory probe failed:\n{figures['error']}")
-            for name, peak in figures.items():
-                contender, _, op = name.rpartition(" ")
-                out["client_memory"].append(
-                    {
-                        "contender": contender or group,
-                        "op": op,
-                        "bytes": plan.probe_bytes,
-                        "peak_above_baseline": peak,
-                    }
-                )
-    finally:
-        varsync_shm.remove_store(shm_name)
-    log(
-        "   "
-        + ", ".join(
-            f"{m['contender']} {m['op']} {m['peak_above_baseline'] / m['bytes']:.2f}x"
-            for m in out["client_memory"]
-        )
-    )
-
-
-# -- cold start (issue 15.5) -------------------------------------------------------------------
-
-#: Modules a backend should import only if it uses them, and what each backend uses of them.
-HEAVY = ("tensorflow", "reverb", "redis", "torch", "jax")
-NEEDS = {"memory": (), "reverb": ("tensorflow", "reverb"), "redis": ("redis",), "shm": ()}
-COLD_TABLE = "cold"
-#: What a fresh ``python -c`` runs (argv: URL, table, bytes): its clock starts just before
-#: ``import varsync`` (Python's own start-up is not counted; every import varsync causes
-#: is) and stops when the pull returns; it prints one JSON line. memory:// holds nothing
-#: across processes: there the child creates the table and pushes first (the nest is built
-#: off the clock).
-COLD_CHILD = """
-import json, os, sys, time
-url, table, nbytes = sys.argv[1], sys.argv[2], int(sys.argv[3])
-started = time.perf_counter()
-import varsync
-imported = time.perf_counter()
-store = varsync.connect(url, timeout=120)
-connected = time.perf_counter()
-built = 0.0
-if url.startswith("memory://"):
-    import numpy as np
-    t0 = time.perf_counter()
-    nest = {f"v{i}": np.ones(nbytes // 16, np.float32) for i in range(4)}
-    built = time.perf_counter() - t0
-    store.create_table(table, nest)
-    store.push(nest, table)
-pushed = time.perf_counter()
-pulled = store.pull(table)
-done = time.perf_counter()
-print(json.dumps({
-    "seconds": done - started - built, "import": imported - started,
-    "connect": connected - imported, "create + push": pushed - connected - built,
-    "pull": done - pushed, "bytes": sum(leaf.nbytes for leaf in pulled.values()),
-    "heavy": sorted(name for name in HEAVY if name in sys.modules)}), flush=True)
-store.close()
-os._exit(0)  # measured and reported: skip TensorFlow's seconds of teardown at exit
-""".replace("HEAVY", repr(HEAVY))
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def run_cold_start(
-    urls: dict[str, str], nbytes: int, samples: int, out: dict[str, Any], log: Callable[[str], None]
-) -> None:
-    """``urls``: {backend: URL of a store whose table ``COLD_TABLE`` holds ``nbytes`` in 4
-    leaves} (memory://'s is a name only: its child fills a store of its own). ``samples``
-    fresh processes each, taking turns between backends; the records go to
-    ``out["cold_start"]``."""
-    records: dict[str, list[dict[str, Any]]] = {name: [] for name in urls}
-    for _ in range(samples):
-        for name, url in urls.items():
-            records[name].append(_cold_sample(url, nbytes))
-    for name, got in records.items():
-        median = statistics.median(r["seconds"] for r in got)
-        out["cold_start"].append(
-            {"backend": name, "url": urls[name].split("?")[0], "bytes": nbytes, "samples": got}
-        )
-        log(
-            f"   cold start {name}: median {median * 1e3:.0f} ms, imported "
-            f"{', '.join(got[0]['heavy']) or 'none of ' + '/'.join(HEAVY)}"
-        )
-
-
-def _cold_sample(url: str, nbytes: int) -> dict[str, Any]:
-    if url.startswith("memory://"):  # a store of its own each time
-        url = f"memory://cold-{uuid.uuid4().hex[:6]}"
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    done = subprocess.run(
-        [sys.executable, "-c", COLD_CHILD, url, COLD_TABLE, str(nbytes)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(
-            f"cold start of {url} failed ({done.returncode}):\n{done.stderr[-2000:]}"
-        )
-    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+        return hand_fill, arrays
+    signature = client.signature(table)
+    mine = {name: np.empty(spec.shape, spec.dtype) for name, spec in signature.items()}
+    # every leaf, every time: the table does not change between fills, so a delta update
+    # (the default) would move nothing after the first
+    return (lambda: client.update(mine, table, delta_only=False)), mine

@@ -23,8 +23,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import workers
-
 ENV_BINARY = "VARSYNC_REDIS_SERVER"
 START_TIMEOUT = 20.0  # seconds for a redis-server to answer
 STOP_TIMEOUT = 10.0
@@ -71,7 +69,7 @@ class ReverbProcess:
         context = multiprocessing.get_context("spawn")
         self._ready, self._stop = context.Queue(), context.Event()
         self._child = context.Process(
-            target=workers.serve_reverb,
+            target=serve_reverb,
             args=(servers, self._ready, self._stop, lifetime),
             name="bench-reverb-server",
             daemon=True,
@@ -97,6 +95,25 @@ class ReverbProcess:
         """Stop them (a second call does nothing more)."""
         self.request_stop()
         stop_children([self._child], 30)
+
+
+def serve_reverb(
+    servers: dict[str, dict[str, Any]], ready: Any, stop: Any, lifetime: float
+) -> None:
+    """In the child: one Reverb server per entry of ``servers`` until ``stop`` is set or
+    ``lifetime`` seconds passed (an orphan's end); ``("ports", {name: port})`` on ``ready``."""
+    import traceback
+
+    from varsync.reverb import serve
+
+    try:
+        with contextlib.ExitStack() as stack:
+            ports = {n: stack.enter_context(serve(tables)).port for n, tables in servers.items()}
+            ready.put(("ports", ports))
+            stop.wait(lifetime)
+    except BaseException:
+        ready.put(("error", traceback.format_exc()))
+        raise
 
 
 # -- redis-server -------------------------------------------------------------------------
@@ -146,21 +163,13 @@ class RedisServer:
         between finding it and the server binding it."""
         for _ in range(3):
             self.port = _free_port()
+            flags = f"--bind 127.0.0.1 --port {self.port} --protected-mode yes --daemonize no"
+            files = ["--dir", str(self.directory), "--logfile", str(self.directory / "redis.log")]
             self.process = subprocess.Popen(
                 [
                     self.binary,
-                    "--bind",
-                    "127.0.0.1",
-                    "--port",
-                    str(self.port),
-                    "--protected-mode",
-                    "yes",
-                    "--daemonize",
-                    "no",
-                    "--dir",
-                    str(self.directory),
-                    "--logfile",
-                    str(self.directory / "redis.log"),
+                    *flags.split(),
+                    *files,
                     "--appendonly",
                     "no",
                     "--save",

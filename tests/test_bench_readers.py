@@ -1,4 +1,4 @@
-"""The benchmark's fan-out readers (benchmarks/workers.py) move the whole table on every
+"""The benchmark's fan-out readers (benchmarks/readers.py) move the whole table on every
 fill: the table does not change between them, so a delta update would move nothing and
 the fan-out's throughput would count bytes never sent."""
 
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import varsync  # noqa: E402
-from benchmarks import workers  # noqa: E402
+from benchmarks import readers  # noqa: E402
 
 
 def test_each_fill_assigns_every_leaf_again_though_nothing_changed() -> None:
@@ -23,7 +23,7 @@ def test_each_fill_assigns_every_leaf_again_though_nothing_changed() -> None:
     nest = {"a": np.arange(6, dtype=np.float32), "b": np.ones(3, np.float32)}
     writer.create_table("t", nest)
     writer.push(nest, "t")
-    fill, mine = workers._filler("varsync", varsync.connect(url), "t")
+    fill, mine = readers._filler("varsync", varsync.connect(url), "t")
     fill()
     for array in mine.values():
         array[...] = -1  # changed behind the reader's back: only a whole update restores it

@@ -1,7 +1,7 @@
-"""Actors reading through a Redis replica on another simulated host (issue 17.4): hosts are
-network namespaces joined by links capped at 50 Mbit/s (benchmarks/netns.py), a learner
+"""Actors reading through a Redis replica on another simulated host: hosts are
+network namespaces joined by links capped at 50 Mbit/s (tools/netns.py), a learner
 pushes to the primary, two actor processes on the replica's host follow the replica with
-``wait_for`` + ``pull_if_newer`` (benchmarks/scaleout.py's actor role). Needs root."""
+``wait_for`` + ``pull_if_newer`` (tools/scaleout.py's actor role). Needs root."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import netns  # noqa: E402
-from benchmarks.scaleout import Actors, Learner  # noqa: E402
+from tools import netns  # noqa: E402
+from tools.scaleout import Actors, Learner  # noqa: E402
 
 REASON = netns.unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"simulated hosts: {REASON}")

@@ -1,8 +1,8 @@
-"""Many hosts, simulated and measured (issue 17.4): one learner, a primary redis-server,
+"""Many hosts, simulated and measured: one learner, a primary redis-server,
 R replicas and many actor processes on hosts in network namespaces, every host's link
-capped (default 1 Gbit/s each way; benchmarks/netns.py). Needs root.
+capped (default 1 Gbit/s each way; tools/netns.py). Needs root.
 
-    python -m benchmarks.scaleout [--replicas 0 1 2 4] [--sizes 10MB 100MB]
+    python -m tools.scaleout [--replicas 0 1 2 4] [--sizes 10MB 100MB]
                                   [--actors 8 16] [--rate 1gbit] [--quick]
 
 Topology: hosts ``learner``, ``primary``, ``r1``..``r4`` (one replica each) and four
@@ -27,10 +27,11 @@ Per spaced version: the time from the push's return until every actor holds it, 
 delivered to all actors per second of that time, each actor's lag in versions when the
 push returned. Back to back: each actor's lag at each push, how many of those versions
 it pulled, and when all held the last. Medians over versions with IQR, t(R)/t(0) against
-the goal 1.3/R, the load average. Writes benchmarks/results_scaleout.json, and section
-11 of RESULTS.md (report_scaleout.py) into benchmarks/RESULTS.md. About 16 minutes.
+the goal 1.3/R, the load average, printed per case; every sample in
+benchmarks/out/results_scaleout.json (git-ignored). About 16 minutes. Not part of
+``make bench`` (it needs root): RESULTS.md's scale-out section quotes a run of it.
 
-The child roles (``python -m benchmarks.scaleout learner|actor ...``) are what the
+The child roles (``python -m tools.scaleout learner|actor ...``) are what the
 hosts run; tests/test_scaleout.py uses them and netns.py too.
 """
 
@@ -49,8 +50,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "benchmarks" / "out"
 TABLE = "variables"
 ACTOR_HOSTS = 4
 TOPOLOGIES = ("star", "chain")
@@ -73,7 +74,7 @@ def learner_main(url: str, nbytes: int, keep: int) -> int:
     import numpy as np
 
     import varsync
-    from benchmarks.common import leaf_names, leaf_sizes
+    from benchmarks.harness import leaf_names, leaf_sizes
 
     nest = {name: np.zeros(n, np.float32) for name, n in zip(leaf_names(4), leaf_sizes(nbytes, 4))}
     with varsync.connect(url, timeout=300, keep=keep) as store:
@@ -154,7 +155,7 @@ def _version(store: Any) -> int:
 
 
 def child_argv(role: str, *args: str) -> list[str]:
-    return [sys.executable, "-m", "benchmarks.scaleout", role, *args]
+    return [sys.executable, "-m", "tools.scaleout", role, *args]
 
 
 class Learner:
@@ -305,7 +306,7 @@ def placement(
 
 def chunks_served(net: Any, node: Any, binary: str) -> int:
     """How many GETs ``node`` has answered (a pull's chunks are GETs)."""
-    from . import netns
+    from tools import netns
 
     stats = netns.info(net, node, binary, "commandstats").get("cmdstat_get", "calls=0")
     return int(stats.split(",")[0].split("=")[1])
@@ -323,7 +324,7 @@ def measure(
 ) -> dict[str, Any]:
     """One (R, size, count) case: warm-up version 1, then ``versions`` pushes, each once
     every actor holds the previous one."""
-    from . import netns
+    from tools import netns
 
     learner = Learner(net, "learner", primary.url, nbytes)
     actors: Actors | None = None
@@ -404,9 +405,9 @@ def _back_to_back(learner: Learner, actors: Actors, first: int, count: int) -> d
 
 
 def run(args: argparse.Namespace, out: dict[str, Any]) -> None:
-    from . import netns
-    from .common import machine
-    from .servers import find_redis_server
+    from benchmarks.harness import machine
+    from benchmarks.servers import find_redis_server
+    from tools import netns
 
     binary = find_redis_server()
     if binary is None:
@@ -462,7 +463,7 @@ def run(args: argparse.Namespace, out: dict[str, Any]) -> None:
 
 
 def _print_case(case: dict[str, Any], cases: list[dict[str, Any]]) -> None:
-    from .common import size_label, summary
+    from benchmarks.harness import size_label, summary
 
     times = summary([v["all_seconds"] for v in case["versions"]])
     rate = summary([v["bytes_per_s"] for v in case["versions"]])
@@ -497,10 +498,11 @@ def _print_case(case: dict[str, Any], cases: list[dict[str, Any]]) -> None:
 
 
 def arguments(argv: list[str] | None) -> argparse.Namespace:
-    from .common import MB, parse_size
+    from benchmarks.harness import MB
+    from benchmarks.suite import parse_size
 
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.scaleout", description=(__doc__ or "").splitlines()[0]
+        prog="python -m tools.scaleout", description=(__doc__ or "").splitlines()[0]
     )
     parser.add_argument("--replicas", type=int, nargs="+", default=[0, 1, 2, 4])
     parser.add_argument("--sizes", type=parse_size, nargs="+", default=[10 * MB, 100 * MB])
@@ -536,13 +538,7 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
         help="R 0 and 2, 10 MB, 8 actors, 3 versions; writes to a "
         "temporary directory unless --json is given",
     )
-    parser.add_argument("--json", type=Path, help="default benchmarks/results_scaleout.json")
-    parser.add_argument(
-        "--markdown",
-        type=Path,
-        help="RESULTS.md to write section 11 into "
-        "(default benchmarks/RESULTS.md; not with --quick)",
-    )
+    parser.add_argument("--json", type=Path, help="default benchmarks/out/results_scaleout.json")
     args = parser.parse_args(argv)
     if 0 not in args.replicas:
         parser.error("--replicas must include 0: t(R) is compared with the primary alone")
@@ -554,7 +550,7 @@ def arguments(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from . import netns
+    from tools import netns
 
     args = arguments(argv)
     reason = netns.unavailable()
@@ -583,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
             f"raw results (also of an interrupted run): {scratch}; namespaces left: "
             f"{netns.ours() or 'none'}"
         )
-    target = args.json or (scratch if args.quick else HERE / "results_scaleout.json")
+    target = args.json or (scratch if args.quick else OUT / "results_scaleout.json")
     written = out
     if not args.json and not args.quick and target.exists():
         # a replicas= run goes beside the main run (direct connections), and the other way
@@ -592,13 +588,9 @@ def main(argv: list[str] | None = None) -> int:
             written = dict(kept, replicas_option=out)
         elif args.connect == "direct" and kept.get("replicas_option"):
             written = dict(out, replicas_option=kept["replicas_option"])
+    target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(written, indent=1, default=str) + "\n")
-    if not args.quick:
-        from .report_scaleout import splice
-
-        markdown = args.markdown or HERE / "RESULTS.md"
-        splice(written, markdown)
-        log(f"wrote {target} and section 11 of {markdown}")
+    log(f"wrote {target}")
     log(f"done in {out['seconds'] / 60:.1f} min")
     return 0
 

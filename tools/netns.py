@@ -1,4 +1,4 @@
-"""Hosts simulated on this machine (issue 17.4): network namespaces joined by veth links to
+"""Hosts simulated on this machine: network namespaces joined by veth links to
 a Linux bridge, each link's bandwidth capped with ``tc`` in both directions, and the
 redis-servers (a primary, its replicas) that run on them. The scale-out benchmark
 (scaleout.py) and its test (tests/test_scaleout.py) use it.
