@@ -242,7 +242,7 @@ def test_a_push_in_doubt_stays_vouched_for_when_the_next_one_is_in_doubt_too(
         with varsync.connect(server.url, timeout=5) as learner:
             learner.create_table("variables", SMALL)
             learner.push(filled(SMALL, 1))
-            table = learner.backend._known.get("variables")
+            table = learner.backend.publisher.written("variables")
             first = table.token
             assert learner.push(filled(SMALL, 2)) == 2  # P: published, and then, as if
             p_token = table.token  # its answer had been lost, the writer's state says:

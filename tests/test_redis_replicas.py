@@ -421,7 +421,7 @@ class TestConformanceReadingFromAReplica(
     def new_history(self, shared_group: List[RedisServer]) -> Callable[[str, str], None]:
         def restart(url: str, table: str) -> None:
             with varsync.connect(url) as container:
-                pattern = container.backend._keys(table).head[: -len("head")] + "*"
+                pattern = container.backend.keys(table).head[: -len("head")] + "*"
             with shared_group[0].client() as admin:
                 for key in list(admin.scan_iter(match=pattern, count=1000)):
                     admin.delete(key)
