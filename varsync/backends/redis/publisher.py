@@ -124,7 +124,7 @@ class Publisher:
         written = self._writes.get(name)
         if written is None:
             stored = self._catalog.get(name) or read_stored(
-                self._client, self._catalog, name, deadline
+                self._client, self._catalog, name, self._address, deadline
             )
             if stored is None:
                 raise TableNotFoundError(f"no table {name!r} at {self._address}")

@@ -117,7 +117,9 @@ class Reader:
     def stored(self, name: str, deadline: float = math.inf) -> Stored | None:
         """The table's signature as the primary holds it now, with its epoch (``None``:
         no table)."""
-        return read_stored(self._router.primary.client, self._catalog, name, deadline)
+        return read_stored(
+            self._router.primary.client, self._catalog, name, self._address, deadline
+        )
 
     def _check_signature(
         self, name: str, epoch: str, specs: Sequence[Spec], deadline: float

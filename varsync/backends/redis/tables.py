@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from varsync.backend import Spec, TableResetError
-from varsync.backends.redis.protocol import Keys, is_epoch, keys_of, text
+from varsync.backend import CorruptDataError, Spec, TableResetError
+from varsync.backends.redis.protocol import Keys, check_format, is_epoch, keys_of, text
 from varsync.signature import flat_specs
 from varsync.signature_json import from_json
 
@@ -163,11 +163,20 @@ class Writes:
                 written.moved = True
 
 
-def read_stored(client: Any, catalog: Catalog, name: str, deadline: float) -> Stored | None:
+def read_stored(
+    client: Any, catalog: Catalog, name: str, address: str, deadline: float
+) -> Stored | None:
     """The table's signature and epoch as ``client``'s server (the primary) holds them
-    now, remembered in ``catalog``; ``None``: no table (or not one varsync wrote)."""
-    raw = client.call("HMGET", catalog.keys(name).head, "sig", "epoch", deadline=deadline)
-    signature, epoch = (text(x) for x in raw)
-    if signature is None or not is_epoch(epoch):
+    now, remembered in ``catalog``; ``None``: no table."""
+    head = catalog.keys(name).head
+    raw = client.call("HMGET", head, "fmt", "sig", "epoch", deadline=deadline)
+    fmt, signature, epoch = (text(x) for x in raw)
+    if fmt is None and signature is None and epoch is None:
         return None
+    if signature is None or not is_epoch(epoch):
+        raise CorruptDataError(
+            f"key {head!r} at {address} is not a varsync table head (no signature, "
+            "or no valid epoch); is something else using this key prefix?"
+        )
+    check_format(f"table {name!r} at {address}", fmt)
     return catalog.remember(name, epoch, signature)
