@@ -26,7 +26,7 @@ from varsync.backends.redis.errors import OutOfTime, translated
 from varsync.backends.redis.fetch import Fetcher
 from varsync.backends.redis.options import parse_settings
 from varsync.backends.redis.pool import MOVED_ROLE
-from varsync.backends.redis.protocol import Keys, key_base_of, parse_layout, text
+from varsync.backends.redis.protocol import Keys, key_base_of, text
 from varsync.backends.redis.publisher import Publisher
 from varsync.backends.redis.pulled import PulledMemory
 from varsync.backends.redis.reader import Reader
@@ -153,8 +153,6 @@ class RedisBackend(Backend, SupportsBlockingWait, SupportsLeafVersions, Supports
     def signature(self, name: str) -> str | None:
         with self._errors(f"reading table {name!r}"):
             stored = self.reader.stored(name)
-        if stored is not None:
-            self.router.floors.raise_to(name, stored.epoch, 0)
         return None if stored is None else stored.signature
 
     def tables(self) -> list[str]:
@@ -163,38 +161,9 @@ class RedisBackend(Backend, SupportsBlockingWait, SupportsLeafVersions, Supports
         return sorted(text(n) for n in names)
 
     def details(self, name: str) -> dict[str, Any]:
-        head = self.catalog.keys(name).head
         with self._errors(f"reading table {name!r}"):
-            raw = self.primary.call(
-                "HMGET",
-                head,
-                "epoch",
-                "version",
-                "data",
-                "layout",
-                "retained",
-                "spare",
-                "fmt",
-                "segments",
-            )
-        epoch, _, data, layout, retained, spare, fmt, segments = (text(x) for x in raw)
-        where = f"table {name!r} at {self.address}"
-        total, payload, chunks = parse_layout(where, layout) if layout else (0, 0, 0)
-        return {
-            "server": self.address,
-            "head_key": head,
-            "epoch": epoch,
-            "data_token": data,
-            "stored_bytes": total,
-            "chunk_payload": payload,
-            "chunks": chunks,
-            "retained_versions": len(retained.split(",")) if retained else 0,
-            "spare_version": bool(spare),
-            "layout_format": fmt,  # "2": the current version was composed by write_leaves
-            "segments": len(segments.split(",")) if segments else 0,
-            "keep": self.keep,
-            "pulls_restarted": self.pulls_restarted,
-        }
+            details = self.reader.details(name)
+        return {**details, "keep": self.keep, "pulls_restarted": self.pulls_restarted}
 
     # -- data ------------------------------------------------------------------------------
 

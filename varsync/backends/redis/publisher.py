@@ -120,7 +120,9 @@ class Publisher:
     def _where(self, name: str) -> str:
         return f"table {name!r} at {self._address}"
 
-    def _written(self, name: str, deadline: float) -> Written:
+    def _written(self, name: str, specs: Sequence[Spec], deadline: float) -> Written:
+        """This writer's record of the table; a first one in the history the catalog
+        knows, if the table's signature there is the caller's."""
         written = self._writes.get(name)
         if written is None:
             stored = self._catalog.get(name) or read_stored(
@@ -128,6 +130,8 @@ class Publisher:
             )
             if stored is None:
                 raise TableNotFoundError(f"no table {name!r} at {self._address}")
+            if not Catalog.same_specs(stored, specs):
+                raise signature_changed(name, self._address)
             written = self._writes.of(name, stored.epoch, stored.signature)
         return written
 
@@ -136,7 +140,7 @@ class Publisher:
     def write(
         self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec], deadline: float
     ) -> Head:
-        head = self._push(name, arrays, len(specs), deadline)
+        head = self._push(name, arrays, specs, deadline)
         assert head is not None  # a whole write is never refused
         return head
 
@@ -150,13 +154,13 @@ class Publisher:
     ) -> Head | None:
         """The given leaves as one new segment (:mod:`.leaves`); ``None`` if refused."""
         arrays, names = placed(name, leaves, specs)
-        return self._push(name, arrays, len(specs), deadline, names, base)
+        return self._push(name, arrays, specs, deadline, names, base)
 
     def _push(
         self,
         name: str,
         arrays: Sequence[np.ndarray],
-        count: int,
+        specs: Sequence[Spec],
         deadline: float,
         leaves: str = "",
         base: Head | None = None,
@@ -168,9 +172,9 @@ class Publisher:
         published)."""
         cluster = self._topology.cluster
         if cluster is None:
-            return self._push_once(name, arrays, count, deadline, leaves, base)
+            return self._push_once(name, arrays, specs, deadline, leaves, base)
         return cluster.settled(
-            lambda: self._push_once(name, arrays, count, deadline, leaves, base),
+            lambda: self._push_once(name, arrays, specs, deadline, leaves, base),
             self._catalog.keys(name).head,
             settle_deadline(deadline, self._timeout),
         )
@@ -179,7 +183,7 @@ class Publisher:
         self,
         name: str,
         arrays: Sequence[np.ndarray],
-        count: int,
+        specs: Sequence[Spec],
         deadline: float,
         leaves: str,
         base: Head | None,
@@ -193,10 +197,10 @@ class Publisher:
         layout = f"{total}:{payload}:{chunks}"
         recycle = total >= self._recycle_from  # see DEFAULT_RECYCLE_FROM
         chunk_prefix = keys.chunks + hexed + ":"
-        written = self._written(name, deadline)
+        written = self._written(name, specs, deadline)
         if base is not None and base.epoch != written.epoch:
             return None  # the base is of another history than this writer's: not current
-        extra = [count, leaves, "" if base is None else str(base.version)]
+        extra = [len(specs), leaves, "" if base is None else str(base.version)]
         # Keys under this fresh token are this push's alone, until the publish script
         # is sent: from then on the server may have published them, so never delete.
         ours = True

@@ -22,6 +22,8 @@ from varsync.backends.redis.protocol import (
     PEEK_BYTES,
     TableHead,
     parse_head,
+    parse_layout,
+    text,
 )
 from varsync.backends.redis.router import Route, Router
 from varsync.backends.redis.tables import Catalog, Stored, read_stored, signature_changed
@@ -112,14 +114,48 @@ class Reader:
 
         return answer(self._router.read(self._catalog.keys(name).head, deadline, look))
 
+    def details(self, name: str) -> dict[str, Any]:
+        """What ``table_info`` shows of the table's head, read on the primary."""
+        head = self._catalog.keys(name).head
+        raw = self._router.primary.client.call(
+            "HMGET",
+            head,
+            "epoch",
+            "version",
+            "data",
+            "layout",
+            "retained",
+            "spare",
+            "fmt",
+            "segments",
+        )
+        epoch, _, data, layout, retained, spare, fmt, segments = (text(x) for x in raw)
+        total, payload, chunks = parse_layout(self._where(name), layout) if layout else (0, 0, 0)
+        return {
+            "server": self._address,
+            "head_key": head,
+            "epoch": epoch,
+            "data_token": data,
+            "stored_bytes": total,
+            "chunk_payload": payload,
+            "chunks": chunks,
+            "retained_versions": len(retained.split(",")) if retained else 0,
+            "spare_version": bool(spare),
+            "layout_format": fmt,  # "2": the current version was composed by write_leaves
+            "segments": len(segments.split(",")) if segments else 0,
+        }
+
     # -- the stored signature --------------------------------------------------------------
 
     def stored(self, name: str, deadline: float = math.inf) -> Stored | None:
         """The table's signature as the primary holds it now, with its epoch (``None``:
         no table)."""
-        return read_stored(
+        stored = read_stored(
             self._router.primary.client, self._catalog, name, self._address, deadline
         )
+        if stored is not None:  # the primary's epoch: a replica's answers are of it now
+            self._router.floors.raise_to(name, stored.epoch, 0)
+        return stored
 
     def _check_signature(
         self, name: str, epoch: str, specs: Sequence[Spec], deadline: float
