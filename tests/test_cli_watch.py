@@ -3,6 +3,7 @@ view in a real terminal (tmux, on a private socket) while a writer pushes."""
 
 import contextlib
 import json
+import math
 import os
 import queue
 import re
@@ -171,10 +172,10 @@ def report(store, table, reader, host="node-1", version=3):
     if not store.backend.supports_reader_registry:
         pytest.skip(f"{type(store.backend).__name__} keeps no reader registry")
     now = time.time()
-    epoch = history_key(store.backend.current_history(table))  # listed: of the table's history
+    epoch = history_key(store.backend.head(table, math.inf).epoch)  # listed: of its history
     record = json.dumps({"host": host, "pid": 1, "version": version, "at": now,
                          "reported": now, "expires": now + 60, "epoch": epoch})
-    store.backend.report_reader(table, reader, record, 60)
+    store.backend.report_reader(table, reader, record, 60, math.inf)
 
 
 def reader_rows(out):

@@ -46,7 +46,7 @@ class TestRedisConformance(ConformanceTests):
 
         def restart(url: str, table: str) -> None:
             with varsync.connect(url) as container:
-                pattern = container.backend._keys(table).head[: -len("head")] + "*"
+                pattern = container.backend.keys(table).head[: -len("head")] + "*"
             with redis.Redis.from_url(redis_url.split("?")[0]) as admin:
                 for key in list(admin.scan_iter(match=pattern, count=1000)):
                     admin.delete(key)
@@ -168,7 +168,7 @@ def test_push_sends_array_memory_without_copying_it(server: Any) -> None:
 
 
 def test_a_pull_whose_version_is_retired_mid_read_starts_again_from_the_head(
-    redis_namespace: Any,
+    redis_namespace: Any, monkeypatch: Any
 ) -> None:
     url = redis_namespace(chunk_size=4096, keep=0)
     # Three chunks: a version of one small chunk comes with its head (the peek script),
@@ -177,16 +177,16 @@ def test_a_pull_whose_version_is_retired_mid_read_starts_again_from_the_head(
     with varsync.connect(url) as writer, varsync.connect(url) as reader:
         writer.create_table("variables", three_chunks)
         writer.push(filled(three_chunks, 1))
-        backend = reader.backend
-        fetch = backend._fetch
+        fetch = reader.backend.reader.fetch
+        whole = fetch.whole
         retire = [2, 3]  # pushed between the reader's head read and its chunk reads
 
         def fetch_after_newer_pushes(*args: Any) -> Any:
             while retire:
                 writer.push(filled(three_chunks, retire.pop(0)))
-            return fetch(*args)
+            return whole(*args)
 
-        backend._fetch = fetch_after_newer_pushes
+        monkeypatch.setattr(fetch, "whole", fetch_after_newer_pushes)
         version, values = reader.pull_if_newer(0)
         assert (version, check_consistent(values)) == (3, 3)
         assert reader.table_info().details["pulls_restarted"] == 1

@@ -95,7 +95,7 @@ class TestConformanceOnACluster(
 
         def restart(url: str, table: str) -> None:
             with varsync.connect(url) as container:
-                head = container.backend._keys(table).head
+                head = container.backend.keys(table).head
             for port, keys in _keys_of_table(shared_redis_cluster, head).items():
                 node = next(n for n in shared_redis_cluster.nodes if n.port == port)
                 with node.client() as admin:
@@ -118,7 +118,7 @@ def test_tables_spread_over_the_primaries_and_each_lies_on_one_node(
         holders: Set[int] = set()
         for number, name in enumerate(names):
             assert check_consistent(container.pull(table=name)) == number + 100
-            head = container.backend._keys(name).head
+            head = container.backend.keys(name).head
             found = _keys_of_table(shared_redis_cluster, head)
             assert len(found) == 1, f"{name}'s keys lie on {sorted(found)}"
             port, keys = found.popitem()
@@ -132,7 +132,7 @@ def test_tables_spread_over_the_primaries_and_each_lies_on_one_node(
     for _ in range(12):
         with varsync.connect(shared_redis_cluster.url(namespace=_namespace())) as container:
             container.create_table("variables", SIGNATURE)
-            spread.add(shared_redis_cluster.owner_of(container.backend._keys("variables").head))
+            spread.add(shared_redis_cluster.owner_of(container.backend.keys("variables").head))
     assert len(spread) >= 2
 
 
@@ -144,15 +144,15 @@ def test_a_stale_slot_map_follows_moved_for_pulls_pushes_and_waits(
         writer.create_table("variables", SIGNATURE)
         writer.push(filled(SIGNATURE, 1))
         assert check_consistent(reader.pull()) == 1
-        head = writer.backend._keys("variables").head
+        head = writer.backend.keys("variables").head
         source = shared_redis_cluster.owner_of(head)
         target = next(n for n in shared_redis_cluster.nodes if n is not source)
         shared_redis_cluster.migrate_slot(slot_of(head), target)
         assert shared_redis_cluster.owner_of(head) is target
 
-        before = reader.backend._client.redirections
+        before = reader.backend.primary.redirections
         assert reader.pull_if_newer(1) is None  # its map still names the old owner
-        assert reader.backend._client.redirections > before
+        assert reader.backend.primary.redirections > before
         assert writer.push(filled(SIGNATURE, 2)) == 2  # so does the writer's
         assert check_consistent(reader.pull()) == 2
 
@@ -174,7 +174,7 @@ def test_pulls_follow_ask_mid_migration_and_pushes_wait_for_it_to_end(
     with varsync.connect(url, timeout=20) as writer, varsync.connect(url) as reader:
         writer.create_table("variables", SIGNATURE)
         writer.push(filled(SIGNATURE, 1))
-        head = writer.backend._keys("variables").head
+        head = writer.backend.keys("variables").head
         source = shared_redis_cluster.owner_of(head)
         target = next(n for n in shared_redis_cluster.nodes if n is not source)
         migration = shared_redis_cluster.begin_migration(slot_of(head), target)
@@ -182,9 +182,9 @@ def test_pulls_follow_ask_mid_migration_and_pushes_wait_for_it_to_end(
         total = migration.remaining()
         while migration.remaining() > total // 2:
             migration.move_keys(3)
-        before = reader.backend._client.redirections
+        before = reader.backend.primary.redirections
         assert check_consistent(reader.pull()) == 1
-        assert reader.backend._client.redirections > before  # ASK followed
+        assert reader.backend.primary.redirections > before  # ASK followed
 
         pushed: List[int] = []
         pushing = threading.Thread(target=lambda: pushed.append(
@@ -211,7 +211,7 @@ def test_a_small_pull_whose_chunk_left_mid_migration_follows_it(
     with varsync.connect(url, timeout=20) as writer, varsync.connect(url, timeout=5) as reader:
         writer.create_table("variables", SIGNATURE)  # 17 KB: one chunk
         writer.push(filled(SIGNATURE, 1))
-        head = writer.backend._keys("variables").head
+        head = writer.backend.keys("variables").head
         source = shared_redis_cluster.owner_of(head)
         target = next(n for n in shared_redis_cluster.nodes if n is not source)
         migration = shared_redis_cluster.begin_migration(slot_of(head), target)
@@ -221,9 +221,9 @@ def test_a_small_pull_whose_chunk_left_mid_migration_follows_it(
                     "CLUSTER", "GETKEYSINSLOT", slot_of(head), 100)]
                 (chunk,) = [k for k in keys if ":d:" in k]
                 admin.migrate("127.0.0.1", target.port, chunk, 0, 5000)
-            before = reader.backend._client.redirections
+            before = reader.backend.primary.redirections
             assert check_consistent(reader.pull()) == 1  # within its 5 s timeout
-            assert reader.backend._client.redirections > before  # ASK followed
+            assert reader.backend.primary.redirections > before  # ASK followed
         finally:
             migration.finish()
         assert check_consistent(reader.pull()) == 1
@@ -245,7 +245,7 @@ def test_a_table_resharded_back_and_forth_while_readers_pull_stays_whole(
     with varsync.connect(url, timeout=20) as writer:
         writer.create_table("variables", signature)
         writer.push(filled(signature, 1))
-        head = writer.backend._keys("variables").head
+        head = writer.backend.keys("variables").head
         slot = slot_of(head)
         stop = threading.Event()
         errors: List[BaseException] = []
@@ -349,7 +349,7 @@ def test_a_publish_stopped_by_a_migrating_slot_changes_nothing(
         writer.create_table("variables", SIGNATURE)
         writer.push(filled(SIGNATURE, 1))
         backend = writer.backend
-        keys = backend._keys("variables")
+        keys = backend.keys("variables")
         source = shared_redis_cluster.owner_of(keys.head)
         target = next(n for n in shared_redis_cluster.nodes if n is not source)
         with source.client() as admin:
@@ -362,7 +362,8 @@ def test_a_publish_stopped_by_a_migrating_slot_changes_nothing(
         payload = backend.chunk_size - wire.CHUNK_SLACK
         total = sum(a.nbytes for a in arrays)
         chunks = -(-total // payload)
-        sent = backend._send_chunks(keys.chunks + token.hex() + ":", token, arrays, payload)
+        publisher = backend.publisher
+        sent = publisher.send_chunks(keys.chunks + token.hex() + ":", token, arrays, payload)
         assert sent.error is None
         migration = shared_redis_cluster.begin_migration(slot_of(keys.head), target)
         with source.client() as admin:  # only the chunks version 1 retires (keep=0) move
@@ -370,10 +371,11 @@ def test_a_publish_stopped_by_a_migrating_slot_changes_nothing(
             assert doomed
             admin.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000,
                                   "KEYS", *doomed)
-        table = backend._known_table("variables")
+        written = publisher.written("variables")
+        assert written is not None
         with pytest.raises(redis.exceptions.TryAgainError, match="non local key"):
-            backend._publish(keys, table, token.hex(), f"{total}:{payload}:{chunks}", chunks,
-                             False, [len(arrays), "", ""])
+            publisher.publish(keys, written, token.hex(), f"{total}:{payload}:{chunks}",
+                              chunks, False, [len(arrays), "", ""])
         with source.client() as admin:
             assert admin.hgetall(keys.head) == head_before
             assert admin.xlen(keys.events) == stream_before
@@ -419,7 +421,7 @@ def test_a_killed_primary_fails_over_to_its_replica_and_pushes_and_pulls_go_on(
                 writer.push(filled(SIGNATURE, number))
             held = reader.pull_if_newer(0)
             assert held is not None and check_consistent(held[1]) == 3
-            head = writer.backend._keys("variables").head
+            head = writer.backend.keys("variables").head
             doomed = cluster.owner_of(head)
             (replica,) = cluster.replicas_of(doomed)
             doomed.kill()

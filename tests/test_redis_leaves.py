@@ -9,6 +9,7 @@ in tests/test_redis_backend.py's conformance classes.)"""
 from __future__ import annotations
 
 import importlib.util
+import math
 import random
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import pytest
 from redis_fixtures import ReplyCutter, command_calls, table_head
 
 import varsync
+from varsync.backend import Head, LeafRead
 
 redis = pytest.importorskip("redis")
 from varsync.backends.redis.protocol import PUBLISH as _PUBLISH_SCRIPT  # noqa: E402
@@ -36,6 +38,35 @@ def server(redis_servers: Any) -> Any:
 
 def specs_of(signature: Any) -> List[varsync.Spec]:
     return list(varsync.flatten(signature))
+
+
+# The backend's own calls (protocol v1), on table "variables", with versions as numbers.
+
+
+def write(backend: Any, arrays: List[np.ndarray], specs: Sequence[varsync.Spec]) -> int:
+    return int(backend.write("variables", arrays, specs, math.inf).version)
+
+
+def write_leaves(backend: Any, leaves: Dict[int, np.ndarray], specs: Sequence[varsync.Spec],
+                 base: Optional[Head] = None) -> int:
+    """The new version, or 0 if the backend refused (``None``)."""
+    head = backend.write_leaves("variables", leaves, specs, base, math.inf)
+    return 0 if head is None else int(head.version)
+
+
+def read_leaves(backend: Any, held: int, specs: Sequence[varsync.Spec]) -> LeafRead:
+    return backend.read_leaves("variables", held, math.inf, specs)
+
+
+def read_numbered(backend: Any, held: int, specs: Sequence[varsync.Spec]) -> Any:
+    """``(version, leaf versions, arrays)``."""
+    head, versions, arrays = read_leaves(backend, held, specs)
+    return head.version, versions, arrays
+
+
+def leaf_versions(backend: Any) -> Any:
+    head, versions = backend.leaf_versions("variables", math.inf)
+    return head.version, versions
 
 
 def filled_leaf(spec: varsync.Spec, number: int) -> np.ndarray:
@@ -85,24 +116,23 @@ def test_partial_pushes_compose_with_the_current_version_leaf_by_leaf(server: An
             varsync.connect(server.url) as reader:
         writer.create_table("variables", MIXED)
         backend = writer.backend
-        assert backend.write("variables", [filled_leaf(s, 1) for s in specs], specs) == 1
+        assert write(backend, [filled_leaf(s, 1) for s in specs], specs) == 1
         model, versions = [1] * len(specs), [1] * len(specs)
         held = 1
         for version in range(2, 60):
             if version % 13 == 0:  # now and then a whole write, which resets every leaf
-                assert backend.write("variables", [filled_leaf(s, version) for s in specs],
+                assert write(backend, [filled_leaf(s, version) for s in specs],
                                      specs) == version
                 model, versions = [version] * len(specs), [version] * len(specs)
             else:
                 chosen = rng.sample(range(len(specs)), rng.randint(0, 3))
                 leaves = {i: filled_leaf(specs[i], version) for i in chosen}
-                assert backend.write_leaves("variables", leaves, specs) == version
+                assert write_leaves(backend, leaves, specs) == version
                 for i in chosen:
                     model[i], versions[i] = version, version
-            assert backend.leaf_versions("variables") == (version, versions)
-            got, leaf_versions, arrays = reader.backend.read_leaves(
-                "variables", held, None, specs)
-            assert got == version and leaf_versions == versions and arrays is not None
+            assert leaf_versions(backend) == (version, versions)
+            got, got_versions, arrays = read_numbered(reader.backend, held, specs)
+            assert got == version and got_versions == versions and arrays is not None
             for i, array in enumerate(arrays):
                 if versions[i] > held:
                     assert array is not None and array.shape == specs[i].shape
@@ -119,11 +149,11 @@ def test_a_pull_that_finds_nothing_newer_is_one_small_request(server: Any) -> No
     specs = specs_of(MIXED)
     with varsync.connect(server.url) as store, server.client() as admin:
         store.create_table("variables", MIXED)
-        store.backend.write("variables", [filled_leaf(s, 1) for s in specs], specs)
-        store.backend.write_leaves("variables", {0: filled_leaf(specs[0], 2)}, specs)
-        assert store.backend.read_leaves("variables", 2, None, specs) == (2, None, None)
+        write(store.backend, [filled_leaf(s, 1) for s in specs], specs)
+        write_leaves(store.backend, {0: filled_leaf(specs[0], 2)}, specs)
+        assert read_numbered(store.backend, 2, specs) == (2, None, None)
         before = command_calls(admin)  # the server has the peek script now
-        assert store.backend.read_leaves("variables", 2, None, specs) == (2, None, None)
+        assert read_numbered(store.backend, 2, specs) == (2, None, None)
         after = command_calls(admin)
     ran = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     # the peek script, whose one HMGET finds nothing newer
@@ -140,13 +170,13 @@ def test_a_pull_of_one_changed_leaf_of_50_moves_about_that_leafs_bytes(server: A
     with varsync.connect(server.url) as writer, varsync.connect(server.url) as reader, \
             server.client() as admin:
         writer.create_table("variables", signature)
-        writer.backend.write("variables", [filled_leaf(s, 1) for s in specs], specs)
-        assert numbers(reader.backend.read_leaves("variables", 0, None, specs)[2]) == [1] * 50
-        writer.backend.write_leaves("variables", {17: filled_leaf(specs[17], 2)}, specs)
+        write(writer.backend, [filled_leaf(s, 1) for s in specs], specs)
+        assert numbers(read_numbered(reader.backend, 0, specs)[2]) == [1] * 50
+        write_leaves(writer.backend, {17: filled_leaf(specs[17], 2)}, specs)
         baseline = sent_bytes(admin)
         info = sent_bytes(admin) - baseline  # what one INFO reply itself costs
         start = sent_bytes(admin)
-        version, versions, arrays = reader.backend.read_leaves("variables", 1, None, specs)
+        version, versions, arrays = read_numbered(reader.backend, 1, specs)
         moved = sent_bytes(admin) - start - info
         assert version == 2 and versions == [1] * 17 + [2] + [1] * 32
         assert arrays is not None and numbers(arrays) == [None] * 17 + [2] + [None] * 32
@@ -166,14 +196,13 @@ def test_a_pull_fetches_only_the_chunks_covering_the_leaves_it_needs(server: Any
     with varsync.connect(server.url + "?chunk_size=65536") as writer, \
             varsync.connect(server.url) as reader, server.client() as admin:
         writer.create_table("variables", signature)
-        writer.backend.write("variables", [filled_leaf(s, 1) for s in specs], specs)
-        writer.backend.write_leaves(
-            "variables", {i: filled_leaf(specs[i], 2) for i in range(10) if i != 3}, specs)
-        writer.backend.write_leaves("variables", {0: filled_leaf(specs[0], 3)}, specs)
+        write(writer.backend, [filled_leaf(s, 1) for s in specs], specs)
+        write_leaves(writer.backend, {i: filled_leaf(specs[i], 2) for i in range(10) if i != 3}, specs)
+        write_leaves(writer.backend, {0: filled_leaf(specs[0], 3)}, specs)
         # a reader that holds nothing needs leaf 3 from version 1's segment, the rest from
         # the two partial ones: about the value's size, not the three segments'
         start = sent_bytes(admin)
-        _, versions, arrays = reader.backend.read_leaves("variables", 0, None, specs)
+        _, versions, arrays = read_numbered(reader.backend, 0, specs)
         moved = sent_bytes(admin) - start
         assert versions == [3, 2, 2, 1, 2, 2, 2, 2, 2, 2]
         assert numbers(arrays or []) == [3, 2, 2, 1, 2, 2, 2, 2, 2, 2]
@@ -192,16 +221,16 @@ def test_a_leaf_unchanged_for_10000_versions_stays_readable_and_keys_stay_bounde
     with varsync.connect(server.url + "?keep=1") as writer, \
             varsync.connect(server.url) as reader, server.client() as admin:
         writer.create_table("variables", signature)
-        writer.backend.write("variables", [filled_leaf(s, 1) for s in specs], specs)
+        write(writer.backend, [filled_leaf(s, 1) for s in specs], specs)
         most = 0
         for version in range(2, 10_002):
             leaves = {1: filled_leaf(specs[1], version)}
             if version % 7 == 0:
                 leaves[2] = filled_leaf(specs[2], version)
-            assert writer.backend.write_leaves("variables", leaves, specs) == version
+            assert write_leaves(writer.backend, leaves, specs) == version
             if version % 500 == 0:
                 most = max(most, admin.dbsize())
-                _, versions, arrays = reader.backend.read_leaves("variables", 0, None, specs)
+                _, versions, arrays = read_numbered(reader.backend, 0, specs)
                 assert versions is not None and versions[0] == 1
                 assert numbers(arrays or [])[:2] == [1, version]
         # head, events, tables, and the chunks of the segments that the current version
@@ -224,11 +253,10 @@ def test_recycling_never_overwrites_a_segment_a_retained_version_references(
     with varsync.connect(server.url + "?keep=1&chunk_size=1048576&recycle_from=4194304") as writer, \
             varsync.connect(server.url) as reader, server.client() as admin:
         writer.create_table("variables", signature)
-        writer.backend.write("variables", [filled_leaf(s, 1) for s in specs], specs)
+        write(writer.backend, [filled_leaf(s, 1) for s in specs], specs)
         counts = []
         for version in range(2, 14):
-            assert writer.backend.write_leaves(
-                "variables", {1: filled_leaf(specs[1], version)}, specs) == version
+            assert write_leaves(writer.backend, {1: filled_leaf(specs[1], version)}, specs) == version
             counts.append(len(chunk_keys(admin)))
             assert numbers(varsync.flatten(reader.pull())) == [1, version]
         head = table_head(server)
@@ -242,12 +270,12 @@ def test_a_whole_write_after_partial_ones_goes_back_to_format_1(server: Any) -> 
     specs = specs_of(MIXED)
     with varsync.connect(server.url + "?keep=0") as store, server.client() as admin:
         store.create_table("variables", MIXED)
-        store.backend.write("variables", [filled_leaf(s, 1) for s in specs], specs)
+        write(store.backend, [filled_leaf(s, 1) for s in specs], specs)
         assert table_head(server)["fmt"] == "1"
-        store.backend.write_leaves("variables", {0: filled_leaf(specs[0], 2)}, specs)
+        write_leaves(store.backend, {0: filled_leaf(specs[0], 2)}, specs)
         head = table_head(server)
         assert head["fmt"] == "2" and head["leaves"].startswith("2|")
-        store.backend.write("variables", [filled_leaf(s, 3) for s in specs], specs)
+        write(store.backend, [filled_leaf(s, 3) for s in specs], specs)
         head = table_head(server)
         assert head["fmt"] == "1" and head["leaves"] == ""
         # keep=0: only the whole version's segment is left
@@ -262,14 +290,13 @@ def test_leaves_on_a_stale_base_return_0_and_publish_nothing(server: Any) -> Non
     specs = specs_of(MIXED)
     with varsync.connect(server.url) as store, server.client() as admin:
         store.create_table("variables", MIXED)
-        store.backend.write("variables", [filled_leaf(s, 1) for s in specs], specs)
-        assert store.backend.write_leaves(
-            "variables", {0: filled_leaf(specs[0], 2)}, specs, base=1) == 2
+        write(store.backend, [filled_leaf(s, 1) for s in specs], specs)
+        base = Head(1, table_head(server)["epoch"])
+        assert write_leaves(store.backend, {0: filled_leaf(specs[0], 2)}, specs, base) == 2
         before, keys = table_head(server), chunk_keys(admin)
-        assert store.backend.write_leaves(
-            "variables", {0: filled_leaf(specs[0], 3)}, specs, base=1) == 0
+        assert write_leaves(store.backend, {0: filled_leaf(specs[0], 3)}, specs, base) == 0
         assert table_head(server) == before and chunk_keys(admin) == keys
-        assert store.backend.read_leaves("variables", 0, None, specs)[0] == 2
+        assert read_numbered(store.backend, 0, specs)[0] == 2
 
 
 def test_leaves_into_an_empty_table_return_0_for_the_core_to_write_the_whole(
@@ -278,9 +305,9 @@ def test_leaves_into_an_empty_table_return_0_for_the_core_to_write_the_whole(
     specs = specs_of(MIXED)
     with varsync.connect(server.url) as store, server.client() as admin:
         store.create_table("variables", MIXED)
-        assert store.backend.write_leaves("variables", {0: filled_leaf(specs[0], 1)}, specs) == 0
+        assert write_leaves(store.backend, {0: filled_leaf(specs[0], 1)}, specs) == 0
         assert table_head(server)["version"] == "0" and chunk_keys(admin) == []
-        assert store.backend.leaf_versions("variables") == (0, [0] * len(specs))
+        assert leaf_versions(store.backend) == (0, [0] * len(specs))
 
 
 def test_a_reset_between_versions_is_a_reset_error_for_a_holder_never_mixed_leaves(
@@ -290,31 +317,31 @@ def test_a_reset_between_versions_is_a_reset_error_for_a_holder_never_mixed_leav
     with varsync.connect(server.url) as writer, varsync.connect(server.url) as reader, \
             server.client() as admin:
         writer.create_table("variables", MIXED)
-        writer.backend.write("variables", [filled_leaf(s, 1) for s in specs], specs)
-        writer.backend.write_leaves("variables", {0: filled_leaf(specs[0], 2)}, specs)
-        held, _, _ = reader.backend.read_leaves("variables", 0, None, specs)
+        write(writer.backend, [filled_leaf(s, 1) for s in specs], specs)
+        write_leaves(writer.backend, {0: filled_leaf(specs[0], 2)}, specs)
+        held_head = read_leaves(reader.backend, 0, specs).head
+        held = held_head.version
         assert held == 2
         admin.flushall()  # the server lost its data
         # the writer's leaves are deltas of a history that is gone: nothing is composed
-        assert writer.backend.write_leaves("variables", {1: filled_leaf(specs[1], 3)}, specs) == 0
+        assert write_leaves(writer.backend, {1: filled_leaf(specs[1], 3)}, specs) == 0
         assert chunk_keys(admin) == []
         with varsync.connect(server.url) as other:  # another writer starts a new history
             other.create_table("variables", MIXED)
-            other.backend.write("variables", [filled_leaf(s, 7) for s in specs], specs)
+            write(other.backend, [filled_leaf(s, 7) for s in specs], specs)
             for _ in range(2, 5):  # past the version the reader holds
-                other.backend.write_leaves("variables", {0: filled_leaf(specs[0], 8)}, specs)
-        with pytest.raises(varsync.TableResetError):
-            reader.backend.read_leaves("variables", held, None, specs)
-        version, versions, arrays = reader.backend.read_leaves("variables", 0, None, specs)
+                write_leaves(other.backend, {0: filled_leaf(specs[0], 8)}, specs)
+        # another epoch: the core drops the answer and raises TableResetError
+        assert read_leaves(reader.backend, held, specs).head.epoch != held_head.epoch
+        version, versions, arrays = read_numbered(reader.backend, 0, specs)
         assert version == 4 and versions == [4, 1, 1, 1, 1, 1]
         assert [n for n in numbers(arrays or []) if n is not None] == [8, 7, 7, 7, 7]
         # the first writer: leaves on a base of its history are refused; without a base
         # they land on the current version of the new one (whose numbers are all above
         # the leaf versions it keeps)
-        assert writer.backend.write_leaves(
-            "variables", {1: filled_leaf(specs[1], 9)}, specs, base=2) == 0
-        assert writer.backend.write_leaves("variables", {1: filled_leaf(specs[1], 9)}, specs) == 5
-        version, versions, arrays = reader.backend.read_leaves("variables", 4, None, specs)
+        assert write_leaves(writer.backend, {1: filled_leaf(specs[1], 9)}, specs, held_head) == 0
+        assert write_leaves(writer.backend, {1: filled_leaf(specs[1], 9)}, specs) == 5
+        version, versions, arrays = read_numbered(reader.backend, 4, specs)
         assert version == 5 and versions == [4, 5, 1, 1, 1, 1]
         assert numbers(arrays or []) == [None, 9, None, None, None, None]
 
@@ -330,16 +357,15 @@ def test_a_partial_push_whose_chunk_reply_is_lost_leaves_the_previous_version(
         via = f"redis://127.0.0.1:{cutter.port}/0?chunk_size=4096"
         with varsync.connect(via, timeout=10) as writer:
             writer.create_table("variables", MIXED)
-            writer.backend.write("variables", [filled_leaf(s, 1) for s in specs], specs)
-            writer.backend.write_leaves("variables", {0: filled_leaf(specs[0], 2)}, specs)
+            write(writer.backend, [filled_leaf(s, 1) for s in specs], specs)
+            write_leaves(writer.backend, {0: filled_leaf(specs[0], 2)}, specs)
             before, keys = table_head(server), chunk_keys(admin)
             cutter.cut_reply_to(b"$3\r\nSET\r\n")
             with pytest.raises(varsync.BackendConnectionError):
-                writer.backend.write_leaves(
-                    "variables", {i: filled_leaf(specs[i], 3) for i in (0, 3, 5)}, specs)
+                write_leaves(writer.backend, {i: filled_leaf(specs[i], 3) for i in (0, 3, 5)}, specs)
             assert cutter.cut == 1
             assert table_head(server) == before and chunk_keys(admin) == keys
-            _, versions, arrays = writer.backend.read_leaves("variables", 0, None, specs)
+            _, versions, arrays = read_numbered(writer.backend, 0, specs)
             assert versions == [2, 1, 1, 1, 1, 1] and numbers(arrays or [])[0] == 2
 
 
@@ -351,43 +377,39 @@ def test_a_partial_push_whose_publish_answer_is_lost_keeps_what_the_server_publi
         via = f"redis://127.0.0.1:{cutter.port}/0"
         with varsync.connect(via, timeout=10) as writer:
             writer.create_table("variables", MIXED)
-            writer.backend.write("variables", [filled_leaf(s, 1) for s in specs], specs)
+            write(writer.backend, [filled_leaf(s, 1) for s in specs], specs)
             cutter.cut_reply_to(_PUBLISH_SCRIPT.sha.encode())
             with pytest.raises(varsync.BackendConnectionError, match="may have published"):
-                writer.backend.write_leaves("variables", {4: filled_leaf(specs[4], 2)}, specs)
+                write_leaves(writer.backend, {4: filled_leaf(specs[4], 2)}, specs)
             assert cutter.cut == 1
-            _, versions, arrays = reader.backend.read_leaves("variables", 0, None, specs)
+            _, versions, arrays = read_numbered(reader.backend, 0, specs)
             assert versions == [1, 1, 1, 1, 2, 1] and numbers(arrays or [])[4] == 2
             # the writer carries on on top of what was published
-            assert writer.backend.write_leaves(
-                "variables", {0: filled_leaf(specs[0], 3)}, specs) == 3
-        _, versions, _ = reader.backend.read_leaves("variables", 0, None, specs)
+            assert write_leaves(writer.backend, {0: filled_leaf(specs[0], 3)}, specs) == 3
+        _, versions, _ = read_numbered(reader.backend, 0, specs)
         assert versions == [3, 1, 1, 1, 2, 1]
 
 
-def test_a_pull_restarts_when_a_segment_it_needs_is_retired_mid_read(server: Any) -> None:
+def test_a_pull_restarts_when_a_segment_it_needs_is_retired_mid_read(
+    server: Any, monkeypatch: Any
+) -> None:
     specs = specs_of(MIXED)
     with varsync.connect(server.url + "?keep=0&chunk_size=4096") as writer, \
             varsync.connect(server.url) as reader:
         writer.create_table("variables", MIXED)
-        writer.backend.write("variables", [filled_leaf(s, 1) for s in specs], specs)
-        writer.backend.write_leaves("variables", {0: filled_leaf(specs[0], 2)}, specs)
-        from varsync.backends.redis import leaves as module
-
-        fetch = module._fetch
+        write(writer.backend, [filled_leaf(s, 1) for s in specs], specs)
+        write_leaves(writer.backend, {0: filled_leaf(specs[0], 2)}, specs)
+        fetch = reader.backend.reader.fetch
+        leaves = fetch.leaves
         retire = [3, 4]
 
         def fetch_after_newer_pushes(*args: Any) -> Any:
             while retire:  # leaf 0 again, twice: version 2's segment is retired (keep=0)
-                writer.backend.write_leaves(
-                    "variables", {0: filled_leaf(specs[0], retire.pop(0))}, specs)
-            return fetch(*args)
+                write_leaves(writer.backend, {0: filled_leaf(specs[0], retire.pop(0))}, specs)
+            return leaves(*args)
 
-        module._fetch = fetch_after_newer_pushes
-        try:
-            version, _, arrays = reader.backend.read_leaves("variables", 1, None, specs)
-        finally:
-            module._fetch = fetch
+        monkeypatch.setattr(fetch, "leaves", fetch_after_newer_pushes)
+        version, _, arrays = read_numbered(reader.backend, 1, specs)
         assert version == 4 and numbers(arrays or [])[0] == 4
         assert reader.backend.pulls_restarted == 1
 
@@ -424,12 +446,12 @@ def test_older_readers_read_whole_writes_and_refuse_composed_versions_clearly(
     specs = specs_of(MIXED)
     with varsync.connect(server.url) as store:
         store.create_table("variables", MIXED)
-        store.backend.write("variables", [filled_leaf(s, 1) for s in specs], specs)
+        write(store.backend, [filled_leaf(s, 1) for s in specs], specs)
         old_check_format("table 'variables'", table_head(server)["fmt"])  # reads it
-        store.backend.write_leaves("variables", {0: filled_leaf(specs[0], 2)}, specs)
+        write_leaves(store.backend, {0: filled_leaf(specs[0], 2)}, specs)
         with pytest.raises(varsync.CorruptDataError, match="newer varsync wrote it"):
             old_check_format("table 'variables'", table_head(server)["fmt"])
-        store.backend.write("variables", [filled_leaf(s, 3) for s in specs], specs)
+        write(store.backend, [filled_leaf(s, 3) for s in specs], specs)
         old_check_format("table 'variables'", table_head(server)["fmt"])
 
 
@@ -438,14 +460,14 @@ def test_details_and_the_head_stay_small_with_many_leaves(server: Any) -> None:
     specs = specs_of(signature)
     with varsync.connect(server.url) as store:
         store.create_table("variables", signature)
-        store.backend.write("variables", [filled_leaf(s, 1) for s in specs], specs)
+        write(store.backend, [filled_leaf(s, 1) for s in specs], specs)
         for version in range(2, 12):
-            store.backend.write_leaves("variables", {version: filled_leaf(specs[version], version)},
+            write_leaves(store.backend, {version: filled_leaf(specs[version], version)},
                                        specs)
         head: Dict[str, str] = table_head(server)
         # unchanged leaves of the whole segment cost one short entry each
         assert len(head["leaves"]) < 500 * 3 + 10 * 12, len(head["leaves"])
-        assert store.backend.leaf_versions("variables")[1][:12] == [1, 1] + list(range(2, 12))
+        assert leaf_versions(store.backend)[1][:12] == [1, 1] + list(range(2, 12))
 
 
 def test_a_head_written_before_leaf_versions_takes_partial_pushes_and_retires_its_chunks(
@@ -456,13 +478,13 @@ def test_a_head_written_before_leaf_versions_takes_partial_pushes_and_retires_it
             server.client() as admin:
         store.create_table("variables", MIXED)
         for version in (1, 2, 3):
-            store.backend.write("variables", [filled_leaf(s, version) for s in specs], specs)
+            write(store.backend, [filled_leaf(s, version) for s in specs], specs)
         # what a varsync before leaf versions leaves: no segments, retained items only
         admin.hdel("varsync::variables:head", "segments", "leaves")
         whole = len(chunk_keys(admin)) // 2  # chunks of one whole version
         for version in (4, 5, 6):
-            store.backend.write_leaves("variables", {0: filled_leaf(specs[0], version)}, specs)
-        _, versions, arrays = store.backend.read_leaves("variables", 0, None, specs)
+            write_leaves(store.backend, {0: filled_leaf(specs[0], version)}, specs)
+        _, versions, arrays = read_numbered(store.backend, 0, specs)
         assert versions == [6, 3, 3, 3, 3, 3] and numbers(arrays or [])[:2] == [6, 3]
         # version 3's whole segment (still referenced), and 5's and 6's of leaf 0: version
         # 2's chunks were retired through the old retained list
@@ -480,14 +502,14 @@ def test_maxmemory_makes_a_partial_push_fail_and_keeps_the_previous_version(
     specs = specs_of(signature)
     with varsync.connect(server.url, chunk_size=MB) as store, server.client() as admin:
         store.create_table("variables", signature)
-        assert store.backend.write("variables", [filled_leaf(s, 1) for s in specs], specs) == 1
+        assert write(store.backend, [filled_leaf(s, 1) for s in specs], specs) == 1
         keys = chunk_keys(admin)
         with pytest.raises(varsync.ItemTooLargeError, match="maxmemory"):
-            store.backend.write_leaves("variables", {1: filled_leaf(specs[1], 2)}, specs)
+            write_leaves(store.backend, {1: filled_leaf(specs[1], 2)}, specs)
         assert chunk_keys(admin) == keys  # the failed push's chunks are gone
-        _, versions, arrays = store.backend.read_leaves("variables", 0, None, specs)
+        _, versions, arrays = read_numbered(store.backend, 0, specs)
         assert versions == [1, 1] and numbers(arrays or []) == [1, 1]
-        assert store.backend.write_leaves("variables", {0: filled_leaf(specs[0], 3)}, specs) == 2
+        assert write_leaves(store.backend, {0: filled_leaf(specs[0], 3)}, specs) == 2
 
 
 #: Damage to a composed head's leaf map, and what the error says.
@@ -509,13 +531,13 @@ def test_a_damaged_leaf_map_is_corrupt_data_never_wrong_arrays(server: Any, dama
     specs = specs_of(MIXED)
     with varsync.connect(server.url) as store, server.client() as admin:
         store.create_table("variables", MIXED)
-        store.backend.write("variables", [filled_leaf(s, 1) for s in specs], specs)
-        store.backend.write_leaves("variables", {0: filled_leaf(specs[0], 2)}, specs)
+        write(store.backend, [filled_leaf(s, 1) for s in specs], specs)
+        write_leaves(store.backend, {0: filled_leaf(specs[0], 2)}, specs)
         head = "varsync::variables:head"
         admin.hset(head, field, change(admin.hget(head, field).decode()))
         with varsync.connect(server.url) as reader:
             with pytest.raises(varsync.CorruptDataError, match=message):
-                reader.backend.read_leaves("variables", 0, None, specs)
+                read_numbered(reader.backend, 0, specs)
             with pytest.raises(varsync.CorruptDataError, match=message):
                 reader.pull()
 
@@ -524,9 +546,9 @@ def test_a_damaged_segment_list_makes_the_publish_script_refuse(server: Any) -> 
     specs = specs_of(MIXED)
     with varsync.connect(server.url) as store, server.client() as admin:
         store.create_table("variables", MIXED)
-        store.backend.write("variables", [filled_leaf(s, 1) for s in specs], specs)
+        write(store.backend, [filled_leaf(s, 1) for s in specs], specs)
         admin.hset("varsync::variables:head", "segments", "1:nothex")
         before = table_head(server)
         with pytest.raises(varsync.CorruptDataError, match="malformed segments"):
-            store.backend.write_leaves("variables", {0: filled_leaf(specs[0], 2)}, specs)
+            write_leaves(store.backend, {0: filled_leaf(specs[0], 2)}, specs)
         assert table_head(server) == before

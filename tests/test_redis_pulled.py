@@ -99,7 +99,7 @@ def test_in_a_pull_loop_one_more_pull_s_memory_is_kept(table: Any) -> None:
         assert all(np.array_equal(params[k], v) for k, v in nest(float(value)).items())
         seen.add(addresses(params)["large"])
     assert len(seen) == 2  # two sets of buffers take turns
-    assert len(store._backend._pulled) <= 4  # two leaves' buffers of two pulls
+    assert len(store.backend.reader.fetch.pulled) <= 4  # two leaves' buffers of two pulls
 
 
 def test_buffers_of_pulls_the_caller_keeps_are_not_kept_past_two_pulls(table: Any) -> None:
@@ -108,11 +108,11 @@ def test_buffers_of_pulls_the_caller_keeps_are_not_kept_past_two_pulls(table: An
     for value in range(1, 8):
         store.push(nest(float(value)))
         history.append(store.pull())
-        assert len(store._backend._pulled) <= 4
+        assert len(store.backend.reader.fetch.pulled) <= 4
     for value, pulled in enumerate(history, 1):
         assert all(np.array_equal(pulled[k], v) for k, v in nest(float(value)).items())
     store.close()
-    assert len(store._backend._pulled) == 0
+    assert len(store.backend.reader.fetch.pulled) == 0
 
 
 def test_reuse_pulled_0_makes_every_array_new(table: Any) -> None:
@@ -124,7 +124,7 @@ def test_reuse_pulled_0_makes_every_array_new(table: Any) -> None:
         assert all(np.array_equal(pulled[k], v) for k, v in nest(1.0).items())
         assert pulled["large"].flags.owndata  # np.empty's own memory
         del pulled
-    assert len(store._backend._pulled) == 0
+    assert len(store.backend.reader.fetch.pulled) == 0
 
 
 def test_a_bad_reuse_pulled_is_refused_by_name(redis_namespace: Callable[..., str]) -> None:

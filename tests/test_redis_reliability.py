@@ -215,14 +215,13 @@ def test_timeout_zero_returns_what_is_there_and_never_blocks(server: Any) -> Non
         version = store.push(filled(SMALL, 1))
         assert check_consistent(store.pull(timeout=0)) == 1
         assert store.pull_if_newer(0, timeout=0)[0] == version
-        assert store.backend.wait("variables", 0, 0) == version
+        assert store.wait_for(0, timeout=0) == version
         xreads = command_calls(admin).get("xread", 0)
-        for call in (lambda: store.backend.wait("variables", version, 0),
-                     lambda: store.wait_for(version, timeout=0)):
-            started = time.monotonic()
-            with pytest.raises(varsync.PullTimeoutError):
-                call()
-            assert time.monotonic() - started < 1
+        started = time.monotonic()
+        with pytest.raises(varsync.PullTimeoutError):
+            store.wait_for(version, timeout=0)
+        assert time.monotonic() - started < 1
+        store.backend.block("variables", version, time.monotonic())  # its deadline is past
         assert command_calls(admin).get("xread", 0) == xreads  # looked once, never blocked
 
 
@@ -242,7 +241,7 @@ def test_a_push_in_doubt_stays_vouched_for_when_the_next_one_is_in_doubt_too(
         with varsync.connect(server.url, timeout=5) as learner:
             learner.create_table("variables", SMALL)
             learner.push(filled(SMALL, 1))
-            table = learner.backend._known.get("variables")
+            table = learner.backend.publisher.written("variables")
             first = table.token
             assert learner.push(filled(SMALL, 2)) == 2  # P: published, and then, as if
             p_token = table.token  # its answer had been lost, the writer's state says:

@@ -7,6 +7,7 @@ the primary; no pull is ever a mix, nor older than one already handed out."""
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 import uuid
@@ -236,14 +237,14 @@ def test_a_slower_thread_never_lowers_the_version_a_container_has_seen(
         writer.create_table("variables", SIGNATURE)
         writer.push(filled(SIGNATURE, 1))
         writer.push(filled(SIGNATURE, 2))
-        epoch = writer.backend.history_of("variables")
+        epoch = writer.backend.head("variables", math.inf).epoch
     wait_linked(*group)
     # replication stops: the replica keeps serving v2
     with cut_off(replica, group[0]), varsync.connect(url["reader"], timeout=10) as container:
         backend = container.backend
-        floors = backend._floors
+        floors = backend.router.floors
         floors._floors = paused = _PausedFloors(floors._floors)
-        slow = threading.Thread(target=backend._saw, args=("variables", epoch, 2))
+        slow = threading.Thread(target=floors.raise_to, args=("variables", epoch, 2))
         slow.start()
         assert paused.entered.wait(10)
         pushed: List[int] = []
@@ -421,7 +422,7 @@ class TestConformanceReadingFromAReplica(
     def new_history(self, shared_group: List[RedisServer]) -> Callable[[str, str], None]:
         def restart(url: str, table: str) -> None:
             with varsync.connect(url) as container:
-                pattern = container.backend._keys(table).head[: -len("head")] + "*"
+                pattern = container.backend.keys(table).head[: -len("head")] + "*"
             with shared_group[0].client() as admin:
                 for key in list(admin.scan_iter(match=pattern, count=1000)):
                     admin.delete(key)

@@ -279,7 +279,7 @@ def test_a_version_only_the_killed_primary_had_is_never_taken_for_a_later_one(
         writer.create_table("variables", LARGE)
         writer.push(filled(LARGE, 1))
         writer.push(filled(LARGE, 2))
-        table = writer.backend._known.get("variables")
+        table = writer.backend.publisher.written("variables")
         second = table.token
         primary_offset = servers[0].client().info("replication")["master_repl_offset"]
         until("the replicas to hold version 2", lambda: all(

@@ -24,31 +24,37 @@ on the previous complete version; once the script is sent the push never deletes
 (the server may have published it), and a writer that dies mid-push leaves chunks that
 expire.
 
-A pull reads the head (one small request; all that ``version`` and an unchanged
-``pull_if_newer`` cost), then that token's chunks straight into preallocated arrays, each
+A pull reads the head (one small request; all that ``head`` and an unchanged
+``read`` cost), then that token's chunks straight into preallocated arrays, each
 checked (magic, token, index, length, CRC-32). A chunk gone means newer versions retired
 it: the pull starts again from the head. A wait is the core's loop; it blocks in
 ``XREAD BLOCK`` on the stream.
 
-The head's ``epoch`` changes whenever the table's history restarts: the table is created
-again after the server lost it, a writer finds the version below one it published (a
-restore of an older snapshot), or the server restarted since the head's version was
-published and this writer did not publish it (the head records the server's ``run_id``),
-so no number is ever reused for another value within one epoch. A reader that holds a
-version of another epoch gets :class:`~varsync.TableResetError` (from the core's
-:class:`~varsync.backend.Histories`); a table whose keys vanished reads as empty (version
-0), so holders of a version get the same error and ``pull`` waits for a writer to publish
-again. A writer publishing to a vanished table creates it again with its signature.
+Every answer names the table's ``epoch``, a token stored in the head and minted anew
+whenever the table's history restarts: the table is created again after the server lost
+it, a writer finds the version below one it published (a restore of an older snapshot),
+or the server restarted since the head's version was published and this writer did not
+publish it (the head records the server's ``run_id``), so no number is ever reused for
+another value within one epoch. The core compares epochs (a holder of a version of
+another one gets :class:`~varsync.TableResetError`); this backend remembers nothing of
+what a caller saw. A table whose keys vanished reads as empty (version 0, no epoch). A
+writer publishing to a vanished table creates it again with its signature. What only
+this backend can see it still reports: a table created again with another signature
+than the caller's specs is a :class:`~varsync.TableResetError` of its own (its data is
+in a layout the caller cannot decode).
 
-Modules: :mod:`.protocol` (keys, head, the loader of the Lua scripts in ``scripts/*.lua``
-and their named replies), :mod:`.readers` (the reader registry), :mod:`.leaves`
-(leaf versions: segments, the leaf map, delta pushes and pulls),
-:mod:`.wire` (the chunk format, its writer and reader), :mod:`.options`, :mod:`.errors`
-(redis-py's exceptions mapped), :mod:`.pool` (connections and requests),
-:mod:`.topology` (reads from replicas, the primary found by Sentinel), :mod:`.cluster`
-(a Redis Cluster's slot map and redirections), :mod:`.waits`
-(the wait loop's look at the head and its XREAD BLOCK),
-:mod:`.backend` (:class:`RedisBackend`).
+The objects, each taking what it uses (:mod:`.backend`'s :class:`RedisBackend` builds
+them and delegates): :class:`~.topology.Topology` (the servers: primary, replica,
+Sentinel; :mod:`.cluster` for a Redis Cluster), :class:`~.router.Router` (where a read
+goes, and whether a replica's answer is trusted), :class:`~.reader.Reader` (heads, pulls,
+leaf versions, waits; chunks by :class:`~.fetch.Fetcher`), :class:`~.publisher.Publisher`
+(creates and pushes), :class:`~.readers.ReaderRegistry`, sharing a
+:class:`~.tables.Catalog` of the tables' keys and stored signatures. Below them:
+:mod:`.protocol` (keys, head, the loader of the Lua scripts in ``scripts/*.lua`` and
+their named replies), :mod:`.leaves` (the leaf map and segments), :mod:`.wire` (the chunk
+format, its writer and reader), :mod:`.pool` (connections and requests), :mod:`.options`,
+:mod:`.errors` (redis-py's exceptions mapped), :mod:`.pulled` and :mod:`.prefault` (a
+pull's memory).
 """
 
 from __future__ import annotations

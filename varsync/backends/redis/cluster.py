@@ -4,7 +4,7 @@ primary that owns its key's slot.
 A table's keys share one hash tag, its namespace and name (:func:`.protocol.keys_of`), so
 one node holds the whole table and one script changes it, as on a single server; tables
 spread over the primaries by their tags' slots. The list of tables is a set key of its
-own slot, added to after the table's creation script (:meth:`RedisBackend._create`).
+own slot, added to after the table's creation script (:meth:`.publisher.Publisher.create`).
 
 The slot map comes from ``CLUSTER SLOTS``, asked of the seed nodes at connect and of any
 reachable node again when a node is lost. Redirections are followed as a cluster client
@@ -41,7 +41,14 @@ from varsync.backends.redis.options import Settings
 from varsync.backends.redis.pool import Client
 from varsync.backends.redis.protocol import Script, text
 
-__all__ = ["ClusterClient", "SlotInMotion", "IN_MOTION", "SETTLE_SECONDS", "in_motion"]
+__all__ = [
+    "ClusterClient",
+    "SlotInMotion",
+    "IN_MOTION",
+    "SETTLE_SECONDS",
+    "in_motion",
+    "settle_deadline",
+]
 
 log = logging.getLogger("varsync.backends.redis")
 
@@ -53,6 +60,12 @@ _PAUSE = (0.005, 0.05)  # first and longest pause between looks at a migrating s
 UNDECLARED_KEYS = ("publish", "claim", "report-reader", "list-readers")
 
 T = TypeVar("T")
+
+
+def settle_deadline(deadline: float, timeout: float | None) -> float:
+    """How long a push or pull waits out a slot in migration: until ``deadline``, and at
+    most the backend's ``timeout`` (:data:`SETTLE_SECONDS` without one)."""
+    return min(deadline, time.monotonic() + (SETTLE_SECONDS if timeout is None else timeout))
 
 
 class SlotInMotion(rx.TryAgainError):
@@ -258,12 +271,11 @@ class ClusterClient:
 
         return ask
 
-    def settled(self, attempt: Callable[[], T], key: str, timeout: float | None) -> T:
+    def settled(self, attempt: Callable[[], T], key: str, deadline: float) -> T:
         """``attempt()`` (a whole push or pull of the table ``key`` is of), again once the
-        slot it met in migration (:data:`IN_MOTION`) is no longer migrating, for at most
-        ``timeout`` seconds (:data:`SETTLE_SECONDS` without one); and again at once
-        after a lost node whose slots the refreshed map gives to another (a failover)."""
-        deadline = time.monotonic() + (SETTLE_SECONDS if timeout is None else timeout)
+        slot it met in migration (:data:`IN_MOTION`) is no longer migrating, until
+        ``deadline`` (see :func:`settle_deadline`); and again at once after a lost node
+        whose slots the refreshed map gives to another (a failover)."""
         moves = 0
         failovers = self.failovers
         while True:

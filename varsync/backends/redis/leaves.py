@@ -27,24 +27,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from varsync.backend import CorruptDataError, LeafSnapshot, PullTimeoutError, Spec
-from varsync.backends.redis import wire
-from varsync.backends.redis.prefault import Prefaulted
-from varsync.backends.redis.protocol import LEAF_FORMAT, Head, parse_layout
-from varsync.signature import flat_specs
-from varsync.signature_json import from_json
+from varsync.backend import CorruptDataError, Spec
+from varsync.backends.redis.protocol import LEAF_FORMAT, TableHead, parse_layout
 
-if TYPE_CHECKING:  # pragma: no cover
-    from varsync.backends.redis.backend import RedisBackend
-
-__all__ = ["read_leaves", "leaf_versions", "write_leaves", "places_of", "parse_segments"]
-
-MAX_RESTARTS = 1000
-_LEAF_FIELDS = ("data", "layout", "leaves", "segments")
+__all__ = [
+    "Segment",
+    "Place",
+    "composed",
+    "places_of",
+    "parse_segments",
+    "plan",
+    "leaf_versions_of",
+    "placed",
+    "token_of",
+]
 
 
 @dataclass(frozen=True)
@@ -64,7 +63,7 @@ class Place:
     offset: int
 
 
-def _token(where: str, text: str | None) -> bytes:
+def token_of(where: str, text: str | None) -> bytes:
     try:
         token = bytes.fromhex(text or "")
         if len(token) == 8:
@@ -93,18 +92,18 @@ def parse_segments(where: str, text: str | None) -> dict[int, Segment]:
         token, _, layout = rest.partition(":")
         segments[_digits(where, "segments", version)] = Segment(
             _digits(where, "segments", version),
-            _token(where, token),
+            token_of(where, token),
             *parse_layout(where, layout),
         )
     return segments
 
 
-def composed(head: Head) -> bool:
+def composed(head: TableHead) -> bool:
     """Whether the head's current version is a composed one (its map is of this version)."""
     return head.fmt == LEAF_FORMAT and (head.leaves or "").startswith(f"{head.version}|")
 
 
-def places_of(where: str, head: Head, specs: Sequence[Spec]) -> list[Place]:
+def places_of(where: str, head: TableHead, specs: Sequence[Spec]) -> list[Place]:
     """Where each leaf of the head's version lies, checked against ``specs``."""
     starts = np.cumsum([0] + [s.nbytes for s in specs]).tolist()
     expected = starts[-1]
@@ -112,7 +111,7 @@ def places_of(where: str, head: Head, specs: Sequence[Spec]) -> list[Place]:
         total, payload, chunks = parse_layout(where, head.layout)
         if total != expected:
             raise CorruptDataError(f"{where} holds {total} bytes; its signature needs {expected}")
-        whole = Segment(head.version, _token(where, head.data), total, payload, chunks)
+        whole = Segment(head.version, token_of(where, head.data), total, payload, chunks)
         return [Place(whole, start) for start in starts[:-1]]
     segments = parse_segments(where, head.segments)
     entries = (head.leaves or "").partition("|")[2]
@@ -142,7 +141,7 @@ def places_of(where: str, head: Head, specs: Sequence[Spec]) -> list[Place]:
     return places
 
 
-def _plan(
+def plan(
     where: str, segment: Segment, wanted: list[tuple[int, memoryview]]
 ) -> tuple[list[int], list[list[memoryview]]]:
     """The chunks of ``segment`` covering ``wanted`` (``(offset, target)``, sorted), and
@@ -195,180 +194,23 @@ def _spans(payload: int, wanted: list[tuple[int, memoryview]]) -> list[tuple[int
     return [(offset // payload, (offset + len(target) - 1) // payload) for offset, target in wanted]
 
 
-def fetch_whole(
-    backend: RedisBackend,
-    name: str,
-    specs: Sequence[Spec],
-    head: Head,
-    chunk_prefix: str,
-    deadline: float,
-) -> list[np.ndarray] | None:
-    """A whole version's arrays (format 1), or ``None`` if one of its chunks is gone."""
-    where = f"{backend._where(name)} version {head.version}"
-    if head.data is None:
-        raise CorruptDataError(f"{where}: its head names no data")
-    total, payload, chunks = parse_layout(backend._where(name), head.layout)
-    expected = sum(s.nbytes for s in specs)
-    if total != expected:
-        raise CorruptDataError(f"{where} holds {total} bytes; its signature needs {expected}")
-    token = _token(where, head.data)
-    made, fresh = backend._pulled.arrays(specs)
-    arrays = [a for a in made if a is not None]
-    if head.chunk is not None:  # read with the head (the peek script): nothing to ask
-        return wire.unpack_chunk(head.chunk, token, arrays, where)
-    client = backend._read_client()
-    with Prefaulted(fresh):
-        received: list[np.ndarray] | None = client.on_connection(
-            deadline,
-            lambda conn: wire.receive_chunks(
-                conn,
-                deadline,
-                chunk_prefix,
-                token,
-                arrays,
-                payload,
-                chunks,
-                where,
-                client.asker(deadline),
-            ),
-            key=chunk_prefix,
-        )
-    return received
+def leaf_versions_of(where: str, head: TableHead) -> list[int] | None:
+    """Each leaf's leaf version from a composed head's map (``None``: the head's version
+    is one whole segment, every leaf of its version)."""
+    if not composed(head):
+        return None
+    entries = (head.leaves or "").partition("|")[2]
+    return [
+        _digits(where, "leaf map", item.partition(".")[0])
+        for item in (entries.split(",") if entries else [])
+    ]
 
 
-def _fetch(
-    backend: RedisBackend,
-    chunk_base: str,
-    where: str,
-    places: list[Place],
-    specs: Sequence[Spec],
-    needed: list[int],
-    deadline: float,
-) -> list[np.ndarray | None] | None:
-    """The arrays of the ``needed`` leaves (``None`` elsewhere), or ``None`` if a chunk of
-    one of their segments is gone."""
-    arrays, fresh = backend._pulled.arrays(specs, needed)
-    by_segment: dict[int, tuple[Segment, list[tuple[int, memoryview]]]] = {}
-    for index in needed:
-        array = arrays[index]
-        if array is None or array.nbytes == 0:
-            continue
-        place = places[index]
-        entry = by_segment.setdefault(place.segment.version, (place.segment, []))
-        entry[1].append((place.offset, wire.byte_views([array])[0]))
-    plans = []
-    for segment, wanted in by_segment.values():
-        wanted.sort(key=lambda w: w[0])
-        indices, parts_of = _plan(where, segment, wanted)
-        if indices:
-            plans.append((segment, indices, parts_of))
-
-    client = backend._read_client()
-
-    def receive(conn: object) -> bool:
-        for segment, indices, parts_of in plans:
-            prefix = f"{chunk_base}{segment.token.hex()}:"
-            named = f"{where} segment {segment.version}"
-            if not wire.receive_selected(
-                conn,
-                deadline,
-                prefix,
-                segment.token,
-                indices,
-                parts_of,
-                named,
-                client.asker(deadline),
-            ):
-                return False
-        return True
-
-    if plans:
-        with Prefaulted(fresh):
-            if not client.on_connection(deadline, receive, key=chunk_base):
-                return None
-    return arrays
-
-
-def read_leaves(
-    backend: RedisBackend,
-    name: str,
-    newer_than: int,
-    deadline: float,
-    specs: Sequence[Spec],
-    every: bool = False,
-    first: Head | None = None,
-) -> LeafSnapshot:
-    """``Backend.read_leaves`` (``every``: all leaves, for ``read``), inside the caller's
-    error translation; ``first``: the head the caller read already."""
-    chunk_base = backend._keys(name).chunks
-    where = backend._where(name)
-    gone: int | None = None
-    for _ in range(MAX_RESTARTS):
-        head = first or backend._peek(name, newer_than, deadline)
-        first = None
-        if head is None:
-            return 0, None, None  # vanished: reads as empty; holders get TableResetError
-        backend._trusted(name, head, newer_than, deadline)
-        if head.version <= newer_than:
-            return head.version, None, None
-        if head.fmt == LEAF_FORMAT:  # the map, read with the fields it goes with
-            head = backend._head(name, *_LEAF_FIELDS, deadline=deadline)
-            if head is None:
-                return 0, None, None
-            backend._trusted(name, head, newer_than, deadline)
-        if head.version == gone:
-            raise CorruptDataError(
-                f"{where} version {head.version}: a chunk of the current version is missing "
-                "(evicted? varsync needs maxmemory-policy noeviction)"
-            )
-        versioned = f"{where} version {head.version}"
-        if not composed(head):  # one whole segment: as read() fetches it
-            whole = backend._fetch(name, specs, head, f"{chunk_base}{head.data}:", deadline)
-            if whole is not None:
-                return head.version, [head.version] * len(specs), list(whole)
-        else:
-            places = places_of(versioned, head, specs)
-            versions = [p.segment.version for p in places]
-            needed = [i for i, v in enumerate(versions) if every or v > newer_than]
-            arrays = _fetch(backend, chunk_base, versioned, places, specs, needed, deadline)
-            if arrays is not None:
-                return head.version, versions, arrays
-        gone = head.version  # retired by newer versions while we read: start again
-        backend.pulls_restarted += 1
-    raise PullTimeoutError(
-        f"{where}: {MAX_RESTARTS} pulls in a row found their version retired before they "
-        "finished; the writer publishes faster than this reader can fetch one version. "
-        "Connect the writer with a larger keep."
-    )
-
-
-def leaf_versions(backend: RedisBackend, name: str) -> tuple[int, list[int]]:
-    """``Backend.leaf_versions``: one ``HMGET``, inside the caller's error translation."""
-    head = backend._head(name, "leaves")
-    if head is not None:  # the primary's answer: a replica's may not go below it now
-        backend._saw(name, head.epoch, head.version)
-    if head is not None and composed(head):
-        entries = (head.leaves or "").partition("|")[2]
-        where = backend._where(name)
-        return head.version, [
-            _digits(where, "leaf map", item.partition(".")[0])
-            for item in (entries.split(",") if entries else [])
-        ]
-    table = backend._known_table(name)
-    if table.leaf_count is None:
-        table.leaf_count = len(flat_specs(from_json(table.signature)))
-    version = 0 if head is None else head.version
-    return version, [version] * table.leaf_count
-
-
-def write_leaves(
-    backend: RedisBackend,
-    name: str,
-    leaves: Mapping[int, np.ndarray],
-    specs: Sequence[Spec],
-    base: int | None,
-) -> int:
-    """``Backend.write_leaves``: the given leaves as one new segment (see the module)."""
+def placed(
+    name: str, leaves: Mapping[int, np.ndarray], specs: Sequence[Spec]
+) -> tuple[list[np.ndarray], str]:
+    """The arrays of a partial write in flat order, and the publish script's argument
+    naming them: ``"+index.offset,..."`` (offsets into the segment's bytes)."""
     indices = sorted(leaves)
     for index in indices:
         if not 0 <= index < len(specs):
@@ -377,11 +219,6 @@ def write_leaves(
                 f"table's {len(specs)} leaves"
             )
     offsets = np.cumsum([0] + [leaves[i].nbytes for i in indices]).tolist()
-    placed = ",".join(f"{i}.{o}" for i, o in zip(indices, offsets))
-    return backend._push(
-        name,
-        [leaves[i] for i in indices],
-        len(specs),
-        "+" + placed,
-        "" if base is None else str(base),
+    return [leaves[i] for i in indices], "+" + ",".join(
+        f"{i}.{o}" for i, o in zip(indices, offsets)
     )

@@ -20,7 +20,7 @@ from redis import exceptions as rx
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
-from varsync.backend import HostPort, current_deadline, remaining
+from varsync.backend import HostPort, remaining
 from varsync.backends.redis.errors import OutOfTime
 from varsync.backends.redis.options import Settings
 from varsync.backends.redis.protocol import Script
@@ -148,7 +148,6 @@ class Client:
         """One small command's raw reply; tried again on a lost connection up to
         ``retries`` times (``retry=False``: never, for a command that must run once).
         ``asking``: after ``ASKING``, as a Redis Cluster's ASK redirection asks."""
-        deadline = min(deadline, current_deadline())
 
         def command(conn: Any) -> Any:
             if asking:
@@ -206,9 +205,7 @@ class Client:
         if ``use`` did not finish: its replies may be half read. ``key``: one of the keys
         ``use`` touches (a Redis Cluster's client sends it to that key's node).
         ``reconnect``: a new connection is made in up to ``retries + 1`` tries (else in
-        one: :meth:`call` tries its whole command again). Also bounded by the core's
-        call this runs in (:func:`~varsync.backend.current_deadline`)."""
-        deadline = min(deadline, current_deadline())
+        one: :meth:`call` tries its whole command again)."""
         conn = None
         clean = False
         try:

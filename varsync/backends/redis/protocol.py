@@ -79,7 +79,7 @@ def key_base_of(prefix: str, namespace: str) -> str:
 
 
 @dataclass(frozen=True)
-class Head:
+class TableHead:
     epoch: str
     version: int
     data: str | None
@@ -109,7 +109,7 @@ def check_format(where: str, fmt: str | None) -> None:
         )
 
 
-def parse_head(where: str, key: str, raw: Sequence[Any], fields: Sequence[str]) -> Head | None:
+def parse_head(where: str, key: str, raw: Sequence[Any], fields: Sequence[str]) -> TableHead | None:
     """The head from ``HMGET key fmt epoch version *fields``, or ``None`` if its keys
     vanished."""
     fmt, epoch, version, *extra = (text(x) for x in raw)
@@ -130,7 +130,7 @@ def parse_head(where: str, key: str, raw: Sequence[Any], fields: Sequence[str]) 
             "something else writing under this prefix?"
         ) from None
     named = dict(zip(fields, extra))
-    return Head(
+    return TableHead(
         epoch,
         number,
         named.get("data"),

@@ -1,4 +1,4 @@
-"""The reader registry of a redis table (``supports_reader_registry``).
+"""The reader registry of a redis table (:class:`~varsync.backend.SupportsReaderRegistry`).
 
 Each reader's entry is a key of its own beside the table's head,
 ``<table>:reader:<reader id, percent-encoded>``: a string holding the core's record, with
@@ -19,9 +19,11 @@ from __future__ import annotations
 from typing import Any, Callable
 from urllib.parse import quote, unquote
 
-from varsync.backend import TableNotFoundError, current_deadline, remaining
-from varsync.backends.redis.cluster import SETTLE_SECONDS
+from varsync.backend import TableNotFoundError
+from varsync.backends.redis.cluster import SETTLE_SECONDS, ClusterClient, settle_deadline
 from varsync.backends.redis.protocol import Reply, Script, text
+from varsync.backends.redis.tables import Catalog
+from varsync.backends.redis.topology import Requests
 
 __all__ = ["ReaderRegistry", "REPORT", "LIST", "Reported", "reader_keys"]
 
@@ -63,46 +65,53 @@ def parse_listing(raw: Any) -> dict[str, str]:
 
 
 class ReaderRegistry:
-    """Mixed into :class:`~varsync.backends.redis.backend.RedisBackend` (its ``_keys``,
-    ``_errors`` and ``_client``): ``report_reader`` and ``readers``, one script each."""
+    """``report_reader`` and ``readers``, one script each on the table's primary
+    (``primary``; in a Redis Cluster, ``cluster``, the same client). ``catalog``: the
+    tables' keys."""
 
-    supports_reader_registry = True
+    def __init__(
+        self, primary: Requests, cluster: ClusterClient | None, catalog: Catalog, address: str
+    ) -> None:
+        self._client = primary
+        self._cluster = cluster
+        self._catalog = catalog
+        self._address = address
 
-    def report_reader(self, name: str, reader: str, record: str, ttl: float) -> None:
-        backend: Any = self
-        head = backend._keys(name).head
+    def report(self, name: str, reader: str, record: str, ttl: float, deadline: float) -> None:
+        head = self._catalog.keys(name).head
         index, prefix = reader_keys(head)
         member = quote(reader, safe="")
-        with backend._errors(f"reporting a reader of table {name!r}"):
-            reply, _ = REPORT.answer(
-                _settled(
-                    backend,
-                    head,
-                    lambda: backend._client.script(
-                        REPORT,
-                        [prefix + member, index],
-                        [head, member, record, max(int(ttl * 1000), 1)],
-                    ),
-                )
+        reply, _ = REPORT.answer(
+            self._settled(
+                head,
+                deadline,
+                lambda: self._client.script(
+                    REPORT,
+                    [prefix + member, index],
+                    [head, member, record, max(int(ttl * 1000), 1)],
+                    deadline=deadline,
+                ),
             )
+        )
         if reply is Reported.NO_TABLE:
-            raise TableNotFoundError(f"no table {name!r} at {backend.address}")
+            raise TableNotFoundError(f"no table {name!r} at {self._address}")
 
-    def readers(self, name: str) -> dict[str, str]:
-        backend: Any = self
-        index, prefix = reader_keys(backend._keys(name).head)
-        with backend._errors(f"listing the readers of table {name!r}"):
-            return parse_listing(
-                _settled(backend, index, lambda: backend._client.script(LIST, [index], [prefix]))
+    def readers(self, name: str, deadline: float) -> dict[str, str]:
+        index, prefix = reader_keys(self._catalog.keys(name).head)
+        return parse_listing(
+            self._settled(
+                index,
+                deadline,
+                lambda: self._client.script(LIST, [index], [prefix], deadline=deadline),
             )
+        )
 
-
-def _settled(backend: Any, key: str, run: Callable[[], Any]) -> Any:
-    """``run()``; in a Redis Cluster, again once the table's slot is no longer migrating:
-    both scripts touch keys they do not declare (the head, the entries), which may have
-    left for the slot's target node, so they are never sent after an ASK
-    (``cluster.UNDECLARED_KEYS``); a listing there could drop entries not yet moved."""
-    cluster = backend._topology.cluster
-    if cluster is None:
-        return run()
-    return cluster.settled(run, key, min(remaining(current_deadline()), SETTLE_SECONDS))
+    def _settled(self, key: str, deadline: float, run: Callable[[], Any]) -> Any:
+        """``run()``; in a Redis Cluster, again once the table's slot is no longer
+        migrating: both scripts touch keys they do not declare (the head, the entries),
+        which may have left for the slot's target node, so they are never sent after an
+        ASK (``cluster.UNDECLARED_KEYS``); a listing there could drop entries not yet
+        moved."""
+        if self._cluster is None:
+            return run()
+        return self._cluster.settled(run, key, settle_deadline(deadline, SETTLE_SECONDS))

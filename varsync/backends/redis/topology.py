@@ -11,8 +11,7 @@ one replica when the backend was given some, and where Sentinel says they are.
   with ``read_from=replica``, a replica the sentinels list as linked to it
   (``SENTINEL replicas``), asked again after that replica failed.
 
-The backend checks what a replica answers (see ``RedisBackend._routed``): a replica is
-only ever behind its primary, so an answer it cannot vouch for is asked of the primary.
+Which server a read goes to, and whether its answer is trusted, is :mod:`.router`'s.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ import math
 import random
 import threading
 import time
-from typing import Any, Callable, TypeVar, Union
+from typing import Any, Callable, Union
 
 import redis
 from redis import exceptions as rx
@@ -31,9 +30,8 @@ from varsync.backend import BackendConnectionError, HostPort, remaining
 from varsync.backends.redis.cluster import ClusterClient
 from varsync.backends.redis.options import Settings
 from varsync.backends.redis.pool import Client
-from varsync.backends.redis.protocol import Head
 
-__all__ = ["Topology", "RoutedReads", "Floors", "Requests", "REPLICA_PAUSE", "READ_FAILURES"]
+__all__ = ["Topology", "Requests", "REPLICA_PAUSE", "READ_FAILURES"]
 
 #: Where a backend's requests go: one server, or the primaries of a cluster.
 Requests = Union[Client, ClusterClient]
@@ -44,41 +42,6 @@ REPLICA_PAUSE = 1.0  # seconds a replica that failed a read is left alone
 SENTINEL_TIMEOUT = 1.0  # seconds for one sentinel's answer (a dead one must not stall all)
 #: What a replica may answer that the primary can still serve.
 READ_FAILURES = (rx.ConnectionError, rx.TimeoutError, rx.MasterDownError, OSError)
-
-
-class _AskPrimary(Exception):
-    """What the replica answered may be behind what this backend knows (another epoch, a
-    version below one it saw, a vanished table): the primary answers instead."""
-
-
-T = TypeVar("T")
-
-
-class Floors:
-    """Per table, the highest version one backend has seen (read or published) and its
-    epoch: what a replica's answer must not go below. Thread-safe.
-
-    Raising a floor reads and writes it in one step, under a lock: two threads of one
-    container raising it at once (one to 36, one to 40) must end at 40. Without the lock a
-    thread preempted between reading the floor and writing it (a CPU-loaded machine
-    preempts for milliseconds) wrote its lower version over the higher one, and a replica
-    behind the higher one was then believed: ``version()`` went back (issue 36)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._floors: dict[str, tuple[str, int]] = {}
-
-    def get(self, name: str) -> tuple[str, int] | None:
-        """``(epoch, version)``: the highest version seen of table ``name``, or ``None``."""
-        return self._floors.get(name)
-
-    def raise_to(self, name: str, epoch: str, version: int) -> None:
-        """``version`` of history ``epoch`` was seen: the floor is at least that (a new
-        epoch starts a new floor)."""
-        with self._lock:
-            floor = self._floors.get(name)
-            if floor is None or floor[0] != epoch or floor[1] < version:
-                self._floors[name] = (epoch, version)
 
 
 class Topology:
@@ -252,67 +215,6 @@ class Topology:
         self.primary.close()
         if self.replica is not None:
             self.replica.close()
-
-
-class RoutedReads:
-    """Mixed into :class:`~varsync.backends.redis.backend.RedisBackend` (its
-    ``_topology``, ``_client``, ``_known``, ``_local`` and ``_floors``): reads on the
-    replica, checked, and on the primary where the replica cannot vouch for them."""
-
-    def _read_client(self: Any) -> Requests:
-        """The server this thread's read is on: a replica inside :meth:`_routed`."""
-        return getattr(self._local, "client", None) or self._client
-
-    def _routed(self: Any, name: str, read: Callable[[], T]) -> T:
-        """``read()`` of table ``name`` on the replica, if reads go to one; on the primary
-        if the replica fails (lost, ``LOADING``, ``MASTERDOWN``) or cannot vouch for its
-        answer. In a cluster, again while the table's slot is in migration."""
-        cluster = self._topology.cluster
-        if cluster is not None:
-            return cluster.settled(read, self._keys(name).head, self.timeout)
-        replica = self._topology.reader()
-        if replica is not None:
-            self._local.client = replica
-            try:
-                return read()
-            except _AskPrimary:
-                self.reads_on_primary += 1
-            except READ_FAILURES as exc:
-                self.reads_on_primary += 1
-                self._topology.replica_failed(exc)
-            finally:
-                self._local.client = None
-        return read()
-
-    def _vouch(self: Any, name: str, head: Head | None, held: int) -> None:
-        """On a replica: refuse (:class:`_AskPrimary`) a head that may be behind what this
-        backend knows. A replica only lags its primary, so another epoch than the trusted
-        one, a vanished table, or a version below one seen (or pushed) already, may be the
-        replica's past (mid-sync, or emptied by a full resync); it is refused unless the
-        caller holds that seen version already (``held``): to one holding less, a version
-        newer than its own would go back, and one no newer would hide a version this
-        backend knows of. A version below ``held`` itself is refused too: the core would
-        take it for a history that went back."""
-        if self._read_client() is self._client:
-            return
-        if head is None:
-            raise _AskPrimary()
-        trusted = self._known.trusted(name)
-        if trusted is not None and head.epoch != trusted:
-            raise _AskPrimary()
-        floor = self._floors.get(name)
-        if (
-            floor is not None
-            and floor[0] == head.epoch
-            and head.version < floor[1]
-            and held < floor[1]
-        ):
-            raise _AskPrimary()
-        if head.version < held:
-            raise _AskPrimary()
-
-    def _saw(self: Any, name: str, epoch: str, version: int) -> None:
-        self._floors.raise_to(name, epoch, version)
 
 
 def _text(value: Any) -> str:
