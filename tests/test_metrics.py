@@ -121,15 +121,17 @@ def test_the_metered_backend_shows_the_wrapped_backends_flags_details_and_name(r
         assert "MemoryBackend" in repr(backend)
 
 
-def test_the_proxy_sees_what_is_set_on_the_backend_after_it_was_looked_at(registry):
+def test_the_metered_backend_forwards_the_protocol_to_the_wrapped_one(registry):
     with varsync.connect(memory_url(), metrics=registry) as store:
         store.create_table("t", SIGNATURE)
         backend = store.backend
-        assert store.version("t") == 0  # backend.version looked up (and kept)
-        backend.version = lambda name: 41  # set through the proxy: on the backend itself
-        assert backend.wrapped.version("t") == 41 and store.version("t") == 41
-        backend.wrapped.timeout = 3.5  # an instance attribute, read anew each time
-        assert backend.timeout == 3.5
+        assert store.version("t") == 0
+        inner = backend.wrapped
+        inner.head = lambda name, deadline: varsync.backend.Head(41, "e")  # on the wrapped
+        assert store.version("t") == 41  # asked through the metered backend, every time
+        assert isinstance(backend, varsync.backend.SupportsLeafVersions)
+        assert isinstance(backend, varsync.backend.SupportsReaderRegistry)
+        assert isinstance(backend, varsync.backend.SupportsBlockingWait)
 
 
 def test_closing_the_container_closes_the_wrapped_backend(registry):

@@ -190,12 +190,15 @@ def parse_settings(
             "a hash tag, {table name}, that a brace in the prefix would take the place of"
         )
     chunk_size = parse_int(
-        options.pop("chunk_size", DEFAULT_CHUNK), "chunk_size", MIN_CHUNK, MAX_CHUNK
+        options.pop("chunk_size", DEFAULT_CHUNK),
+        "chunk_size",
+        minimum=MIN_CHUNK,
+        maximum=MAX_CHUNK,
     )
-    keep = parse_int(options.pop("keep", 1), "keep", 0, MAX_KEEP)
-    retries = parse_int(options.pop("retries", 0), "retries", 0, MAX_RETRIES)
+    keep = parse_int(options.pop("keep", 1), "keep", minimum=0, maximum=MAX_KEEP)
+    retries = parse_int(options.pop("retries", 0), "retries", minimum=0, maximum=MAX_RETRIES)
     recycle_from = parse_int(
-        options.pop("recycle_from", DEFAULT_RECYCLE_FROM), "recycle_from", 0, 2**62
+        options.pop("recycle_from", DEFAULT_RECYCLE_FROM), "recycle_from", minimum=0, maximum=2**62
     )
     reuse_pulled = parse_bool(options.pop("reuse_pulled", True), "reuse_pulled")
     connect_timeout = _socket_timeout("connect_timeout", options.pop("connect_timeout", timeout))
@@ -288,9 +291,9 @@ def parse_addresses(value: Any, what: str, default_port: int) -> tuple[HostPort,
 
 def _database(path: str, option: Any) -> int:
     from_path = path.strip("/")
-    db = parse_int(from_path, "db", 0) if from_path else 0
+    db = parse_int(from_path, "db", minimum=0) if from_path else 0
     if option is not None:
-        chosen = parse_int(option, "db", 0)
+        chosen = parse_int(option, "db", minimum=0)
         if from_path and chosen != db:
             raise ConfigurationError(
                 f"the URL names database {db} and the db option {chosen}; give one"
