@@ -52,8 +52,34 @@ class TestReverbConformance(ConformanceTests):
         return reverb_servers({"unused": SIGNATURE}).url
 
     @pytest.fixture
-    def make_tables(self, reverb_servers):
-        return lambda tables: reverb_servers(dict(tables)).url
+    def servers(self):
+        """url -> (server, its tables, when it was asked to start)."""
+        return {}
+
+    @pytest.fixture
+    def make_tables(self, reverb_servers, servers):
+        def make(tables):
+            asked = time.monotonic()
+            server = reverb_servers(dict(tables))
+            servers[server.url] = (server, dict(tables), asked)
+            return server.url
+
+        return make
+
+    @pytest.fixture
+    def new_history(self, reverb_servers, servers):
+        """The server restarted on its port without its data: each table's count starts
+        again from 0, under a server run that started later."""
+
+        def restart(url, table):
+            server, tables, asked = servers[url]
+            # A restart is told by the later start of the new run, which a run that
+            # lived a few milliseconds would not show (real servers run far longer).
+            time.sleep(max(0.0, asked + 0.05 - time.monotonic()))
+            server.stop()
+            servers[url] = (reverb_servers(tables, port=server.port), tables, time.monotonic())
+
+        return restart
 
 
 class TestReverbFaultsOnAServerInAChildProcess(FaultTests):
@@ -403,7 +429,7 @@ def test_a_sample_that_overruns_its_timeout_is_abandoned_and_never_reused(reverb
     # empty between the version check and the sample.
     started = time.monotonic()
     with pytest.raises(varsync.PullTimeoutError, match="abandoned"):
-        backend._sample(backend._checked_info("variables"), 0.3)
+        backend._sample(backend._checked_info("variables"), time.monotonic() + 0.3)
     assert time.monotonic() - started < 5
     assert backend._idle_workers == []  # the blocked thread is not handed out again
     abandoned = _sampling_threads()
@@ -547,3 +573,91 @@ def test_version_checks_right_after_a_cut_connection_go_through(reverb_child_ser
         finally:
             writer.close()
             reader.close()
+
+
+# -- server runs as epochs (versions.ServerRuns), on a clock of the test's own -----------
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _runs(monkeypatch):
+    from varsync.backends.reverb import versions
+
+    clock = _Clock()
+    monkeypatch.setattr(versions.time, "monotonic", clock)
+    runs = versions.ServerRuns("localhost:1")
+
+    def answer(started: float, asked: float, took: float = 0.0005, settle: bool = True):
+        """The epoch of an answer of the run whose worker ``started`` then, asked for at
+        ``asked``, arriving ``took`` later, computed by the server half way."""
+        from types import SimpleNamespace
+
+        age_ms = int((asked + took / 2 - started) * 1000)  # Reverb reports whole ms
+        worker = SimpleNamespace(
+            running_ms=age_ms,
+            sleeping_ms=0,
+            sampling_ms=0,
+            inserting_ms=0,
+            waiting_for_sampling_ms=0,
+            waiting_for_inserts_ms=0,
+        )
+        clock.now = asked + took
+        info = SimpleNamespace(name="variables", table_worker_time=worker)
+        return runs.epoch(info, asked, settle=settle)
+
+    return answer
+
+
+def test_answers_of_one_server_run_share_its_epoch_however_slow_or_late(monkeypatch):
+    answer = _runs(monkeypatch)
+    first = answer(started=10.0, asked=100.0)
+    assert answer(started=10.0, asked=100.5) == first
+    assert answer(started=10.0, asked=101.0, took=3.0) == first  # a slow answer
+    assert answer(started=10.0, asked=200.0) == first
+    assert "localhost:1" in str(first)
+
+
+def test_a_server_run_that_started_later_is_another_epoch_and_a_late_answer_keeps_its_own(
+    monkeypatch,
+):
+    answer = _runs(monkeypatch)
+    old = answer(started=10.0, asked=100.0)
+    new = answer(started=100.2, asked=100.3)  # restarted: its worker started 90 s later
+    assert new != old
+    assert answer(started=100.2, asked=100.4) == new
+    # An answer of the old run that arrives now (asked before the restart) is the old
+    # run's, not a third one: the runs are facts about the server, not about the caller.
+    assert answer(started=10.0, asked=100.1, took=0.25) == old
+    assert answer(started=100.2, asked=101.0) == new
+
+
+def test_a_restart_a_few_milliseconds_later_is_told_apart(monkeypatch):
+    answer = _runs(monkeypatch)
+    old = answer(started=100.0, asked=100.03)
+    assert answer(started=100.04, asked=100.05) != old
+
+
+def test_an_answer_that_fits_two_runs_is_asked_again_then_taken_for_the_later(monkeypatch):
+    answer = _runs(monkeypatch)
+    old = answer(started=100.0, asked=100.3)
+    new = answer(started=100.5, asked=100.6)
+    # Asked at 100.45 (old run, age 0.45) and arriving 1 s later: it fits both runs.
+    assert answer(started=100.0, asked=100.45, took=1.0, settle=False) is None
+    assert answer(started=100.0, asked=100.45, took=1.0) == new
+    assert answer(started=100.0, asked=100.49) == old
+
+
+def test_clocks_drifting_apart_over_a_long_run_keep_one_epoch(monkeypatch):
+    """The server's clock runs 100 ppm slow against the client's: over a day its worker's
+    start seems to move by 8.6 s, by a millisecond between two looks 10 s apart."""
+    answer = _runs(monkeypatch)
+    first = answer(started=0.0, asked=10.0)
+    for look in range(2, 8641):
+        asked = look * 10.0
+        assert answer(started=asked * 1e-4, asked=asked) == first, asked

@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, final
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -19,8 +19,9 @@ from varsync.backend import (
     Backend,
     BackendConnectionError,
     ConfigurationError,
+    Head,
     PullTimeoutError,
-    Snapshot,
+    Read,
     Spec,
     TableNotFoundError,
     deadline_after,
@@ -28,7 +29,7 @@ from varsync.backend import (
     parse_wait_for_server,
     refuse_unknown,
     remaining,
-    reset_error,
+    request_timeout,
     retry_until_up,
 )
 from varsync.backends.reverb.engine import (
@@ -49,7 +50,7 @@ from varsync.backends.reverb.tables import (
     labelled_version,
     version_of,
 )
-from varsync.backends.reverb.versions import Incarnations, own_version
+from varsync.backends.reverb.versions import Followed, ServerRuns, own_version
 from varsync.signature import from_json, signature_of, to_json
 from varsync.spec import ML_DTYPE_NAMES
 
@@ -68,13 +69,20 @@ _SAMPLE_ATTEMPTS = 3
 #: the pause before the second (doubling after): gRPC reconnects within them.
 _INFO_ATTEMPTS = 4
 _INFO_PAUSE = 0.05
+#: Table infos a head is read from at most while each answer fits two server runs
+#: (:meth:`.versions.ServerRuns.epoch`): the last is taken for the later run.
+_RUN_ATTEMPTS = 3
 #: The ml_dtypes types TensorFlow 2.15 has (``tf.bfloat16``, ``tf.dtypes.experimental``'s
 #: float8 types): the ones a Reverb table signature can hold (docs/reverb.md).
 STORED_ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
 
 
+@final
 class ReverbBackend(Backend):
-    """A client of one Reverb server; its variables tables are fixed at server start."""
+    """A client of one Reverb server; its variables tables are fixed at server start.
+
+    No ability of the protocol: Reverb has no change notification (the core polls
+    :meth:`head`), no leaf versions and no reader registry."""
 
     supports_create_table = False
     shared_across_processes = True
@@ -98,7 +106,8 @@ class ReverbBackend(Backend):
         self._endpoint = (server.host, server.port)
         self._writers: dict[str, Any] = {}
         self._writer_lock = threading.Lock()
-        self._incarnations = Incarnations()
+        self._runs = ServerRuns(self.address)
+        self._followed = Followed()  # the runs the writers and kept samplers were made in
         self._sampler = SamplingPool(self.address)
         self._client = retry_until_up(  # fail now, with the address, if nothing answers
             self._connect,
@@ -117,7 +126,7 @@ class ReverbBackend(Backend):
         self._client = None
         self._client = reverb.Client(self.address)
         limit = min(math.inf if self.timeout is None else self.timeout, max(seconds_left, 1.0))
-        self._server_info(timeout=None if math.isinf(limit) else limit)
+        self._server_info(time.monotonic() + limit)
         return self._client
 
     def _probe(self, limit: float = 5.0) -> None:
@@ -138,16 +147,16 @@ class ReverbBackend(Backend):
 
     # -- requests --------------------------------------------------------------------
 
-    def _server_info(self, timeout: float | None = None) -> dict[str, Any]:
+    def _server_info(self, deadline: float = math.inf) -> dict[str, Any]:
         """Every table's info by server table name, as ``schema_pb2.TableInfo`` protos;
-        bounded by ``timeout`` (default: the container's). One table's: :meth:`_info`."""
-        infos = (schema_pb2.TableInfo.FromString(blob) for blob in self._info_blobs(timeout))
+        bounded by ``deadline`` and the container's timeout. One table's: :meth:`_info`."""
+        infos = (schema_pb2.TableInfo.FromString(blob) for blob in self._info_blobs(deadline))
         return {info.name: info for info in infos}
 
-    def _info_blobs(self, timeout: float | None) -> list[bytes]:
+    def _info_blobs(self, deadline: float) -> list[bytes]:
         """Every table's info, serialized: Reverb's ServerInfo answer, bounded by
-        ``timeout`` (default: the container's; Reverb takes whole seconds, 0 meaning no
-        bound). Reverb has no request for one table's info: every call answers them all.
+        ``deadline`` and the container's timeout (Reverb takes whole seconds, 0 meaning
+        no bound). Reverb has no request for one table's info: every call answers them all.
 
         The raw protos, not ``reverb.Client.server_info``: that one decodes every table's
         signature in Python, which measured 0.5 ms -> 9 ms per call once a 500-leaf
@@ -155,10 +164,9 @@ class ReverbBackend(Backend):
         this request, so it catches Reverb's exceptions itself: ``translated`` as a
         context manager measured ~12 us more per request (of ~150 us on loopback).
         """
-        limit = self.timeout if timeout is None else timeout
-        started = time.monotonic()
+        end = min(deadline, deadline_after(self.timeout))
         for attempt in range(_INFO_ATTEMPTS):
-            left = None if limit is None else limit - (time.monotonic() - started)
+            left = request_timeout(end, None)
             try:
                 blobs: list[bytes] = self._client._client.ServerInfo(
                     0 if left is None else max(1, math.ceil(left))
@@ -172,8 +180,7 @@ class ReverbBackend(Backend):
                 # ("Socket closed", "Transport closed") until gRPC has reconnected: this
                 # request is idempotent, so ask again after a pause, within its bound.
                 pause = _INFO_PAUSE * 2**attempt
-                left = None if limit is None else limit - (time.monotonic() - started)
-                if attempt + 1 == _INFO_ATTEMPTS or (left is not None and left <= pause):
+                if attempt + 1 == _INFO_ATTEMPTS or remaining(end) <= pause:
                     raise error from exc
                 time.sleep(pause)
         raise AssertionError("unreachable: the last attempt returns or raises")
@@ -184,18 +191,31 @@ class ReverbBackend(Backend):
     def _table_name(self, name: str) -> str:
         return f"{self.namespace}/{name}" if self.namespace else name
 
-    def _info(self, name: str, timeout: float | None = None) -> Any | None:
+    def _info(self, name: str, deadline: float = math.inf) -> Any | None:
         """Table ``name``'s info, the others' not decoded; ``None`` if it has none."""
-        return _one_info(self._info_blobs(timeout), self._table_name(name))
+        return _one_info(self._info_blobs(deadline), self._table_name(name))
 
-    def _checked_info(self, name: str, timeout: float | None = None) -> Any:
-        info = self._info(name, timeout)
+    def _checked_info(self, name: str, deadline: float = math.inf) -> Any:
+        info = self._info(name, deadline)
         if info is None:
             raise TableNotFoundError(
                 f"Reverb table {self._table_name(name)!r} is gone from {self.address} "
                 "(the server restarted with other tables?)"
             )
         return info
+
+    def _look(self, name: str, deadline: float) -> tuple[Any, Head, float]:
+        """Table ``name``'s info, the :class:`Head` it shows (the version, and the server
+        run it counts in: :class:`.versions.ServerRuns`) and when it was asked for. An
+        answer so slow that it fits two runs is asked again (rare: it took longer than a
+        run lasted)."""
+        for attempt in range(_RUN_ATTEMPTS):
+            asked_at = time.monotonic()
+            info = self._checked_info(name, deadline)
+            epoch = self._runs.epoch(info, asked_at, settle=attempt + 1 == _RUN_ATTEMPTS)
+            if epoch is not None:
+                return info, Head(version_of(info), epoch), asked_at
+        raise AssertionError("unreachable: the last attempt settles")
 
     # -- tables ----------------------------------------------------------------------
 
@@ -239,51 +259,59 @@ class ReverbBackend(Backend):
 
     # -- data ------------------------------------------------------------------------
 
-    def version(self, name: str) -> int:
-        return version_of(self._checked_info(name))
+    def head(self, name: str, deadline: float) -> Head:
+        return self._look(name, deadline)[1]
 
-    def write(self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]) -> int:
+    def write(
+        self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec], deadline: float
+    ) -> Head:
         table = self._table_name(name)
         with self._writer_lock:
-            before = self._insert(name, table, arrays, specs)
+            before, was = self._insert(name, table, arrays, specs, deadline)
             # The count again: the insert is ours if it rose by exactly one (the lock
             # keeps this container's other pushes out of the window, not other writers').
-            asked_at = time.monotonic()
-            info = self._checked_info(name)
-            restarted = self._incarnations.restarted(("write", table), info, asked_at)
-        return own_version(table, before, info, restarted is not None)
+            after, head, _ = self._look(name, deadline)
+        restarted = head.epoch != was.epoch or insert_count(after) < insert_count(before)
+        return Head(own_version(table, before, after, restarted), head.epoch)
 
     def write_unversioned(
-        self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]
+        self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec], deadline: float
     ) -> None:
         # The same insert, labelled from the count read before it as every push is, but
         # without the request after it that only numbers the push for its caller.
         with self._writer_lock:
-            self._insert(name, self._table_name(name), arrays, specs)
+            self._insert(name, self._table_name(name), arrays, specs, deadline)
 
     def _insert(
-        self, name: str, table: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec]
-    ) -> Any:
+        self,
+        name: str,
+        table: str,
+        arrays: Sequence[np.ndarray],
+        specs: Sequence[Spec],
+        deadline: float,
+    ) -> tuple[Any, Head]:
         """Insert ``arrays`` as the table's item (under the writer lock), labelled with the
         version the count read first says it will be (:func:`.tables.label_of`); return
-        that table info. A flushed insert has landed: a pull after it sees it."""
-        asked_at = time.monotonic()
-        before = self._checked_info(name)
-        if self._incarnations.restarted(("write", table), before, asked_at):
+        that table info and head. A flushed insert has landed: a pull after it sees it."""
+        before, head, asked_at = self._look(name, deadline)
+        if self._followed.moved(("write", table), head.epoch, before, asked_at):
             # A writer's stream to a server that restarted does not recover.
             _close_quietly(self._writers.pop(table, None))
         label = label_of(insert_count(before) + 1)
+        limit = request_timeout(deadline, self.timeout)
         # (ml_dtypes' types are user-defined dtypes, isbuiltin 2: asked first, as a
         # dtype's name takes ~40x as long to make)
         if any(s.dtype.isbuiltin != 1 and s.dtype.name in ML_DTYPE_NAMES for s in specs):
-            self._insert_natively(table, before, arrays, label)
+            self._insert_natively(table, before, arrays, label, limit)
         else:
-            self._append(table, arrays, label)
-        return before
+            self._append(table, arrays, label, limit)
+        return before, head
 
-    def _append(self, table: str, arrays: Sequence[np.ndarray], label: float) -> None:
+    def _append(
+        self, table: str, arrays: Sequence[np.ndarray], label: float, limit: float | None
+    ) -> None:
         """Push through the table's long-lived trajectory writer (under the writer lock),
-        with the priority ``label`` (:func:`.tables.label_of`)."""
+        with the priority ``label`` (:func:`.tables.label_of`), within ``limit`` seconds."""
         writer = self._writers.get(table)
         if writer is None:
             writer = self._open_writer(table)
@@ -291,7 +319,7 @@ class ReverbBackend(Backend):
             writer.append(list(arrays))
             # A one-step trajectory (not a squeezed column), exactly what TF-Agents writes.
             writer.create_item(table, label, [column[-1:] for column in writer.history])
-            writer.flush(timeout_ms=_milliseconds(self.timeout))
+            writer.flush(timeout_ms=_milliseconds(limit))
         except BaseException as exc:
             # The writer's stream may be broken, or (interrupted) still hold this item:
             # start the next push on a new one, so nothing of this one lands later.
@@ -304,7 +332,7 @@ class ReverbBackend(Backend):
             raise error from exc
 
     def _insert_natively(
-        self, table: str, info: Any, arrays: Sequence[np.ndarray], label: float
+        self, table: str, info: Any, arrays: Sequence[np.ndarray], label: float, limit: float | None
     ) -> None:
         """Push an item holding a bfloat16 or float8 array (under the writer lock).
 
@@ -312,12 +340,12 @@ class ReverbBackend(Backend):
         item of their bit patterns as unsigned ints is one TF-Agents' sample op refuses
         (the table signature says bfloat16): so Reverb's TensorFlow insert op, the one
         TF-Agents' pushes use, stores them as the dtypes they are. It has no timeout of its
-        own; it runs on a sampling worker, abandoned after the container's timeout.
+        own; it runs on a sampling worker, abandoned after ``limit`` seconds.
         """
-        if not self._sampler.insert(info, list(arrays), label, self.timeout):
+        if not self._sampler.insert(info, list(arrays), label, limit):
             raise BackendConnectionError(
                 f"pushing to Reverb table {table!r} at {self.address} took longer than "
-                f"{self.timeout} s; the insert was abandoned (it may still land)"
+                f"{limit} s; the insert was abandoned (it may still land)"
             )
 
     def _open_writer(self, table: str) -> Any:
@@ -328,85 +356,46 @@ class ReverbBackend(Backend):
         self._writers[table] = writer
         return writer
 
-    def _check_same_server(self, name: str, info: Any, asked_at: float, newer_than: int) -> None:
-        """A version read from an earlier run of the server means nothing now (its
-        versions are counted again), even when the count reaches it again: the holder
-        gets TableResetError until it resynchronises with ``newer_than=0``."""
-        key = ("read", self._table_name(name))
-        why = self._incarnations.restarted(key, info, asked_at, remember=newer_than == 0)
-        if why is not None and newer_than:
-            raise reset_error(
-                name,
-                self.url,
-                newer_than,
-                current=version_of(info),
-                why=f"the Reverb server restarted: {why}",
-            )
-
-    def read(
-        self, name: str, newer_than: int, timeout: float | None, specs: Sequence[Spec]
-    ) -> Snapshot:
+    def read(self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]) -> Read:
         # ``specs`` go unused: a sample asks for the dtypes of the server's signature as it
         # is now, which a container's cached specs may no longer be.
-        deadline = deadline_after(timeout)
-
-        def left() -> float | None:  # every request within what is left of the call
-            seconds = remaining(deadline)
-            return None if math.isinf(seconds) else max(seconds, 0.001)
-
-        asked_at = time.monotonic()
-        info = self._checked_info(name, left())
-        self._check_same_server(name, info, asked_at, newer_than)
-        if self._incarnations.restarted(("sample", info.name), info, asked_at) is not None:
+        info, head, asked_at = self._look(name, deadline)
+        if self._followed.moved(("sample", info.name), head.epoch, info, asked_at):
             self._sampler.forget(info.name)  # kept samplers of a server run that is gone
-        version = version_of(info)
-        if version <= newer_than:
-            return version, None
+        if head.version <= newer_than:
+            return Read(head, None)
         for attempt in range(_SAMPLE_ATTEMPTS):
             last = attempt == _SAMPLE_ATTEMPTS - 1
             # The last attempt holds this container's writer lock: its own pushes (other
             # threads) cannot land in between; only another process's still can.
             with self._writer_lock if last else contextlib.nullcontext():
                 if last:
-                    info = self._checked_info(name, left())
-                    version = version_of(info)
-                arrays, label = self._sample(info, left())
-                if labelled_version(label) == version:
+                    info, head, _ = self._look(name, deadline)
+                arrays, label = self._sample(info, deadline)
+                if labelled_version(label) == head.version:
                     # The writer's label names the count read before the sample: exactly
                     # this insert (see labelled_version), without asking again.
-                    return version, arrays
+                    return Read(head, arrays)
                 # Else only a count unchanged across the sample says which insert was
-                # sampled (one that moved means the item may be newer than ``version``),
-                # or a label equal to the count after it, which the sampled insert
-                # cannot be above.
-                again = self._checked_info(name, left())
-            if insert_count(again) == insert_count(info):
-                return version, arrays
-            if labelled_version(label) == version_of(again):
-                return version_of(again), arrays
-            sampled_as, info, version = version, again, version_of(again)
+                # sampled (one that moved means the item may be newer than ``head``), or
+                # a label equal to the count after it, which the sampled insert cannot
+                # be above; either within one server run.
+                again, after, _ = self._look(name, deadline)
+            if after.epoch == head.epoch:
+                if insert_count(again) == insert_count(info):
+                    return Read(head, arrays)
+                if labelled_version(label) == after.version:
+                    return Read(after, arrays)
+            sampled_as, info, head = head, again, after
         # A writer out-pushing the sampler: the value is at least as new as the count read
         # before its sample, never older (docs/guarantees.md, Reverb).
-        return sampled_as, arrays
+        return Read(sampled_as, arrays)
 
-    def version_within(self, name: str, timeout: float | None, held: int = 0) -> int:
-        # The core's wait loop looks through this (with the default block, a sleep: Reverb
-        # has no change notification, so the core polls). A restarted server whose count
-        # is at or past ``held`` looks like no change or a newer version; only the server's
-        # start, compared with that of the run ``held`` was read from, shows it
-        # (TableResetError; a count below ``held`` the core reports itself). Every look
-        # checks, on the answer it has already: a restart before, during or at the end of
-        # the wait is told.
-        asked_at = time.monotonic()
-        info = self._checked_info(name, timeout)
-        if held:
-            self._check_same_server(name, info, asked_at, held)
-        return version_of(info)
-
-    def _sample(self, info: Any, timeout: float | None) -> tuple[list[np.ndarray], float]:
-        """The table's single item and its priority; :class:`PullTimeoutError` after
-        ``timeout`` (``None``: the backend's), the sample abandoned (see :mod:`.sampling`)."""
-        limit = self.timeout if timeout is None else timeout
+    def _sample(self, info: Any, deadline: float) -> tuple[list[np.ndarray], float]:
+        """The table's single item and its priority; :class:`PullTimeoutError` at
+        ``deadline`` (or after the backend's timeout), the sample abandoned (see
+        :mod:`.sampling`)."""
+        limit = request_timeout(deadline, self.timeout)
         sampled = self._sampler.sample(info, limit, self._client)
         if sampled is None:
             self._probe(limit=0.5)  # a server that is gone is no timeout

@@ -1,76 +1,115 @@
-"""What a Reverb insert count means: which run of the server it counts in, and which
-insert was this client's.
+"""What a Reverb insert count means: which run of the server it counts in (the epoch of
+a :class:`~varsync.backend.Head`), and which insert was this client's.
 
 Reverb's version is a table's count of completed inserts, and the count restarts with the
 server. Two questions follow, answered here:
 
-- **Restarts.** A server run is told apart by its insert count (it never goes down within
-  one run) and by when its table worker started (its age, subtracted from the time it
-  was asked). The start is an estimate, not a token: the age is reported in whole
-  milliseconds and the answer takes time to arrive, so two runs are compared with a
-  slack, and an answer asked for before the remembered one arrived proves nothing. That
-  is why this is not a :class:`varsync.backend.Histories` (which compares epochs for
-  equality); the message is the core's (:func:`varsync.backend.reset_error`).
-- **Ownership.** Reverb does not say which insert was ours, only how many there were.
+- **Which run.** Reverb mints no token for a server run, so this client names one: a run
+  is told apart by when its table worker started (its age, subtracted from the time it
+  was asked). That start is an estimate, not a token: the age is reported in whole
+  milliseconds and the answer takes time to arrive, so each answer places the start in
+  an interval, and two answers are of one run unless one places it more than
+  :data:`RESTART_SLACK` after the other. :class:`ServerRuns` keeps the runs seen, per
+  server table, and names each by the start first estimated for it: the epoch, which
+  compares by equality as every backend's does. It is knowledge about the server, not
+  about what a caller saw; the core alone compares epochs and reports resets. An insert
+  count that goes down within one run (a ``reset()`` of the table) is a version below
+  the one held, which the core reports too.
+- **Ownership.** Reverb does not say which insert was ours, only how many there were
+  (:func:`own_version`).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Hashable
+from dataclasses import dataclass
 from typing import Any
 
 from varsync.backend import ConcurrentPushError
 from varsync.backends.reverb.tables import age_seconds, insert_count
 
-__all__ = ["RESTART_SLACK", "Incarnations", "own_version"]
+__all__ = ["RESTART_SLACK", "ServerRuns", "Followed", "own_version"]
 
-#: Seconds a table worker's start may seem to move before it counts as a restart: its six
-#: state times are reported in whole milliseconds, and a restarted server started (at
+#: Seconds a table worker's start may seem to move before it counts as another run: its
+#: six state times are reported in whole milliseconds, and a restarted server started (at
 #: least) the old one's lifetime later.
 RESTART_SLACK = 0.01
+#: Runs remembered per server table (the oldest is forgotten first).
+_RUNS_KEPT = 8
+#: Seconds the narrowest estimate of a run's start stands before a wider one replaces it:
+#: far less than it takes two clocks to drift RESTART_SLACK apart.
+_ESTIMATE_STANDS = 1.0
 
 
-class Incarnations:
-    """The server run each purpose (``("read" | "write", server table)``) last saw.
+@dataclass
+class _Run:
+    token: str
+    #: Its worker started between these two ``time.monotonic()`` values...
+    earliest: float
+    latest: float
+    #: ...by the answer that arrived at this one.
+    estimated_at: float
 
-    Thread-safe. Readers and writers keep apart: a writer moves on to a restarted server
-    (its next push must go through), while a reader's held version stays tied to the run
-    it came from until the reader resynchronises.
-    """
+
+class ServerRuns:
+    """The runs of one Reverb server this client has seen, per server table, each named
+    by an epoch token. Thread-safe."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._lock = threading.Lock()
+        self._runs: dict[str, list[_Run]] = {}
+
+    def epoch(self, info: Any, asked_at: float, *, settle: bool = True) -> Hashable | None:
+        """The epoch of the server run that answered ``info`` (a table info asked for at
+        ``asked_at``, just arrived). A start unlike any run seen is a new run, named by
+        its address and that start. ``None`` when the answer fits two runs (it took
+        longer than the older one ran): ask again, or with ``settle`` take the later."""
+        answered_at = time.monotonic()
+        age = age_seconds(info)
+        # The worker started after asked_at - age (less up to six truncated ms) and no
+        # later than answered_at - age, however slow the answer.
+        earliest, latest = asked_at - age - RESTART_SLACK, answered_at - age
+        with self._lock:
+            runs = self._runs.setdefault(info.name, [])
+            fits = [r for r in runs if earliest <= r.latest and r.earliest <= latest]
+            if len(fits) > 1 and not settle:
+                return None
+            if not fits:
+                run = _Run(f"{self.address} run@{latest:.3f}", earliest, latest, answered_at)
+                runs.append(run)
+                del runs[:-_RUNS_KEPT]
+                return run.token
+            run = max(fits, key=lambda r: r.latest)
+            narrower = latest - earliest <= run.latest - run.earliest
+            if len(fits) == 1 and (narrower or answered_at - run.estimated_at > _ESTIMATE_STANDS):
+                run.earliest, run.latest, run.estimated_at = earliest, latest, answered_at
+            return run.token
+
+
+class Followed:
+    """Per key, the run and insert count one of this client's own resources (a table's
+    trajectory writer, its kept samplers) last met. Thread-safe."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # key -> (latest start time of the server, insert count, when that was answered)
-        self._seen: dict[tuple[str, str], tuple[float, int, float]] = {}
+        # key -> (epoch, insert count, when that answer arrived)
+        self._met: dict[Any, tuple[Hashable, int, float]] = {}
 
-    def restarted(
-        self, key: tuple[str, str], info: Any, asked_at: float, remember: bool = True
-    ) -> str | None:
-        """How ``info`` shows the server behind ``key`` is not the run last remembered
-        for it (``None``: it is the same, or this is the first look): its insert count
-        went down, or its table worker started later. ``info`` was asked for at
-        ``asked_at``, so the worker started between ``asked_at - age`` and now ``- age``,
-        however slow the answer. ``remember``: adopt this run (also when it is new)."""
-        age = age_seconds(info)
-        answered_at = time.monotonic()
-        earliest, latest = asked_at - age, answered_at - age
+    def moved(self, key: Any, epoch: Hashable, info: Any, asked_at: float) -> bool:
+        """Whether the server restarted (another epoch) or the table was reset (a lower
+        insert count) since the resource behind ``key`` last met it, by ``info`` (asked
+        for at ``asked_at``); remembers this answer. An answer asked for before the
+        remembered one arrived (another thread's) may be the older: it proves nothing."""
         count = insert_count(info)
         with self._lock:
-            seen = self._seen.get(key)
-            if seen is not None and asked_at < seen[2]:
-                # Asked before the remembered answer arrived (another thread's): it may be
-                # the older of the two, so a lower count or later start proves nothing.
-                return None
-            if remember or seen is None:
-                self._seen[key] = (latest, count, answered_at)
-        if seen is None:
-            return None
-        if count < seen[1]:
-            return f"its insert count went down from {seen[1]} to {count}"
-        if earliest - seen[0] > RESTART_SLACK:
-            return f"its table worker started {earliest - seen[0]:.3f} s after the one seen before"
-        return None
+            met = self._met.get(key)
+            if met is not None and asked_at < met[2]:
+                return False
+            self._met[key] = (epoch, count, time.monotonic())
+        return met is not None and (met[0] != epoch or count < met[1])
 
 
 def own_version(table: str, before: Any, after: Any, restarted: bool) -> int:
