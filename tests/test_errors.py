@@ -18,6 +18,7 @@ EXPORTED_ERRORS = {
     name: obj
     for name, obj in vars(errors).items()
     if name in errors.__all__ and isinstance(obj, type) and issubclass(obj, BaseException)
+    and not issubclass(obj, Warning)  # PluginWarning: a warning beside the tree, not an error
 }
 
 
@@ -47,6 +48,12 @@ def test_every_exported_exception_is_a_varsync_error():
     assert len(EXPORTED_ERRORS) >= 15
     for name, cls in EXPORTED_ERRORS.items():
         assert issubclass(cls, varsync.VarsyncError), name
+
+
+def test_the_plugin_warning_is_a_user_warning_outside_the_error_tree():
+    assert issubclass(errors.PluginWarning, UserWarning)
+    assert not issubclass(errors.PluginWarning, varsync.VarsyncError)
+    assert varsync.PluginWarning is errors.PluginWarning
 
 
 def test_every_exported_exception_is_public_at_the_top_level():
