@@ -25,6 +25,15 @@ from typing import Any, Protocol
 
 import pluggy
 
+__all__ = [
+    "PROJECT",
+    "Registry",
+    "hookimpl",
+    "hookspec",
+    "varsync_register_adapters",
+    "varsync_register_backends",
+]
+
 PROJECT = "varsync"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)

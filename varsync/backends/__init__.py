@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from varsync.hookspecs import Registry, hookimpl
 
+__all__ = ["varsync_register_backends"]
+
 
 @hookimpl
 def varsync_register_backends(registry: Registry) -> None:

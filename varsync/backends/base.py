@@ -381,22 +381,3 @@ def missing_methods(cls: type) -> dict[str, list[str]]:
         missing.setdefault(owner, []).append(method)
     return missing
 
-
-#: The 0.2 protocol's names this module had, kept for one release (``varsync.backends.legacy``).
-_LEGACY_NAMES = ("Snapshot", "LeafSnapshot", "read_snapshot", "wait_for_change")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LEGACY_NAMES:
-        import warnings
-
-        from varsync.backends import legacy
-
-        warnings.warn(
-            f"varsync.backends.base.{name} is the 0.2 protocol's, deprecated in 0.3 and "
-            f"removed in 0.4 (docs/plugins.md, 'Porting a 0.2 backend')",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(legacy, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
