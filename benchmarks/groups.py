@@ -113,7 +113,7 @@ def poller(store: Any, table: str = TABLE) -> Callable[[], Any]:
 
 def memory_group(ctx: Context, case: Case, nest: Any, variables: Any, targets: Any) -> Group:
     import varsync
-    from varsync.backends import memory
+    from varsync._backends import memory
 
     name = f"bench-{case.name}-{ctx.tag}"
     store = varsync.connect(f"memory://{name}")

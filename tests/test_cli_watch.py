@@ -23,7 +23,7 @@ import pytest
 import varsync
 from varsync import cli
 from varsync.cli.watch import Watcher
-from varsync.readers import history_key
+from varsync._readers import history_key
 
 # tox.ini's tf and modern environments install the extra: there a missing one fails.
 if os.environ.get("TOX_ENV_NAME") in ("tf", "modern"):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import varsync
-from varsync.config import DEFAULT_URL, ENV_URL, redact
+from varsync._config import DEFAULT_URL, ENV_URL, redact
 
 
 def _store() -> str:
@@ -271,5 +271,5 @@ def test_a_table_name_with_a_lone_surrogate_is_a_configuration_error():
 
 @pytest.mark.parametrize("url", ["x:///a/b", "x:///a/b?password=secret&k=2", "file:///tmp/store"])
 def test_redact_keeps_the_slashes_of_a_url_without_host(url):
-    shown = varsync.config.redact(url)
+    shown = varsync._config.redact(url)
     assert shown.startswith(url.split("://")[0] + ":///") and "secret" not in shown

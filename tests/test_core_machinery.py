@@ -107,7 +107,7 @@ def test_unknown_options_are_listed_with_the_known_ones() -> None:
 # -- histories: the core's one rule ------------------------------------------------------
 
 from varsync.backend import Head  # noqa: E402
-from varsync.history import UNKNOWN, Histories  # noqa: E402
+from varsync._history import UNKNOWN, Histories  # noqa: E402
 
 
 def test_the_first_epoch_is_adopted_and_the_same_one_changes_nothing() -> None:
@@ -159,7 +159,7 @@ def test_the_container_reports_a_version_below_the_held_one_with_the_same_messag
 import math  # noqa: E402
 import time  # noqa: E402
 
-from varsync.waiting import wait_for_change  # noqa: E402
+from varsync._waiting import wait_for_change  # noqa: E402
 
 
 class _Scripted(vb.Backend):
@@ -207,7 +207,7 @@ def _wait(backend: vb.Backend, held: int, timeout: float, epoch: Any = UNKNOWN) 
 
 def test_a_polling_backend_is_looked_at_with_growing_intervals(monkeypatch: Any) -> None:
     sleeps: List[float] = []
-    monkeypatch.setattr("varsync.waiting.time.sleep", sleeps.append)
+    monkeypatch.setattr("varsync._waiting.time.sleep", sleeps.append)
     backend = _Scripted([3] * 8 + [4])
     assert _wait(backend, 3, 10.0) == 4
     assert sleeps[0] == vb.POLL_START and sleeps[1] == 2 * sleeps[0]

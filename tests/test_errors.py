@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import varsync
-from varsync import errors
-from varsync.errors import translate_errors
+from varsync import _errors as errors
+from varsync._errors import translate_errors
 
 EXPORTED_ERRORS = {
     name: obj

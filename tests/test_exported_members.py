@@ -81,3 +81,62 @@ def test_each_public_module_exports_exactly_its_pinned_names(module: str) -> Non
         f"removed {sorted(set(PUBLIC[module]) - set(exported))}. Change them on purpose: "
         "update this list and CHANGELOG.md (removals after a release of deprecation)."
     )
+
+
+#: Every module of the package whose dotted name has no ``_``-prefixed part: the public
+#: ones above, the CLI's and the suite's parts, the pytest plugin, and the old paths of
+#: the modules made private in 0.3 (each warns when imported; removed in 0.4).
+PUBLIC_PACKAGES = ("varsync.cli", "varsync.testing", "varsync.compat", "varsync.integrations")
+DEPRECATED_PATHS = {
+    "varsync.adapters", "varsync.backends", "varsync.backends.base", "varsync.checks",
+    "varsync.config", "varsync.container", "varsync.delta", "varsync.errors",
+    "varsync.history", "varsync.hookspecs", "varsync.metrics", "varsync.nest",
+    "varsync.options", "varsync.readers", "varsync.registry", "varsync.reverb",
+    "varsync.server_wait", "varsync.signature", "varsync.signature_json", "varsync.spec",
+}
+
+
+def _modules() -> List[str]:
+    names = []
+    for path in sorted((ROOT / "varsync").rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        names.append(".".join(parts))
+    return names
+
+
+def test_every_module_without_an_underscore_is_public_or_a_deprecated_path() -> None:
+    public_named = [
+        m for m in _modules() if not any(part.startswith("_") for part in m.split("."))
+    ]
+    unexpected = [
+        m for m in public_named
+        if m not in PUBLIC and m not in DEPRECATED_PATHS
+        and not m.startswith(PUBLIC_PACKAGES) and m not in ("varsync.pytest_plugin",
+                                                            "varsync.reverb_server")
+    ]
+    assert not unexpected, f"modules public by name but not on purpose: {unexpected}"
+    assert DEPRECATED_PATHS <= set(public_named)
+
+
+@pytest.mark.parametrize("module", sorted(DEPRECATED_PATHS))
+def test_each_deprecated_path_warns_and_gives_its_private_modules_names(module: str) -> None:
+    import subprocess
+    import sys
+
+    if module == "varsync.reverb":  # the Reverb server's module needs Reverb
+        pytest.importorskip("reverb")
+    code = (
+        "import warnings, importlib\n"
+        "warnings.simplefilter('error', DeprecationWarning)\n"
+        "import varsync\n"
+        f"try:\n    importlib.import_module({module!r})\n"
+        "except DeprecationWarning as w:\n    print('WARNED', w)\n"
+        "warnings.simplefilter('ignore', DeprecationWarning)\n"
+        f"m = importlib.import_module({module!r})\n"
+        "assert m.__all__ and all(hasattr(m, n) for n in m.__all__), m\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "WARNED" in out.stdout and "removed in 0.4" in out.stdout, out.stdout

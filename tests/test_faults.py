@@ -45,7 +45,7 @@ MB = 1 << 20
 
 
 def filled(signature: Any, number: int) -> Any:
-    return varsync.nest.map_structure(lambda s: np.full(s.shape, number, s.dtype), signature)
+    return varsync._nest.map_structure(lambda s: np.full(s.shape, number, s.dtype), signature)
 
 
 def content_of(values: Any) -> int:
@@ -207,7 +207,7 @@ def workers() -> Iterator[Callable[..., Workers]]:
 
 def _serve_reverb(tables: Dict[str, Any], port: int, checkpoint_dir: Optional[str],
                   ready: Any, stop: Any) -> None:
-    from varsync.reverb import serve
+    from varsync.reverb_server import serve
 
     with serve(tables, port=port, checkpoint_dir=checkpoint_dir) as server:
         ready.put(server.port)
@@ -473,7 +473,7 @@ def _until_reverb_server_age(url: str, seconds: float) -> None:
     """Wait until the Reverb server has run ``seconds``: a restart is told from the same
     server by its later start (within 10 ms it cannot be), and real servers run for far
     longer than the few milliseconds of a test's setup."""
-    from varsync.backends.reverb.tables import age_seconds as _age_seconds
+    from varsync._backends.reverb.tables import age_seconds as _age_seconds
 
     with varsync.connect(url, timeout=10) as store:
         deadline = time.monotonic() + 10
@@ -491,7 +491,7 @@ def _push_and_stall(backend: str, url: str, signature: Any, number: int, reached
     killed): Redis after half its chunks were sent, shm after half its leaves were
     written, Reverb once its data streams to the server (its writer's flush)."""
     if backend == "redis":
-        from varsync.backends.redis import wire
+        from varsync._backends.redis import wire
 
         real_parts = wire.chunk_parts
 
@@ -631,7 +631,7 @@ def _pull_and_stall(backend: str, url: str, reached: Any, release: Any) -> None:
     """Child: pull, and be killed in the middle of it: Redis after the first chunk
     arrived (the next is on its way), Reverb during one of a stream of large pulls."""
     if backend == "redis":
-        from varsync.backends.redis import wire
+        from varsync._backends.redis import wire
 
         real_crc = wire.checksum
 

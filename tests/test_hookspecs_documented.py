@@ -6,13 +6,13 @@ import re
 
 import pytest
 
-from varsync import hookspecs
+from varsync import _hookspecs as hookspecs
 
 GUIDE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "plugins.md"
 
 
 def hook_specs():
-    """The functions of varsync.hookspecs that carry pluggy's hookspec marker."""
+    """The functions of varsync._hookspecs that carry pluggy's hookspec marker."""
     marker = f"{hookspecs.PROJECT}_spec"  # the attribute HookspecMarker sets
     return sorted(
         name
@@ -30,6 +30,6 @@ def test_every_hook_spec_is_named_in_the_plugin_guide(name):
     assert GUIDE.is_file(), f"{GUIDE} (the plugin author's guide) is missing"
     text = GUIDE.read_text(encoding="utf-8")
     assert re.search(rf"\b{re.escape(name)}\b", text), (
-        f"hook spec {name!r} of varsync/hookspecs.py is not mentioned in docs/plugins.md; "
+        f"hook spec {name!r} of varsync/_hookspecs.py is not mentioned in docs/plugins.md; "
         "document it there"
     )

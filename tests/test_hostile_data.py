@@ -365,7 +365,7 @@ def test_nothing_varsync_reads_from_shm_files_is_unpickled(
 
 
 def test_a_memory_table_whose_signature_record_is_of_a_future_format_version_is_corrupt_data() -> None:
-    from varsync.backends import memory
+    from varsync._backends import memory
 
     name = f"hostile-{uuid.uuid4().hex}"
     with varsync.connect(f"memory://{name}") as store:

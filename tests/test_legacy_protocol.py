@@ -34,8 +34,8 @@ from varsync.backend import (
     SupportsBlockingWait,
     SupportsLeafVersions,
 )
-from varsync.backends.legacy import LegacyBackend
-from varsync.container import VariableContainer
+from varsync._backends.legacy import LegacyBackend
+from varsync._container import VariableContainer
 
 #: What the registry's warning must name: the renamed method and the new answers.
 WHAT_TO_CHANGE = r"rename version\(name\) to head\(name, deadline\) returning Head"

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import varsync
-from varsync import nest as nest_lib
+from varsync import _nest as nest_lib
 from varsync.testing import ConformanceTests
 
 

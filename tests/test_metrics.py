@@ -1,4 +1,4 @@
-"""Prometheus metrics (``connect(url, metrics=...)``, varsync/metrics.py): off by default
+"""Prometheus metrics (``connect(url, metrics=...)``, varsync/_metrics.py): off by default
 and then not even imported; when on, the backend's calls counted and timed by a proxy
 that leaves the core's behaviour unchanged (the conformance suite runs through it)."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import varsync
-from varsync.backends.memory import MemoryBackend
+from varsync._backends.memory import MemoryBackend
 from varsync.testing import ConformanceTests
 
 # tox.ini's tf and modern environments install the extra: there a missing one fails.
@@ -64,7 +64,7 @@ def test_using_varsync_without_metrics_imports_neither_prometheus_nor_rich():
             store.create_table("t", {"w": np.zeros(2, np.float32)})
             store.push({"w": np.ones(2, np.float32)}, table="t")
             store.pull(table="t")
-        loaded = [m for m in ("prometheus_client", "rich", "varsync.metrics") if m in sys.modules]
+        loaded = [m for m in ("prometheus_client", "rich", "varsync._metrics") if m in sys.modules]
         assert not loaded, loaded
         """
     )

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 import varsync
-from varsync import signature as sig
-from varsync.spec import ML_DTYPE_NAMES, SUPPORTED_DTYPES, Spec, canonical_dtype
+from varsync import _signature as sig
+from varsync._spec import ML_DTYPE_NAMES, SUPPORTED_DTYPES, Spec, canonical_dtype
 from varsync.testing.roundtrip_tests import ml_dtype_values
 from varsync.testing.values import assert_bit_equal, every_bit_pattern
 
@@ -107,8 +107,8 @@ def test_import_varsync_imports_no_ml_dtypes_until_a_table_holds_one() -> None:
             "    store.push({'w': np.ones(2, np.float32), 'step': 1}, table='t')",
             "    before = 'ml_dtypes' in sys.modules",
             "    # a stored signature naming bfloat16, read without ml_dtypes imported first",
-            "    from varsync.signature import from_json",
-            "    spec = from_json(json.dumps({'format': 'varsync.signature',",
+            "    from varsync._signature import from_json",
+            "    spec = from_json(json.dumps({'format': 'varsync._signature',",
             "        'version': 1, 'structure': {'spec': {'shape': [2], 'dtype': 'bfloat16'}}}))",
             "print(json.dumps([before, spec.dtype.name, 'ml_dtypes' in sys.modules]))",
         ]
@@ -218,7 +218,7 @@ def test_tensorflow_bfloat16_and_float8_variables_push_and_update() -> None:
 
 
 def test_reverb_tables_hold_the_three_tensorflow_has_natively(reverb_servers: Any) -> None:
-    from varsync.backends.reverb import ReverbBackend
+    from varsync._backends.reverb import ReverbBackend
 
     assert ReverbBackend.supported_ml_dtypes == REVERB_DTYPES
     tf = pytest.importorskip("tensorflow")

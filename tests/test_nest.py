@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from varsync import nest
+from varsync import _nest as nest
 
 Pair = collections.namedtuple("Pair", ["first", "second"])
 # Fields deliberately out of alphabetical order: namedtuples flatten in field order.

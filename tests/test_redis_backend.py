@@ -371,7 +371,7 @@ def test_an_acl_user_limited_to_its_prefix_and_the_documented_commands_works(
 def test_checksums_are_zlibs_crc32_whichever_implementation_computes_them() -> None:
     import zlib
 
-    from varsync.backends.redis.wire import checksum as _crc32
+    from varsync._backends.redis.wire import checksum as _crc32
 
     data = np.random.default_rng(3).integers(0, 256, 1 << 20, dtype=np.uint8)
     views = [memoryview(data)[:1000], memoryview(data)[1000:]]
@@ -571,7 +571,7 @@ def test_a_small_push_is_answered_by_one_string_after_its_chunk(
     # A small push sends its chunk's SET and the publish script together. Redis 6 writes
     # a script's table reply with a write(2) of its own after the SET's +OK (a table's
     # length is deferred); one string goes out with the +OK.
-    from varsync.backends.redis import wire
+    from varsync._backends.redis import wire
 
     answers: List[Any] = []
     read = wire.Wire.reply

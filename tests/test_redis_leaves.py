@@ -24,7 +24,7 @@ import varsync
 from varsync.backend import Head, LeafRead
 
 redis = pytest.importorskip("redis")
-from varsync.backends.redis.protocol import PUBLISH as _PUBLISH_SCRIPT  # noqa: E402
+from varsync._backends.redis.protocol import PUBLISH as _PUBLISH_SCRIPT  # noqa: E402
 
 KB = 1 << 10
 MB = 1 << 20
@@ -421,7 +421,7 @@ def _old_check_format(directory: Path) -> Any:
     """``check_format`` of the varsync before leaf versions (this repository's history)."""
     root = Path(__file__).resolve().parents[1]
     source = subprocess.run(
-        ["git", "show", "a1bdb42:varsync/backends/redis/protocol.py"],
+        ["git", "show", "a1bdb42:varsync/_backends/redis/protocol.py"],
         cwd=root, capture_output=True, text=True,
     )
     if source.returncode != 0:

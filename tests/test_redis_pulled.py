@@ -1,5 +1,5 @@
 """A Redis pull's large arrays in memory recycled from earlier pulls the caller let go of
-(varsync/backends/redis/pulled.py), against a real redis-server: memory is reused only
+(varsync/_backends/redis/pulled.py), against a real redis-server: memory is reused only
 once nothing references it (the arrays, views of them, buffers exported from them), the
 values are always the pulled ones, at most two pulls' buffers are kept, and
 ``reuse_pulled=0`` turns it off."""
@@ -15,8 +15,8 @@ import pytest
 pytest.importorskip("redis")
 
 import varsync  # noqa: E402
-from varsync.backends.redis.pulled import REUSE_FROM, PulledMemory  # noqa: E402
-from varsync.signature import Spec  # noqa: E402
+from varsync._backends.redis.pulled import REUSE_FROM, PulledMemory  # noqa: E402
+from varsync._signature import Spec  # noqa: E402
 
 LEAF = REUSE_FROM // 4  # float32 elements: one leaf of REUSE_FROM bytes
 

@@ -24,7 +24,7 @@ from varsync.testing._base import CONSISTENCY, SMALL
 from redis_fixtures import ReplyCutter, command_calls, table_head
 
 redis = pytest.importorskip("redis")
-from varsync.backends.redis.protocol import PUBLISH as _PUBLISH_SCRIPT  # noqa: E402
+from varsync._backends.redis.protocol import PUBLISH as _PUBLISH_SCRIPT  # noqa: E402
 
 
 @pytest.fixture

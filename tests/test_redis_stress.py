@@ -32,7 +32,7 @@ READ_SECONDS = 20.0
 
 
 def filled(number: int, nest: str = "small") -> Any:
-    return varsync.nest.map_structure(lambda s: np.full(s.shape, number, s.dtype), NESTS[nest])
+    return varsync._nest.map_structure(lambda s: np.full(s.shape, number, s.dtype), NESTS[nest])
 
 
 def numbers_in(values: Any) -> List[int]:

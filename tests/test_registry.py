@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 import varsync
-from varsync.backends.memory import MemoryBackend
-from varsync.registry import reset_registry
+from varsync._backends.memory import MemoryBackend
+from varsync._registry import reset_registry
 
 # Any warning from plugin loading that a test does not expect with pytest.warns fails it.
 pytestmark = pytest.mark.filterwarnings("error::varsync.PluginWarning")
@@ -46,7 +46,7 @@ FAKE_PLUGIN = """
 """
 
 FAKE_BACKEND = """
-    from varsync.backends.memory import MemoryBackend
+    from varsync._backends.memory import MemoryBackend
 
     class FakeBackend(MemoryBackend):
         \"\"\"The in-process memory store, served under the fake:// scheme.\"\"\"
@@ -140,7 +140,7 @@ def test_available_backends_names_the_distribution_each_backend_comes_from(fakep
     assert backends["fake"].target == "fakeplug_backend:FakeBackend"
     assert backends["fake"].installed
     assert backends["memory"].source == "built-in"
-    assert backends["memory"].target == "varsync.backends.memory:MemoryBackend"
+    assert backends["memory"].target == "varsync._backends.memory:MemoryBackend"
     assert backends["memory"].installed
 
 
@@ -239,7 +239,7 @@ def test_connecting_to_a_backend_whose_dependency_is_absent_names_the_install_co
 
 
 def test_the_install_hint_of_a_builtin_extra_names_the_varsync_extra():
-    registry = varsync.registry.BackendRegistry()
+    registry = varsync._registry.BackendRegistry()
     registry.add(
         "future", "fakeplug_future:Backend", requires=["fakeplug_no_such_driver"], extra="future"
     )
@@ -349,7 +349,7 @@ def test_a_plugin_cannot_take_over_a_builtin_scheme(site, decorator):
 
     assert "greedyplug 2.0" in str(caught[0].message)
     assert backends["memory"].source == "built-in"
-    assert backends["memory"].target == "varsync.backends.memory:MemoryBackend"
+    assert backends["memory"].target == "varsync._backends.memory:MemoryBackend"
     with varsync.connect(_url("memory")) as store:
         assert type(store.backend) is MemoryBackend
     assert "fakeplug_backend" not in sys.modules
@@ -373,7 +373,7 @@ def test_connecting_to_an_unknown_scheme_lists_the_installed_schemes(fakeplug):
 
 
 def test_the_registry_view_is_read_only(fakeplug):
-    entries = varsync.registry.get_registry().entries
+    entries = varsync._registry.get_registry().entries
 
     with pytest.raises(TypeError):
         entries["fake"] = entries["memory"]  # type: ignore[index]

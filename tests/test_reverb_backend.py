@@ -13,8 +13,8 @@ reverb = pytest.importorskip("reverb")
 tf = pytest.importorskip("tensorflow")
 
 import varsync  # noqa: E402
-from varsync.backends.reverb import MAX_PUSH_BYTES  # noqa: E402
-from varsync.reverb import serve, variables_table  # noqa: E402
+from varsync._backends.reverb import MAX_PUSH_BYTES  # noqa: E402
+from varsync.reverb_server import serve, variables_table  # noqa: E402
 from varsync.testing import ConformanceTests, FaultTests  # noqa: E402
 
 SIGNATURE = {"w": np.zeros((3, 2), np.float32), "train_step": np.int64(0)}
@@ -324,7 +324,7 @@ def test_serve_refuses_int_dict_keys_reverb_cannot_store():
 def test_ordered_mappings_and_empty_nodes_are_refused_with_what_to_do_instead():
     """A PyTorch state_dict's order or a JAX None cannot live in a tf.nest structure:
     refused by serve and by create_table on a running server, never silently reordered."""
-    from varsync.nest import EMPTY, Ordered
+    from varsync._nest import EMPTY, Ordered
 
     state_dict = Ordered([("layer2.weight", varsync.Spec((2,), np.float32)),
                           ("layer10.weight", varsync.Spec((2,), np.float32))])
@@ -481,8 +481,8 @@ def _counting_server_info(store, monkeypatch) -> list:
 def test_a_pull_of_a_varsync_push_asks_for_the_count_once(reverb_servers, monkeypatch, size):
     """A varsync push labels its item with the version it expects (its priority), so a
     pull that samples it needs no second look at the count; both samplers read it."""
-    from varsync.backends.reverb.sampling import PYBIND_MAX_BYTES
-    from varsync.backends.reverb.tables import LABEL_FRACTION
+    from varsync._backends.reverb.sampling import PYBIND_MAX_BYTES
+    from varsync._backends.reverb.tables import LABEL_FRACTION
 
     signature = {"w": np.zeros(size // 4, np.float32), "train_step": np.int64(0)}
     assert (size <= PYBIND_MAX_BYTES) == (size == 16)
@@ -502,7 +502,7 @@ def test_a_push_that_drops_its_version_asks_for_the_count_once(reverb_servers, m
     """The TF-Agents drop-in's push returns no version, so it skips the count read after
     the insert that only numbers a push (one request of two); its item is labelled from
     the count read before, as every push's is, so a pull of it still asks once."""
-    from varsync.backends.reverb.tables import LABEL_FRACTION
+    from varsync._backends.reverb.tables import LABEL_FRACTION
     from varsync.compat.tf_agents import ReverbVariableContainer
 
     server = reverb_servers({"variables": SIGNATURE})
@@ -545,7 +545,7 @@ def test_a_pull_of_an_unlabelled_item_checks_the_count_again(reverb_servers, mon
 
 
 def test_labels_name_versions_only_with_their_fraction():
-    from varsync.backends.reverb.tables import label_of, labelled_version
+    from varsync._backends.reverb.tables import label_of, labelled_version
 
     assert [labelled_version(label_of(v)) for v in (1, 2, 10**9, 2**50)] == [1, 2, 10**9, 2**50]
     assert [labelled_version(p) for p in (1.0, 0.0, 0.25, 3.5, 3.2500001, -2.75)] == [-1] * 6
@@ -587,7 +587,7 @@ class _Clock:
 
 
 def _runs(monkeypatch):
-    from varsync.backends.reverb import versions
+    from varsync._backends.reverb import versions
 
     clock = _Clock()
     monkeypatch.setattr(versions.time, "monotonic", clock)

@@ -246,7 +246,7 @@ def test_on_redis_7_the_documented_actor_reports_and_writes_no_other_readers_ent
 ) -> None:
     from redis.exceptions import NoPermissionError
 
-    from varsync.backends.redis.readers import REPORT
+    from varsync._backends.redis.readers import REPORT
 
     learner, actor = learner_and_actor(acl_server_7)
     with learner, actor:

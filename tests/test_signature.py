@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import varsync
-from varsync import signature as sig
-from varsync.errors import CorruptDataError, SignatureError, SignatureMismatchError
-from varsync.signature import Spec
+from varsync import _signature as sig
+from varsync._errors import CorruptDataError, SignatureError, SignatureMismatchError
+from varsync._signature import Spec
 
 Transition = collections.namedtuple("Transition", ["reward", "observation"])
 

@@ -13,7 +13,7 @@ tf = pytest.importorskip("tensorflow", reason="TensorFlow is installed only in t
 
 import varsync  # noqa: E402
 from varsync import SignatureMismatchError  # noqa: E402
-from varsync.adapters import tensorflow as tf_adapter  # noqa: E402
+from varsync._adapters import tensorflow as tf_adapter  # noqa: E402
 
 
 def made(kind: str) -> int:

@@ -305,7 +305,7 @@ def test_a_variable_read_for_a_push_is_a_view_that_later_assignments_leave_intac
     # Pushes read variables through views of their buffers, not copies; that is sound
     # only because TensorFlow gives a variable a new buffer when it is assigned while
     # another reference to the old one is alive.
-    from varsync.adapters.tensorflow import ADAPTER
+    from varsync._adapters.tensorflow import ADAPTER
 
     original = np.arange(100_000, dtype=np.float32)
     variable = make_variable(original)

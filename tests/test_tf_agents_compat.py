@@ -244,7 +244,7 @@ def test_versions_count_tf_agents_pushes_too(address, tf_agents_container):
 
 def test_pulled_tensors_are_independent_of_each_other_and_of_later_pushes():
     # Large pulled arrays become tensors without a copy: each pull's memory must be its own.
-    from varsync.reverb import serve
+    from varsync.reverb_server import serve
 
     server = serve({"big": {"w": tf.TensorSpec([300, 400], tf.float32)}})
     try:

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch is installed only in the modern environment")
 
 import varsync  # noqa: E402
-from varsync.adapters.torch import ADAPTER  # noqa: E402
+from varsync._adapters.torch import ADAPTER  # noqa: E402
 
 
 class Net(torch.nn.Module):

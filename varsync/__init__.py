@@ -11,9 +11,9 @@ adapters load when first used.
 """
 
 from varsync import _plugins  # noqa: F401  (wires the plugin host into the registries)
-from varsync.connect import connect
-from varsync.container import DEFAULT_TABLE, TableInfo, VariableContainer
-from varsync.errors import (
+from varsync._connect import connect
+from varsync._container import DEFAULT_TABLE, TableInfo, VariableContainer
+from varsync._errors import (
     AuthenticationError,
     BackendConnectionError,
     ConcurrentPushError,
@@ -34,10 +34,10 @@ from varsync.errors import (
     UnsupportedError,
     VarsyncError,
 )
-from varsync.hookspecs import hookimpl
-from varsync.nest import flatten, unflatten
-from varsync.registry import BackendEntry, PluginWarning, available_backends
-from varsync.signature import Spec, signature_of
+from varsync._hookspecs import hookimpl
+from varsync._nest import flatten, unflatten
+from varsync._registry import BackendEntry, PluginWarning, available_backends
+from varsync._signature import Spec, signature_of
 
 __version__ = "0.3.0"
 

@@ -1,7 +1,7 @@
 """The plugin host: pluggy's plugin manager, the plugins found through the ``varsync``
 entry-point group, and the registries built by calling their hooks.
 
-This module depends on the registries (:mod:`varsync.registry`, :mod:`varsync.adapters`),
+This module depends on the registries (:mod:`varsync._registry`, :mod:`varsync._adapters`),
 never the reverse: importing :mod:`varsync` wires :func:`build_backends` and
 :func:`build_adapters` into them, and each builds its registry on first use. Hooks are
 called through ``pm.hook``. Each plugin is registered *guarded*: its hook functions run
@@ -22,14 +22,16 @@ from typing import Any, Callable
 
 import pluggy
 
-from varsync import adapters, hookspecs, registry
-from varsync.errors import PluginWarning
+from varsync import _adapters as adapters
+from varsync import _hookspecs as hookspecs
+from varsync import _registry as registry
+from varsync._errors import PluginWarning
 
 __all__ = ["build_adapters", "build_backends", "plugin_manager", "reset"]
 
 BUILTIN = "built-in"
 #: The built-in plugins: the backends', then the framework adapters'.
-_BUILTIN_PLUGINS = ("varsync.backends", "varsync.adapters.builtin")
+_BUILTIN_PLUGINS = ("varsync._backends", "varsync._adapters.builtin")
 _HOOKS = ("varsync_register_backends", "varsync_register_adapters")
 
 _MANAGER: pluggy.PluginManager | None = None

@@ -31,7 +31,7 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from varsync.backends.base import (
+from varsync._backends.base import (
     BLOCK_SLICE,
     POLL_MAX,
     POLL_START,
@@ -46,8 +46,8 @@ from varsync.backends.base import (
     remaining,
     request_timeout,
 )
-from varsync.config import check_text, redact
-from varsync.errors import (
+from varsync._config import check_text, redact
+from varsync._errors import (
     AuthenticationError,
     BackendConnectionError,
     ConcurrentPushError,
@@ -66,9 +66,9 @@ from varsync.errors import (
     translate_errors,
     translated_error,
 )
-from varsync.history import reset_error
-from varsync.hookspecs import hookimpl
-from varsync.options import (
+from varsync._history import reset_error
+from varsync._hookspecs import hookimpl
+from varsync._options import (
     MAX_TIMEOUT,
     HostPort,
     parse_bool,
@@ -77,9 +77,9 @@ from varsync.options import (
     parse_timeout,
     refuse_unknown,
 )
-from varsync.registry import BackendRegistry, reset_registry
-from varsync.server_wait import parse_wait_for_server, retry_until_up
-from varsync.signature import Spec
+from varsync._registry import BackendRegistry, reset_registry
+from varsync._server_wait import parse_wait_for_server, retry_until_up
+from varsync._signature import Spec
 
 if TYPE_CHECKING:  # at run time, loaded on first use by __getattr__ below
     from varsync.testing.values import assert_bit_equal, check_consistent, filled
@@ -171,7 +171,7 @@ def __getattr__(name: str) -> Any:
             DeprecationWarning,
             stacklevel=2,
         )
-        from varsync.backends import legacy
+        from varsync._backends import legacy
 
         return getattr(legacy, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

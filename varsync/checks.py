@@ -1,73 +1,16 @@
-"""What the container checks at its edges, before anything is written or returned: a
-table name, a version number, a push's size against its backend's limit, and the arrays
-a backend returns against the table's specs (a backend's bug or damaged data is a
-:class:`CorruptDataError`, never an array of another shape handed to the caller)."""
+"""Deprecated: ``varsync.checks`` is now ``varsync._checks``, private since varsync 0.3
+(removed in 0.4). Import from :mod:`varsync` (users) or :mod:`varsync.backend` (plugin
+authors) instead.
+"""
 
-from __future__ import annotations
+import warnings as _warnings
 
-from collections.abc import Sequence
-from typing import Any
+from varsync._checks import *  # noqa: F403
+from varsync._checks import __all__  # noqa: F401
 
-import numpy as np
-
-from varsync import signature as sig
-from varsync.backends.base import Backend
-from varsync.config import check_text
-from varsync.errors import ConfigurationError, CorruptDataError, ItemTooLargeError
-
-__all__ = ["table_name", "version", "push_size", "read_leaves"]
-
-
-def table_name(name: Any) -> None:
-    if not isinstance(name, str) or not name:
-        raise ConfigurationError(f"table name must be a non-empty str, got {name!r}")
-    check_text(name, "table name")
-
-
-def version(number: Any) -> int:
-    """A version a caller holds, as an int (0: none)."""
-    if isinstance(number, bool) or not isinstance(number, (int, np.integer)) or number < 0:
-        raise ConfigurationError(f"version must be an int >= 0, got {number!r}")
-    return int(number)
-
-
-def push_size(table: str, backend: Backend, arrays: list[np.ndarray]) -> None:
-    limit = backend.max_push_bytes
-    if limit is not None:
-        total = sum(a.nbytes for a in arrays)
-        if total > limit:
-            raise ItemTooLargeError(
-                f"push to {table!r} is {total} bytes; {type(backend).__name__} accepts "
-                f"at most {limit} bytes per push. Nothing was sent. Split the variables "
-                "over several tables, or use a backend without this limit."
-            )
-
-
-def read_leaves(
-    table: str,
-    version: int,
-    arrays: Sequence[np.ndarray | None],
-    specs: Sequence[sig.Spec],
-    whole: bool = False,
-) -> list[np.ndarray | None]:
-    """A read's arrays verified against ``specs`` (a delta read's: ``None`` for leaves
-    not fetched; ``whole``: a whole read, where every leaf must be there)."""
-    if len(arrays) != len(specs):
-        raise CorruptDataError(
-            f"table {table!r} returned {len(arrays)} "
-            f"{'arrays' if whole else 'places'} for a signature of "
-            f"{len(specs)} leaves (version {version})"
-        )
-    for index, (array, spec) in enumerate(zip(arrays, specs)):
-        if array is not None or whole:
-            _leaf(table, version, index, array, spec)
-    return list(arrays)
-
-
-def _leaf(table: str, version: int, index: int, array: Any, spec: sig.Spec) -> None:
-    if not isinstance(array, np.ndarray) or array.shape != spec.shape or array.dtype != spec.dtype:
-        raise CorruptDataError(
-            f"table {table!r} version {version}: leaf {index} is "
-            f"{getattr(array, 'dtype', type(array).__name__)} "
-            f"{getattr(array, 'shape', '')}, the signature says {spec}"
-        )
+_warnings.warn(
+    "varsync.checks is private since varsync 0.3 (now varsync._checks) and is removed in 0.4: "
+    "import from varsync or varsync.backend",
+    DeprecationWarning,
+    stacklevel=2,
+)

@@ -1,72 +1,17 @@
-"""The hooks a varsync plugin implements (pluggy project ``varsync``).
-
-A plugin is a module or object with ``@hookimpl`` functions, published through the
-``varsync`` entry-point group::
-
-    # pyproject.toml of a plugin
-    [project.entry-points.varsync]
-    mybackend = "varsync_mybackend.plugin"
-
-    # varsync_mybackend/plugin.py
-    import varsync
-
-    @varsync.hookimpl
-    def varsync_register_backends(registry):
-        registry.add("mine", "varsync_mybackend.backend:MyBackend", requires=["mydriver"])
-
-varsync's built-in backends register through this same hook. Framework adapters
-(how to read and assign a framework's tensors) register through
-``varsync_register_adapters`` in the same way.
+"""Deprecated: ``varsync.hookspecs`` is now ``varsync._hookspecs``,
+private since varsync 0.3 (removed in 0.4). Import from :mod:`varsync` (users) or
+:mod:`varsync.backend` (plugin authors) instead.
 """
 
-from __future__ import annotations
+import warnings as _warnings
 
-from typing import Any, Protocol
+from varsync._hookspecs import *  # noqa: F403
+from varsync._hookspecs import __all__  # noqa: F401
 
-import pluggy
-
-__all__ = [
-    "PROJECT",
-    "Registry",
-    "hookimpl",
-    "hookspec",
-    "varsync_register_adapters",
-    "varsync_register_backends",
-]
-
-PROJECT = "varsync"
-hookspec = pluggy.HookspecMarker(PROJECT)
-hookimpl = pluggy.HookimplMarker(PROJECT)
-
-
-class Registry(Protocol):
-    """What a hook receives: :class:`varsync.backend.BackendRegistry` for
-    ``varsync_register_backends``, ``varsync.adapters.AdapterRegistry`` for
-    ``varsync_register_adapters``; each takes entries through ``add``."""
-
-    def add(self, name: str, target: str, **details: Any) -> None:
-        """Register ``target`` (``"module:Class"`` or ``"module:ATTRIBUTE"``)."""
-
-
-@hookspec
-def varsync_register_backends(registry: Registry) -> None:
-    """Add backends to ``registry`` with ``registry.add(scheme, "module:Class", ...)``.
-
-    Name each backend class as a ``"module:Class"`` string: it is imported only when a URL
-    with its scheme is first connected to, so registering costs nothing and an uninstalled
-    optional dependency only matters to those who use it. Do not import the storage
-    engine's client here.
-    """
-
-
-@hookspec
-def varsync_register_adapters(registry: Registry) -> None:
-    """Add framework adapters to ``registry`` with
-    ``registry.add(name, "module:ATTRIBUTE", modules=["myframework"])``.
-
-    ``ATTRIBUTE`` is an object with the methods of :class:`varsync.adapters.Adapter`;
-    ``modules`` are the top-level modules of the framework's types. The adapter module is
-    imported only once one of those is imported and a value the core does not know is
-    seen: do not import the framework here. varsync's TensorFlow, PyTorch and JAX adapters
-    register through this same hook (``varsync/adapters/builtin.py``).
-    """
+_warnings.warn(
+    "varsync.hookspecs is private since varsync 0.3 (now varsync._hookspecs) "
+    "and is removed in 0.4: "
+    "import from varsync or varsync.backend",
+    DeprecationWarning,
+    stacklevel=2,
+)

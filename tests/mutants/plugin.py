@@ -33,7 +33,7 @@ def varsync_register_backends(registry: Any) -> None:
     registry.add(
         LEGACY_REFERENCE_SCHEME,
         "mutants.legacy_reference:SqliteBackend",
-        description="the 0.2-protocol reference, adapted by varsync.backends.legacy",
+        description="the 0.2-protocol reference, adapted by varsync._backends.legacy",
     )
     registry.add(
         LEGACY_LEAF_REFERENCE_SCHEME,

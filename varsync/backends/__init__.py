@@ -1,45 +1,16 @@
-"""varsync's built-in backends, registered through the same hook as any plugin."""
+"""Deprecated: ``varsync.backends`` is now ``varsync._backends``, private since varsync 0.3
+(removed in 0.4). Import from :mod:`varsync` (users) or :mod:`varsync.backend` (plugin
+authors) instead.
+"""
 
-from __future__ import annotations
+import warnings as _warnings
 
-from varsync.hookspecs import Registry, hookimpl
+from varsync._backends import *  # noqa: F403
+from varsync._backends import __all__  # noqa: F401
 
-__all__ = ["varsync_register_backends"]
-
-
-@hookimpl
-def varsync_register_backends(registry: Registry) -> None:
-    registry.add(
-        "memory",
-        "varsync.backends.memory:MemoryBackend",
-        description="in-process store shared by the containers of one process",
-    )
-    registry.add(
-        "reverb",
-        "varsync.backends.reverb:ReverbBackend",
-        requires=["reverb", "tensorflow"],
-        extra="reverb",
-        description="tables of a Reverb server, interchangeable with TF-Agents' container",
-    )
-    schemes = {
-        "redis": "tables in a Redis server, atomically versioned (redis://host:port/db)",
-        "rediss": "the redis backend over TLS (rediss://host:port/db)",
-    }
-    for scheme in ("redis+cluster", "rediss+cluster"):
-        schemes[scheme] = (
-            "the redis backend on a Redis Cluster, each table on its slot's "
-            f"primary ({scheme}://host:port[,host:port])"
-        )
-    for scheme in ("redis+sentinel", "rediss+sentinel"):
-        schemes[scheme] = (
-            "the redis backend, its primary and replicas found by Sentinel "
-            f"({scheme}://host:port[,host:port]/service[/db])"
-        )
-    for scheme, description in schemes.items():
-        registry.add(
-            scheme,
-            "varsync.backends.redis:RedisBackend",
-            requires=["redis"],
-            extra="redis",
-            description=description,
-        )
+_warnings.warn(
+    "varsync.backends is private since varsync 0.3 (now varsync._backends) and is removed in 0.4: "
+    "import from varsync or varsync.backend",
+    DeprecationWarning,
+    stacklevel=2,
+)

@@ -12,12 +12,12 @@ from typing import Any, Callable, TextIO
 import numpy as np
 
 import varsync
-from varsync import nest as nest_lib
-from varsync import signature as sig
+from varsync import _nest as nest_lib
+from varsync import _signature as sig
+from varsync._config import redact
+from varsync._errors import ConfigurationError
 from varsync.cli.formatting import duration, human_size, parse_size, print_columns
 from varsync.cli.usage import PROG, UsageError
-from varsync.config import redact
-from varsync.errors import ConfigurationError
 
 BENCH_TABLE = "varsync_bench"
 

@@ -9,10 +9,10 @@ import json
 from typing import Any, TextIO
 
 import varsync
-from varsync import nest as nest_lib
-from varsync import signature as sig
+from varsync import _nest as nest_lib
+from varsync import _signature as sig
+from varsync._config import redact
 from varsync.cli.formatting import count, human_size
-from varsync.config import redact
 
 
 def add_parser(commands: argparse._SubParsersAction[Any]) -> None:

@@ -13,10 +13,10 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from varsync import nest as nest_lib
-from varsync import signature as sig
+from varsync import _nest as nest_lib
+from varsync import _signature as sig
+from varsync._errors import ConfigurationError, SignatureError, VarsyncError
 from varsync.cli.usage import PROG, UsageError, one_line
-from varsync.errors import ConfigurationError, SignatureError, VarsyncError
 
 
 def add_parser(commands: argparse._SubParsersAction[Any]) -> None:
@@ -131,12 +131,12 @@ def _parse_tables(values: Sequence[str], prog: str) -> dict[str, Any]:
 def run_reverb(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     tables = _parse_tables(args.tables, f"{PROG} serve reverb")
     try:
-        from varsync.reverb import serve
+        from varsync.reverb_server import serve
     except ImportError as exc:  # MissingDependencyError is an ImportError too
         raise ConfigurationError(
             f"cannot serve Reverb: {one_line(exc)}"
             if isinstance(exc, VarsyncError)
-            else f"cannot serve Reverb: varsync.reverb is unavailable ({exc}); install "
+            else f"cannot serve Reverb: varsync.reverb_server is unavailable ({exc}); install "
             'Reverb support with: pip install "varsync[reverb]"'
         ) from exc
     stop = threading.Event()

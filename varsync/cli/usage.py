@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from varsync.errors import VarsyncError
+from varsync._errors import VarsyncError
 
 PROG = "varsync"
 

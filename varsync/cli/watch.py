@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
 import varsync
-from varsync import nest as nest_lib
+from varsync import _nest as nest_lib
+from varsync._config import redact
+from varsync._errors import MissingDependencyError, UnsupportedError
 from varsync.cli.formatting import human_size, printable
 from varsync.cli.usage import PROG, UsageError
-from varsync.config import redact
-from varsync.errors import MissingDependencyError, UnsupportedError
 
 if TYPE_CHECKING:
     from rich.text import Text

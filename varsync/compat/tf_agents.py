@@ -36,9 +36,9 @@ from varsync import (
     PullTimeoutError,
     SignatureMismatchError,
 )
+from varsync._config import DEFAULT_TIMEOUT
+from varsync._server_wait import LOG_EVERY, describe_wait, parse_wait_for_server
 from varsync.backend import deadline_after, remaining
-from varsync.config import DEFAULT_TIMEOUT
-from varsync.server_wait import LOG_EVERY, describe_wait, parse_wait_for_server
 
 __all__ = ["ReverbVariableContainer", "DEFAULT_TABLE", "TRAIN_STEP_KEY", "POLICY_KEY"]
 

@@ -37,15 +37,15 @@ from torchrl._utils import logger as torchrl_logger  # type: ignore[import-not-f
 from torchrl.weight_update import WeightSyncScheme  # type: ignore[import-not-found, unused-ignore]
 
 import varsync
-from varsync import readers as readers_lib
-from varsync.backend import SupportsReaderRegistry
-from varsync.config import redact
-from varsync.errors import (
+from varsync import _readers as readers_lib
+from varsync._config import redact
+from varsync._errors import (
     ConfigurationError,
     PullTimeoutError,
     SignatureError,
     TableResetError,
 )
+from varsync.backend import SupportsReaderRegistry
 
 __all__ = ["VarsyncWeightSyncScheme", "VarsyncTransport"]
 

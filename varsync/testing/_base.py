@@ -11,9 +11,9 @@ from typing import Any, Callable
 import pytest
 
 import varsync
-from varsync.backends.base import Backend
-from varsync.config import resolve
-from varsync.registry import backend_class
+from varsync._backends.base import Backend
+from varsync._config import resolve
+from varsync._registry import backend_class
 from varsync.testing.blocking import code_of
 
 TableMaker = Callable[[Mapping[str, Any]], str]
@@ -38,7 +38,7 @@ CONSISTENCY = {
 
 def _wait_codes(container: Any) -> list[Any]:
     """The code of the core's wait loop: a thread running it is waiting."""
-    from varsync.waiting import wait_for_change
+    from varsync._waiting import wait_for_change
 
     return [code_of(wait_for_change)]
 

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 import varsync
-from varsync.backends.base import BLOCK_SLICE, Backend
+from varsync._backends.base import BLOCK_SLICE, Backend
 from varsync.testing._base import BLOCKED_SECONDS, SMALL, TableMaker, _Base, _wait_codes
 from varsync.testing.blocking import BlockingCall
 from varsync.testing.values import assert_bit_equal, check_consistent, filled

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 import varsync
-from varsync.backends.base import Backend
-from varsync.config import resolve
+from varsync._backends.base import Backend
+from varsync._config import resolve
 from varsync.testing._base import SMALL, TableMaker, _Base, _wait_codes
 from varsync.testing.blocking import PATIENCE, BlockingCall
 from varsync.testing.fault_tests import SLACK, Counts

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 import varsync
-from varsync.backends.base import Backend
+from varsync._backends.base import Backend
 from varsync.testing._base import CONSISTENCY, TableMaker, _Base
 from varsync.testing.faults import (
     Interrupter,

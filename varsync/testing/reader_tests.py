@@ -12,7 +12,7 @@ from typing import Any, Callable
 import pytest
 
 import varsync
-from varsync.backends.base import Backend
+from varsync._backends.base import Backend
 from varsync.testing._base import SMALL, TableMaker, _Base
 from varsync.testing.values import filled
 

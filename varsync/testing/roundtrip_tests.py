@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import varsync
-from varsync.backends.base import Backend
-from varsync.spec import ML_DTYPE_NAMES
+from varsync._backends.base import Backend
+from varsync._spec import ML_DTYPE_NAMES
 from varsync.testing._base import SMALL, TableMaker, _Base
 from varsync.testing.values import assert_bit_equal, every_bit_pattern, filled
 
@@ -40,7 +40,7 @@ DTYPE_VALUES: dict[str, list[Any]] = {
 
 
 def ml_dtype_values(name: str) -> dict[str, np.ndarray]:
-    """Values of one of :data:`~varsync.spec.ML_DTYPE_NAMES` that stress bit-exactness:
+    """Values of one of :data:`~varsync._spec.ML_DTYPE_NAMES` that stress bit-exactness:
     every bit pattern of the dtype (every NaN payload, both zeros and infinities, every
     subnormal) in a 2-d array, a 0-d array and an empty one."""
     bits = every_bit_pattern(name)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import varsync
-from varsync.backends.base import Backend
+from varsync._backends.base import Backend
 from varsync.testing._base import SMALL, TableMaker, _Base
 from varsync.testing.values import assert_bit_equal, filled
 

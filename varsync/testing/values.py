@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from varsync import nest as nest_lib
-from varsync.spec import canonical_dtype
+from varsync import _nest as nest_lib
+from varsync._spec import canonical_dtype
 
 __all__ = ["filled", "check_consistent", "assert_bit_equal", "every_bit_pattern"]
 
