@@ -93,7 +93,7 @@ soak: tf-env
 # test that checks versions never go back or mix, on a Redis replica, the Redis primary
 # and memory://. Any failing run fails the target. STRESS_TESTS takes pytest arguments.
 STRESS_RUNS  ?= 50
-STRESS_TESTS ?= tests/test_redis_replicas.py tests/test_redis_backend.py tests/test_memory_backend.py -k "eight_threads or never_see_a_mix or never_lowers or primary_answered"
+STRESS_TESTS ?= tests/backends/redis/test_redis_replicas.py tests/backends/redis/test_redis_backend.py tests/backends/memory/test_memory_backend.py -k "eight_threads or never_see_a_mix or never_lowers or primary_answered"
 stress: $(TOX)
 	$(TOXRUN) -e modern --notest
 	scripts/loopback-only .tox/modern/bin/python -m tools.stress --runs $(STRESS_RUNS) --burners 2 -- $(STRESS_TESTS)

@@ -1,6 +1,9 @@
 """Fixtures shared by the test modules: real servers, started and stopped by the tests.
 
-tests/ has no __init__.py, so pytest puts it on sys.path and these modules import.
+tests/ has no __init__.py, so pytest puts it on sys.path and its helper modules import
+(``fixtures``, and each area's folder for its own helpers). The tests are grouped in
+folders by area: core, adapters, backends (memory, redis, reverb), conformance, cli, docs,
+integrations, bench.
 
 Also the engine report. ``make test`` runs this suite in two tox environments (tox.ini):
 ``tf`` (NumPy 1.26, TensorFlow, Reverb, TF-Agents) and ``modern`` (NumPy 2, PyTorch, JAX).
@@ -22,8 +25,8 @@ from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import pytest
-from reverb_fixtures import *  # noqa: F401,F403  (reverb_servers, reverb_child_server)
-from redis_fixtures import *  # noqa: F401,F403  (redis_binary, redis_url, redis_namespace, redis_servers)
+from fixtures.reverb import *  # noqa: F401,F403  (reverb_servers, reverb_child_server)
+from fixtures.redis import *  # noqa: F401,F403  (redis_binary, redis_url, redis_namespace, redis_servers)
 
 
 class Engine(NamedTuple):
@@ -110,13 +113,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # Modules this run leaves to another tox environment, which runs them (tox.ini's split, set
-# there as VARSYNC_TESTS_ELSEWHERE: file names in tests/, separated by spaces).
+# there as VARSYNC_TESTS_ELSEWHERE: file names under tests/, separated by spaces).
 _ELSEWHERE = frozenset(os.environ.get("VARSYNC_TESTS_ELSEWHERE", "").split())
 _HERE = Path(__file__).resolve().parent
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> Optional[bool]:
-    if collection_path.name in _ELSEWHERE and collection_path.resolve().parent == _HERE:
+    if collection_path.name in _ELSEWHERE and _HERE in collection_path.resolve().parents:
         return True
     return None
 

@@ -1,7 +1,7 @@
 """Hosts simulated on this machine: network namespaces joined by veth links to
 a Linux bridge, each link's bandwidth capped with ``tc`` in both directions, and the
 redis-servers (a primary, its replicas) that run on them. The scale-out benchmark
-(scaleout.py) and its test (tests/test_scaleout.py) use it.
+(scaleout.py) and its test (tests/backends/redis/test_scaleout.py) use it.
 
     with Network(["learner", "primary", "r1"], rate="1gbit") as net:
         proc = net.popen("primary", ["redis-server", "--bind", net.ip("primary"), ...])

@@ -32,7 +32,7 @@ benchmarks/out/results_scaleout.json (git-ignored). About 16 minutes. Not part o
 ``make bench`` (it needs root): RESULTS.md's scale-out section quotes a run of it.
 
 The child roles (``python -m tools.scaleout learner|actor ...``) are what the
-hosts run; tests/test_scaleout.py uses them and netns.py too.
+hosts run; tests/backends/redis/test_scaleout.py uses them and netns.py too.
 """
 
 from __future__ import annotations

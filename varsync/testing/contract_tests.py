@@ -1,7 +1,7 @@
 """The contract tests: what every backend must do that a broken one gets wrong.
 
-Each test fails for one kind of broken backend (``tests/mutants/broken.py`` has one of
-each, and ``tests/test_suite_catches_broken_backends.py`` proves the suite fails them):
+Each test fails for one kind of broken backend (``tests/conformance/mutants/broken.py`` has one of
+each, and ``tests/conformance/test_suite_catches_broken_backends.py`` proves the suite fails them):
 namespaces that leak, answers of "nothing newer" that wait, a container that breaks
 when threads share it, waits that give up early, closed containers that keep resources.
 The checks are about behaviour: what a call returned and what had happened by then.

@@ -31,7 +31,7 @@ RACERS_PER_PROCESS = 4
 #: releases its parties one by one, a wake-up apart. On a loaded one the processes take
 #: turns, but each one's threads still race (the GIL handed over every 10 us). A racer
 #: behind the schedule goes at once: a round less contested, never a wrong one. A
-#: check-then-insert in two steps (tests/mutants/broken.py's) lost 7 to 88 of 100 fully
+#: check-then-insert in two steps (tests/conformance/mutants/broken.py's) lost 7 to 88 of 100 fully
 #: contested rounds on a loaded 2-core machine.
 RACE_PERIOD = 0.010
 RACE_SPIN = 0.002

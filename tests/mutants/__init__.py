@@ -1,3 +1,0 @@
-"""A small, correct third-party backend (``reference``) and broken variants of it
-(``broken``), registered through ``plugin`` for the mutation tests of the conformance
-suite (tests/test_suite_catches_broken_backends.py)."""
