@@ -8,6 +8,9 @@ for a minor release with a ``DeprecationWarning``, then removed; never changed s
   and :class:`LeafRead`, the abilities :class:`SupportsBlockingWait`,
   :class:`SupportsLeafVersions` and :class:`SupportsReaderRegistry`, the table's
   :class:`Spec`;
+- framework adapters (``varsync_register_adapters``, ``docs/adapters.md``):
+  :class:`AdapterRegistry`, the :class:`Adapter` protocol, the nest nodes
+  :class:`Ordered` and :data:`EMPTY`, and :func:`adapter_for`;
 - registration: :data:`hookimpl` and :class:`BackendRegistry`, the object the
   ``varsync_register_backends`` hook receives;
 - errors: every varsync error, and :func:`translate_errors` to turn a driver's exceptions
@@ -31,6 +34,7 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from varsync._adapters import EMPTY, Adapter, AdapterRegistry, Ordered, adapter_for
 from varsync._backends.base import (
     BLOCK_SLICE,
     POLL_MAX,
@@ -98,6 +102,12 @@ __all__ = [
     "hookimpl",
     "BackendRegistry",
     "reset_registry",
+    # framework adapters (the hook varsync_register_adapters; docs/adapters.md)
+    "AdapterRegistry",
+    "Adapter",
+    "Ordered",
+    "EMPTY",
+    "adapter_for",
     # errors
     "VarsyncError",
     "ConfigurationError",

@@ -108,7 +108,7 @@ def test_import_varsync_imports_no_ml_dtypes_until_a_table_holds_one() -> None:
             "    before = 'ml_dtypes' in sys.modules",
             "    # a stored signature naming bfloat16, read without ml_dtypes imported first",
             "    from varsync._signature import from_json",
-            "    spec = from_json(json.dumps({'format': 'varsync._signature',",
+            "    spec = from_json(json.dumps({'format': 'varsync.signature',",
             "        'version': 1, 'structure': {'spec': {'shape': [2], 'dtype': 'bfloat16'}}}))",
             "print(json.dumps([before, spec.dtype.name, 'ml_dtypes' in sys.modules]))",
         ]

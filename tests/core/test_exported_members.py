@@ -26,6 +26,7 @@ PUBLIC = {
         "hookimpl", "signature_of", "unflatten",
     ],
     "varsync.backend": [
+        "Adapter", "AdapterRegistry", "EMPTY", "Ordered", "adapter_for",
         "AuthenticationError", "BLOCK_SLICE", "Backend", "BackendConnectionError",
         "BackendRegistry", "ConcurrentPushError", "ConfigurationError", "CorruptDataError",
         "ErrorMap", "Head", "HostPort", "ItemTooLargeError", "LeafRead",

@@ -169,7 +169,7 @@ def test_a_stale_slot_map_follows_moved_for_pulls_pushes_and_waits(
 def test_pulls_follow_ask_mid_migration_and_pushes_wait_for_it_to_end(
     shared_redis_cluster: LocalCluster, caplog: pytest.LogCaptureFixture,  # noqa: F811
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="varsync._backends.redis")
+    caplog.set_level(logging.DEBUG, logger="varsync.backends.redis")
     url = shared_redis_cluster.url(namespace=_namespace(), chunk_size=4096, keep=2)
     with varsync.connect(url, timeout=20) as writer, varsync.connect(url) as reader:
         writer.create_table("variables", SIGNATURE)
