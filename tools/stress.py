@@ -6,7 +6,8 @@ pytest process, with ``--burners`` busy-looping processes beside them, and print
 line per run and a tally; it exits 1 if any run failed. The burners are stopped however
 the run ends (Ctrl-C included). Used by ``make stress``::
 
-    python -m tools.stress --runs 50 --burners 2 -- tests/backends/redis/test_redis_replicas.py -k eight
+    python -m tools.stress --runs 50 --burners 2 -- \
+        tests/backends/redis/test_redis_replicas.py -k eight
 """
 
 from __future__ import annotations
