@@ -1,0 +1,247 @@
+"""Element patches (varsync._elements): bit-exact for every bit pattern, giving up when
+the whole leaf is smaller, and refusing what does not add up without touching the base."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from varsync import _elements as elements
+from varsync._errors import CorruptDataError
+from varsync._spec import ML_DTYPE_NAMES
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+HAS_ZSTD = importlib.util.find_spec("zstandard") is not None
+
+ML_DTYPES = [np.dtype(getattr(ml_dtypes, n)) for n in ML_DTYPE_NAMES if hasattr(ml_dtypes, n)]
+ONE_BYTE = [np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.bool_)] + [
+    d for d in ML_DTYPES if d.itemsize == 1
+]
+TWO_BYTE = [np.dtype(np.float16), np.dtype(np.uint16), np.dtype(ml_dtypes.bfloat16)]
+
+
+def bits(array: np.ndarray) -> bytes:
+    return array.tobytes()
+
+
+def every_form(old: np.ndarray, new: np.ndarray) -> list[elements.Patch]:
+    """Every encoding, each through its wire form."""
+    forms = elements.candidates(old, new, compress=HAS_ZSTD)
+    return [elements.Patch.from_bytes(p.to_bytes()) for p in forms]
+
+
+def assert_patches_exactly(old: np.ndarray, new: np.ndarray) -> None:
+    for patch in every_form(old, new):
+        base = old.copy()
+        assert elements.apply(base, patch) is base
+        assert bits(base) == bits(new), patch.name
+        out = np.empty_like(old)
+        source = old.copy()
+        elements.apply(source, patch, out=out)
+        assert bits(out) == bits(new), patch.name
+        assert bits(source) == bits(old), f"{patch.name}: apply with out= changed the base"
+
+
+def all_patterns(dtype: np.dtype) -> np.ndarray:
+    width = dtype.itemsize
+    lane = np.uint8 if width == 1 else np.uint16
+    return np.arange(1 << (8 * width), dtype=np.uint64).astype(lane).view(dtype)
+
+
+@pytest.mark.parametrize("dtype", ONE_BYTE + TWO_BYTE, ids=str)
+def test_every_bit_pattern_comes_back_exactly(dtype: np.dtype) -> None:
+    if dtype == np.bool_:
+        old = np.array([False, True] * 64, dtype)
+        new = old[::-1].copy()
+    else:
+        old = all_patterns(dtype)
+        new = np.roll(old, 1)  # every element becomes its neighbour's pattern
+    assert_patches_exactly(old, new)
+    # a few elements changed to arbitrary patterns, NaNs and zeros among them
+    rng = np.random.default_rng(7)
+    new = old.copy()
+    where = rng.choice(old.size, max(1, old.size // 50), replace=False)
+    new[where] = old[rng.permutation(old.size)[: where.size]]
+    assert_patches_exactly(old, new)
+    assert_patches_exactly(new, old)
+
+
+def test_nan_payloads_and_signed_zeros_are_changes() -> None:
+    patterns = np.array(
+        [
+            0x00000000,
+            0x80000000,
+            0x7FC00000,
+            0x7FC00001,
+            0xFFC00000,
+            0x7F800001,
+            0x7F800000,
+            0xFF800000,
+            0x00000001,
+            0x80000001,
+            0x3F800000,
+            0x7FFFFFFF,
+        ],
+        np.uint32,
+    )
+    old = np.tile(patterns, 1000).view(np.float32)
+    new = old.copy()
+    flipped = np.tile(np.roll(patterns, 1), 1000).view(np.float32)
+    new[::7] = flipped[::7]  # +0.0 <-> -0.0, one NaN payload for another, ...
+    assert elements.changed_count(old, new) == np.count_nonzero(
+        old.view(np.uint32) != new.view(np.uint32)
+    )
+    assert_patches_exactly(old, new)
+    patch = elements.diff(old, new)
+    assert patch is not None
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64", "uint8", "float64", "complex128"])
+def test_integer_and_wide_elements(dtype: str) -> None:
+    rng = np.random.default_rng(3)
+    old = rng.integers(0, 2**62, 50_000, dtype=np.int64).view(np.uint8)[: 50_000 * 8]
+    old = old[: (old.size // np.dtype(dtype).itemsize) * np.dtype(dtype).itemsize].view(dtype)
+    old = old.reshape(-1, 2) if old.size % 2 == 0 else old
+    new = old.copy()
+    flat = new.reshape(-1).view(np.uint8)
+    flat[rng.choice(flat.size, 300, replace=False)] ^= 0x10
+    assert_patches_exactly(old, new)
+    patch = elements.diff(old, new)
+    assert patch is not None
+    assert patch.nbytes < old.nbytes // 4
+
+
+@pytest.mark.parametrize("shape", [(0,), (3, 0), ()], ids=str)
+def test_empty_zero_size_and_zero_d_arrays(shape: tuple[int, ...]) -> None:
+    old = np.zeros(shape, np.float32)
+    new = np.full(shape, -0.0, np.float32)
+    assert_patches_exactly(old, new)
+    assert_patches_exactly(old, old.copy())
+    # the header alone is larger than such a leaf: the whole leaf is smaller
+    assert elements.diff(old, new) is None
+
+
+def test_an_unchanged_leaf_is_a_header() -> None:
+    old = np.arange(1 << 16, dtype=np.float32)
+    patch = elements.diff(old, old.copy())
+    assert patch is not None
+    assert patch.changed == 0
+    assert patch.nbytes < 100
+    base = old.copy()
+    elements.apply(base, patch)
+    assert bits(base) == bits(old)
+
+
+def test_a_leaf_changed_everywhere_gives_up() -> None:
+    rng = np.random.default_rng(1)
+    old = rng.standard_normal(1 << 20).astype(ml_dtypes.bfloat16)
+    assert elements.diff(old, (old.astype(np.float32) * 1.01).astype(old.dtype)) is None
+    # half changed, spread so that the sample does not decide: the exact count does
+    new = old.copy()
+    new[::2] = (old[::2].astype(np.float32) + 1).astype(old.dtype)
+    assert elements.diff(old, new, limit=0.5) is None
+    assert elements.diff(old, new, limit=None) is not None
+
+
+def test_the_smallest_form_is_chosen() -> None:
+    old = np.zeros(1 << 16, np.float32)
+    sparse, dense = old.copy(), old.copy()
+    sparse[::1000] = 1
+    dense[::3] = 1
+    assert elements.diff(old, sparse).name == "gaps"  # type: ignore[union-attr]
+    assert elements.diff(old, dense).name == "bitmap"  # type: ignore[union-attr]
+
+
+def test_a_patch_for_another_base_raises_and_leaves_the_base_unchanged() -> None:
+    rng = np.random.default_rng(5)
+    old = rng.standard_normal(10_000).astype(np.float32)
+    new = old.copy()
+    new[::100] += 1
+    other = old.copy()
+    other[1] = 42.0  # not a patched position: only the hash can tell
+    for patch in every_form(old, new):
+        base = other.copy()
+        with pytest.raises(CorruptDataError, match="xxh3"):
+            elements.apply(base, patch)
+        assert bits(base) == bits(other), patch.name
+
+
+def test_a_patch_for_another_shape_or_dtype_raises() -> None:
+    old = np.zeros(100, np.float32)
+    new = old.copy()
+    new[3] = 1
+    patch = elements.diff(old, new, limit=None)
+    assert patch is not None
+    for wrong in (np.zeros(101, np.float32), np.zeros(200, np.float16)):
+        with pytest.raises(CorruptDataError, match="applied to"):
+            elements.apply(wrong, patch)
+    with pytest.raises(ValueError, match="same dtype and shape"):
+        elements.diff(old, new.astype(np.float64))
+
+
+def test_truncated_serialisations_raise() -> None:
+    old = np.zeros(5000, np.float32)
+    new = old.copy()
+    new[::37] = 2.5
+    for patch in every_form(old, new):
+        data = patch.to_bytes()
+        for end in range(len(data)):
+            with pytest.raises(CorruptDataError):
+                elements.apply(old.copy(), elements.Patch.from_bytes(data[:end]))
+        with pytest.raises(CorruptDataError, match="bytes"):
+            elements.Patch.from_bytes(data + b"\0")
+
+
+def test_corrupted_serialisations_never_give_a_wrong_leaf() -> None:
+    rng = np.random.default_rng(11)
+    old = rng.standard_normal(3000).astype(np.float16)
+    new = old.copy()
+    new[rng.choice(old.size, 40, replace=False)] = 0
+    for patch in every_form(old, new):
+        data = bytearray(patch.to_bytes())
+        for index in range(len(data)):
+            for flip in (0x01, 0x80):
+                data[index] ^= flip
+                base = old.copy()
+                try:
+                    elements.apply(base, elements.Patch.from_bytes(bytes(data)))
+                except CorruptDataError:
+                    assert bits(base) == bits(old), (patch.name, index)
+                else:
+                    assert bits(base) == bits(new), (patch.name, index)
+                data[index] ^= flip
+
+
+@pytest.mark.parametrize(
+    ("field", "offset", "value", "message"),
+    [
+        ("magic", 0, b"XXXX", "magic"),
+        ("format", 4, b"\x09", "format"),
+        ("encoding", 5, b"\x07", "encoding"),
+        ("flags", 6, b"\x01", "flags"),
+        ("itemsize", 7, b"\x03", "element size"),
+    ],
+)
+def test_a_bad_header_names_the_field(field: str, offset: int, value: bytes, message: str) -> None:
+    old = np.zeros(1000, np.float32)
+    new = old.copy()
+    new[5] = 1
+    data = bytearray(elements.diff(old, new, limit=None).to_bytes())  # type: ignore[union-attr]
+    data[offset : offset + len(value)] = value
+    with pytest.raises(CorruptDataError, match=message):
+        elements.Patch.from_bytes(bytes(data))
+
+
+def test_a_read_only_or_strided_array_is_refused() -> None:
+    old = np.zeros(100, np.float32)
+    new = old.copy()
+    new[0] = 1
+    patch = elements.diff(old, new, limit=None)
+    assert patch is not None
+    old.flags.writeable = False
+    with pytest.raises(ValueError, match="writable"):
+        elements.apply(old, patch)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        elements.diff(np.zeros((10, 10))[:, ::2], np.zeros((10, 5)))

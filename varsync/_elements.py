@@ -1,0 +1,501 @@
+"""Element deltas: a changed leaf as the elements that changed, bit-exact.
+
+:func:`diff` compares two same-dtype, same-shape C-contiguous arrays as unsigned integers
+of their element width (bfloat16 and float8 as 2- and 1-byte elements, complex as 8-byte
+lanes), so NaN payloads and -0.0 against +0.0 count as changes like any other bit.
+It returns a :class:`Patch` holding the changed elements' positions and new values, in
+the smallest of these forms, or ``None`` when the patch would not be smaller than
+:data:`MAX_SHARE` of the leaf (then the caller sends the whole leaf):
+
+- positions as ``uint32`` (``uint64`` past 2**32 elements), then the new values;
+- gaps between positions as LEB128 varints (one byte for a gap under 128);
+- a bitmap of every element (``count / 8`` bytes), best when many elements changed;
+- with ``compress=True`` (needs the optional ``zstandard`` package, imported here only
+  then): the varint gaps and the new values XORed with the old, byte planes split
+  (``shuffle``), each section zstd-compressed at level 1.
+
+Giving up is decided early: a strided sample of :data:`SAMPLE` elements first, then the
+exact count block by block, stopping once the changed elements alone cannot fit.
+
+:func:`apply` writes a patch into an array holding the old value, in place (or into
+``out``), and checks the xxh3-128 hash of the whole new value that the writer put in
+the patch: on a mismatch it restores what it overwrote and raises
+:class:`~varsync._errors.CorruptDataError`, so the base is never changed by a failed
+apply and the caller can fetch the whole leaf instead. :meth:`Patch.to_bytes` and
+:meth:`Patch.from_bytes` are its wire form: a fixed header, then the two sections; every
+field is checked on parsing. Integration into push and pull is not done yet
+(``docs/delta.md``).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from varsync._errors import CorruptDataError
+
+__all__ = [
+    "Patch",
+    "diff",
+    "candidates",
+    "apply",
+    "leaf_hash",
+    "changed_count",
+    "MAX_SHARE",
+    "SAMPLE",
+    "BLOCK",
+]
+
+#: A patch is kept only if its serialised size is at most this share of the leaf's bytes:
+#: past it, scattering the values costs more than the bytes it saves.
+MAX_SHARE = 0.75
+#: Elements compared first, evenly spread, to give up on a leaf that changed everywhere.
+SAMPLE = 4096
+#: Elements compared per block of the exact scan (the mask stays in cache).
+BLOCK = 1 << 18
+
+POSITIONS, GAPS, BITMAP = 1, 2, 3
+ENCODING_NAMES = {POSITIONS: "positions", GAPS: "gaps", BITMAP: "bitmap"}
+_XOR, _ZSTD = 1, 2
+_MAGIC = b"VSEP"
+_FORMAT = 1
+# magic, format, encoding, flags, itemsize, count, changed, positions bytes, values bytes,
+# the xxh3-128 digest of the new value
+_HEADER = struct.Struct("<4sBBBBQQQQ16s")
+
+
+@dataclass(frozen=True)
+class Patch:
+    """The changed elements of one leaf: ``count`` elements of ``itemsize`` bytes, of
+    which ``changed`` differ; ``positions`` and ``values`` are the encoded sections."""
+
+    count: int
+    itemsize: int
+    encoding: int
+    flags: int
+    changed: int
+    positions: bytes
+    values: bytes
+    digest: bytes
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of :meth:`to_bytes`."""
+        return _HEADER.size + len(self.positions) + len(self.values)
+
+    @property
+    def name(self) -> str:
+        """The form, e.g. ``gaps`` or ``gaps+xor+zstd``."""
+        return (
+            ENCODING_NAMES[self.encoding]
+            + ("+xor" if self.flags & _XOR else "")
+            + ("+zstd" if self.flags & _ZSTD else "")
+        )
+
+    def to_bytes(self) -> bytes:
+        header = _HEADER.pack(
+            _MAGIC,
+            _FORMAT,
+            self.encoding,
+            self.flags,
+            self.itemsize,
+            self.count,
+            self.changed,
+            len(self.positions),
+            len(self.values),
+            self.digest,
+        )
+        return b"".join((header, self.positions, self.values))
+
+    @classmethod
+    def from_bytes(cls, data: bytes | bytearray | memoryview) -> Patch:
+        """The patch :meth:`to_bytes` wrote, or ``CorruptDataError`` naming the field that
+        does not add up. Sections are checked against the header here; their contents
+        when applied."""
+        data = memoryview(data).cast("B")
+        if len(data) < _HEADER.size:
+            raise CorruptDataError(
+                f"element patch: {len(data)} bytes, shorter than its {_HEADER.size}-byte "
+                "header; fetch the whole leaf"
+            )
+        magic, fmt, encoding, flags, itemsize, count, changed, npos, nval, digest = (
+            _HEADER.unpack_from(data)
+        )
+        problem = None
+        if magic != _MAGIC:
+            problem = f"magic {bytes(magic)!r}, expected {_MAGIC!r}"
+        elif fmt != _FORMAT:
+            problem = f"format {fmt}, this version reads {_FORMAT}"
+        elif encoding not in ENCODING_NAMES:
+            problem = f"encoding {encoding}, expected one of {sorted(ENCODING_NAMES)}"
+        elif flags & ~(_XOR | _ZSTD) or flags == _XOR:
+            problem = f"flags {flags:#x}, expected 0, or XOR with zstd"
+        elif itemsize not in (1, 2, 4, 8, 16):
+            problem = f"element size {itemsize}, expected 1, 2, 4, 8 or 16"
+        elif changed > count:
+            problem = f"{changed} changed elements of {count}"
+        elif len(data) != _HEADER.size + npos + nval:
+            problem = f"{len(data)} bytes, the header announces {_HEADER.size} + {npos} + {nval}"
+        elif not flags & _ZSTD and nval != changed * itemsize:
+            problem = f"{nval} value bytes for {changed} elements of {itemsize} bytes"
+        if problem is not None:
+            raise CorruptDataError(f"element patch: {problem}; fetch the whole leaf")
+        start = _HEADER.size
+        return cls(
+            count,
+            itemsize,
+            encoding,
+            flags,
+            changed,
+            bytes(data[start : start + npos]),
+            bytes(data[start + npos :]),
+            bytes(digest),
+        )
+
+
+# -- comparing ---------------------------------------------------------------------------
+
+
+def _lanes(array: np.ndarray) -> np.ndarray:
+    """The array's bytes as unsigned integers of its element width (16-byte elements as
+    two 8-byte lanes)."""
+    if not array.flags.c_contiguous:
+        raise ValueError("element patch: arrays must be C-contiguous; pass np.ascontiguousarray")
+    width = array.dtype.itemsize
+    lane = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64, 16: np.uint64}.get(width)
+    if lane is None:
+        raise ValueError(f"element patch: element size {width} is not 1, 2, 4, 8 or 16 bytes")
+    return array.reshape(-1).view(lane)
+
+
+def _element_mask(old: np.ndarray, new: np.ndarray, lanes: int) -> np.ndarray:
+    mask: np.ndarray = np.not_equal(old, new)
+    if lanes > 1:
+        mask = np.asarray(mask.reshape(-1, lanes).any(axis=1))
+    return mask
+
+
+def leaf_hash(array: np.ndarray) -> bytes:
+    """xxh3-128 of the array's bytes (the hash ``varsync._delta`` keeps of a leaf)."""
+    import xxhash  # a core dependency
+
+    return bytes(xxhash.xxh3_128_digest(array.reshape(-1).view(np.uint8).data))
+
+
+def _check_pair(old: np.ndarray, new: np.ndarray) -> None:
+    if old.dtype != new.dtype or old.shape != new.shape:
+        raise ValueError(
+            f"element patch: old is {old.dtype}{list(old.shape)}, new is "
+            f"{new.dtype}{list(new.shape)}; a patch needs the same dtype and shape"
+        )
+
+
+def _bound(count: int, itemsize: int, limit: float) -> int:
+    """The most changed elements a patch within ``limit`` of the leaf can hold: each
+    costs its value and at least one byte of position, or the bitmap is paid once."""
+    budget = limit * count * itemsize - _HEADER.size
+    return max(0, int(max(budget / (itemsize + 1), (budget - count / 8) / itemsize)))
+
+
+def changed_count(old: np.ndarray, new: np.ndarray) -> int:
+    """How many elements differ bitwise."""
+    _check_pair(old, new)
+    lanes = max(1, old.dtype.itemsize // 8)
+    return int(np.count_nonzero(_element_mask(_lanes(old), _lanes(new), lanes)))
+
+
+def _changed_positions(
+    old: np.ndarray, new: np.ndarray, lanes: int, most: int | None
+) -> np.ndarray | None:
+    """Sorted positions of the changed elements, or ``None`` once more than ``most``."""
+    count = old.size // lanes
+    if most is not None and count > 4 * SAMPLE:
+        picks = np.linspace(0, count - 1, SAMPLE).astype(np.intp)
+        if lanes > 1:
+            picks = (picks[:, None] * lanes + np.arange(lanes)).reshape(-1)
+        sampled = np.count_nonzero(_element_mask(old[picks], new[picks], lanes))
+        # 0.05 is ~6 standard deviations of the sampled share at SAMPLE elements
+        if sampled / SAMPLE > most / count + 0.05:
+            return None
+    found = []
+    total = 0
+    step = BLOCK * lanes
+    for start in range(0, old.size, step):
+        mask = _element_mask(old[start : start + step], new[start : start + step], lanes)
+        where = np.flatnonzero(mask)
+        total += where.size
+        if most is not None and total > most:
+            return None
+        if where.size:
+            found.append(where + start // lanes)
+    return np.concatenate(found) if found else np.zeros(0, np.intp)
+
+
+# -- encoding ----------------------------------------------------------------------------
+
+
+def _varints(gaps: np.ndarray) -> bytes:
+    """LEB128 of non-negative integers, vectorised."""
+    gaps = gaps.astype(np.uint64)
+    lengths = np.ones(gaps.size, np.intp)
+    shift = 7
+    while shift < 64 and gaps.size and gaps.max() >= (1 << shift):
+        lengths += gaps >= np.uint64(1 << shift)
+        shift += 7
+    ends = np.cumsum(lengths)
+    out = np.empty(int(ends[-1]) if gaps.size else 0, np.uint8)
+    starts = ends - lengths
+    for byte in range(int(lengths.max()) if gaps.size else 0):
+        has = lengths > byte
+        part = (gaps[has] >> np.uint64(7 * byte)) & np.uint64(0x7F)
+        more = (lengths[has] > byte + 1).astype(np.uint64) << np.uint64(7)
+        out[starts[has] + byte] = (part | more).astype(np.uint8)
+    return out.tobytes()
+
+
+def _unvarints(data: bytes, changed: int) -> np.ndarray:
+    raw = np.frombuffer(data, np.uint8)
+    last = raw < 0x80
+    ends = np.flatnonzero(last)
+    if ends.size != changed or (raw.size and not last[-1]):
+        raise CorruptDataError(
+            f"element patch: gap section holds {ends.size} complete varints "
+            f"({raw.size} bytes), expected {changed}; fetch the whole leaf"
+        )
+    starts = np.concatenate(([0], ends[:-1] + 1)) if changed else ends
+    lengths = ends - starts + 1
+    if changed and lengths.max() > 9:
+        raise CorruptDataError("element patch: a gap varint over 9 bytes; fetch the whole leaf")
+    gaps = np.zeros(changed, np.uint64)
+    for byte in range(int(lengths.max()) if changed else 0):
+        has = lengths > byte
+        gaps[has] |= (raw[starts[has] + byte].astype(np.uint64) & np.uint64(0x7F)) << np.uint64(
+            7 * byte
+        )
+    return gaps
+
+
+def _positions_section(kind: int, positions: np.ndarray, count: int) -> bytes:
+    if kind == POSITIONS:
+        return positions.astype("<u4" if count <= 1 << 32 else "<u8").tobytes()
+    if kind == GAPS:
+        gaps = np.diff(positions, prepend=-1) - 1 if positions.size else positions
+        return _varints(gaps)
+    bits = np.zeros(count, np.bool_)
+    bits[positions] = True
+    return np.packbits(bits, bitorder="little").tobytes()
+
+
+def _gap_bytes(positions: np.ndarray) -> int:
+    if not positions.size:
+        return 0
+    gaps = np.diff(positions, prepend=-1) - 1
+    total = positions.size
+    for shift in range(7, 64, 7):
+        more = int(np.count_nonzero(gaps >= (1 << shift)))
+        if not more:
+            break
+        total += more
+    return total
+
+
+def _shuffle(values: np.ndarray, itemsize: int) -> np.ndarray:
+    return np.ascontiguousarray(values.view(np.uint8).reshape(-1, itemsize).T)
+
+
+def _zstd() -> Any:
+    try:
+        import zstandard
+    except ImportError as error:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "element patches with compress=True need zstandard: pip install zstandard"
+        ) from error
+    return zstandard
+
+
+def candidates(
+    old: np.ndarray, new: np.ndarray, *, compress: bool = False, positions: Any = None
+) -> list[Patch]:
+    """Every form of the patch from ``old`` to ``new`` (never giving up): what
+    :func:`diff` chooses from, and what the benchmark reports."""
+    _check_pair(old, new)
+    a, b = _lanes(old), _lanes(new)
+    lanes = max(1, old.dtype.itemsize // 8)
+    if positions is None:
+        positions = _changed_positions(a, b, lanes, None)
+    return _forms(a, b, lanes, positions, leaf_hash(new), compress, every=True)
+
+
+def _forms(
+    a: np.ndarray,
+    b: np.ndarray,
+    lanes: int,
+    positions: np.ndarray,
+    digest: bytes,
+    compress: bool,
+    every: bool,
+) -> list[Patch]:
+    count, itemsize = a.size // lanes, a.itemsize * lanes
+    rows_new = b.reshape(count, lanes)[positions]
+    values = rows_new.tobytes()
+    sizes = {
+        POSITIONS: positions.size * (4 if count <= 1 << 32 else 8),
+        GAPS: _gap_bytes(positions),
+        BITMAP: (count + 7) // 8,
+    }
+    kinds = sorted(sizes) if every else [min(sizes, key=lambda k: sizes[k])]
+    forms = [
+        Patch(
+            count,
+            itemsize,
+            k,
+            0,
+            positions.size,
+            _positions_section(k, positions, count),
+            values,
+            digest,
+        )
+        for k in kinds
+    ]
+    if compress:
+        zstd = _zstd().ZstdCompressor(level=1)
+        xor = rows_new ^ a.reshape(count, lanes)[positions]
+        packed = zstd.compress(_shuffle(xor, itemsize).tobytes())
+        gaps = zstd.compress(_positions_section(GAPS, positions, count))
+        forms.append(
+            Patch(count, itemsize, GAPS, _XOR | _ZSTD, positions.size, gaps, packed, digest)
+        )
+    return forms
+
+
+def diff(
+    old: np.ndarray,
+    new: np.ndarray,
+    *,
+    limit: float | None = MAX_SHARE,
+    compress: bool = False,
+) -> Patch | None:
+    """The smallest patch from ``old`` to ``new``, or ``None`` when it would be over
+    ``limit`` times the leaf's bytes (``limit=None``: always a patch)."""
+    _check_pair(old, new)
+    a, b = _lanes(old), _lanes(new)
+    lanes = max(1, old.dtype.itemsize // 8)
+    count, itemsize = a.size // lanes, old.dtype.itemsize
+    most = None if limit is None else _bound(count, itemsize, limit)
+    positions = _changed_positions(a, b, lanes, most)
+    if positions is None:
+        return None
+    forms = _forms(a, b, lanes, positions, leaf_hash(new), compress, every=False)
+    best = min(forms, key=lambda p: p.nbytes)
+    if limit is not None and best.nbytes > limit * old.nbytes:
+        return None
+    return best
+
+
+# -- applying ----------------------------------------------------------------------------
+
+
+def _decode_positions(patch: Patch, section: bytes) -> np.ndarray:
+    count, changed = patch.count, patch.changed
+    if patch.encoding == POSITIONS:
+        width = 4 if count <= 1 << 32 else 8
+        if len(section) != changed * width:
+            raise CorruptDataError(
+                f"element patch: {len(section)} position bytes for {changed} positions of "
+                f"{width} bytes; fetch the whole leaf"
+            )
+        positions = np.frombuffer(section, f"<u{width}").astype(np.int64)
+    elif patch.encoding == GAPS:
+        positions = np.cumsum(_unvarints(section, changed) + np.uint64(1)).astype(np.int64) - 1
+    else:
+        if len(section) != (count + 7) // 8:
+            raise CorruptDataError(
+                f"element patch: bitmap of {len(section)} bytes for {count} elements; "
+                "fetch the whole leaf"
+            )
+        bits = np.unpackbits(np.frombuffer(section, np.uint8), bitorder="little")
+        if bits[count:].any():
+            raise CorruptDataError("element patch: bitmap bits set past the last element")
+        positions = np.flatnonzero(bits[:count])
+        if positions.size != changed:
+            raise CorruptDataError(
+                f"element patch: bitmap marks {positions.size} elements, the header {changed}"
+            )
+    if changed and (positions[0] < 0 or positions[-1] >= count or np.any(np.diff(positions) <= 0)):
+        raise CorruptDataError(
+            f"element patch: positions not increasing within 0..{count - 1}; fetch the whole leaf"
+        )
+    return positions
+
+
+def _decode_values(patch: Patch, rows_old: np.ndarray, lanes: int) -> np.ndarray:
+    expected = patch.changed * patch.itemsize
+    data = patch.values
+    if patch.flags & _ZSTD:
+        try:
+            data = _zstd().ZstdDecompressor().decompress(data, max_output_size=expected)
+        except _zstd().ZstdError as error:
+            raise CorruptDataError(f"element patch: values do not decompress ({error})") from error
+    if len(data) != expected:
+        raise CorruptDataError(
+            f"element patch: {len(data)} value bytes, expected {expected}; fetch the whole leaf"
+        )
+    raw = np.frombuffer(data, np.uint8)
+    if patch.flags & _ZSTD:
+        raw = np.ascontiguousarray(raw.reshape(patch.itemsize, patch.changed).T)
+    values = raw.view(rows_old.dtype).reshape(patch.changed, lanes)
+    return values ^ rows_old if patch.flags & _XOR else values
+
+
+def apply(base: np.ndarray, patch: Patch, out: np.ndarray | None = None) -> np.ndarray:
+    """``base`` (the old value) with ``patch`` applied, in place, or into ``out`` (which
+    then gets a copy of ``base`` first); returns the array written.
+
+    Raises ``CorruptDataError`` when the patch does not fit ``base`` or its result's
+    hash is not the writer's: ``base`` is then unchanged (restored if written in place),
+    and ``out``'s contents are undefined."""
+    target = base if out is None else out
+    if not target.flags.writeable or not base.flags.c_contiguous or not target.flags.c_contiguous:
+        raise ValueError("element patch: apply needs C-contiguous arrays and a writable target")
+    if target is not base and (target.dtype != base.dtype or target.shape != base.shape):
+        raise ValueError(
+            f"element patch: out is {target.dtype}{list(target.shape)}, base "
+            f"{base.dtype}{list(base.shape)}"
+        )
+    lanes = max(1, base.dtype.itemsize // 8)
+    if base.size != patch.count or base.dtype.itemsize != patch.itemsize:
+        raise CorruptDataError(
+            f"element patch: for {patch.count} elements of {patch.itemsize} bytes, applied to "
+            f"{base.size} of {base.dtype.itemsize} ({base.dtype}); fetch the whole leaf"
+        )
+    section = patch.positions
+    if patch.flags & _ZSTD:
+        try:
+            section = (
+                _zstd()
+                .ZstdDecompressor()
+                .decompress(section, max_output_size=10 * patch.changed + 1)
+            )
+        except _zstd().ZstdError as error:
+            raise CorruptDataError(
+                f"element patch: positions do not decompress ({error})"
+            ) from error
+    positions = _decode_positions(patch, section)
+    rows = _lanes(base).reshape(patch.count, lanes)
+    values = _decode_values(patch, rows[positions], lanes)
+    if target is not base:
+        np.copyto(target, base)
+    written = _lanes(target).reshape(patch.count, lanes)
+    kept = written[positions] if target is base else None
+    written[positions] = values
+    if leaf_hash(target) != patch.digest:
+        if kept is not None:
+            written[positions] = kept
+        raise CorruptDataError(
+            "element patch: the patched leaf's xxh3-128 differs from the writer's (a patch "
+            "for another base version?); fetch the whole leaf"
+        )
+    return target
