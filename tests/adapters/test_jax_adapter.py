@@ -11,7 +11,7 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
-jax = pytest.importorskip("jax", reason="JAX is installed only in the modern environment")
+jax = pytest.importorskip("jax", reason="JAX is installed only in the modern and py313 environments")
 jnp = pytest.importorskip("jax.numpy")
 
 import varsync  # noqa: E402

@@ -16,7 +16,7 @@ except ImportError as exc:  # pragma: no cover - exercised where the extra is mi
 
     raise MissingDependencyError(
         f"the reverb:// backend needs dm-reverb and TensorFlow ({exc.name} is missing); "
-        'install them with: pip install "varsync[reverb]" (Linux x86-64, Python 3.9-3.11)'
+        'install them with: pip install "varsync[reverb]" (Linux x86-64, Python 3.11)'
     ) from exc
 
 from varsync.backend import BackendConnectionError, ErrorMap, translate_errors, translated_error
