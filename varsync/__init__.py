@@ -75,3 +75,11 @@ __all__ = [
     "AuthenticationError",
     "__version__",
 ]
+
+# The public classes are varsync's: tracebacks and reprs name them ``varsync.SignatureError``,
+# not the private module that defines them (pickle finds them here too).
+for _name in __all__:
+    _value = globals()[_name]
+    if isinstance(_value, type) and _value.__module__.startswith("varsync._"):
+        _value.__module__ = __name__
+del _name, _value
