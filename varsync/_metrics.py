@@ -37,7 +37,10 @@ from varsync._backends.base import (
     Head,
     LeafRead,
     Read,
+    LeafChain,
+    PatchRead,
     SupportsBlockingWait,
+    SupportsElementDeltas,
     SupportsLeafVersions,
     SupportsReaderRegistry,
     abilities_of,
@@ -332,6 +335,56 @@ class _MeteredLeaves(MeteredBackend, SupportsLeafVersions):
         return answer
 
 
+class _MeteredElements(_MeteredLeaves, SupportsElementDeltas):
+    _backend: Any
+
+    def write_patches(
+        self,
+        name: str,
+        leaves: Mapping[int, np.ndarray],
+        patches: Mapping[int, bytes],
+        specs: Sequence[Spec],
+        base: Head,
+        deadline: float,
+    ) -> Head | None:
+        table = self._table(name)
+        start = time.perf_counter()
+        try:
+            head: Head | None = self._backend.write_patches(
+                name, leaves, patches, specs, base, deadline
+            )
+        except BaseException:
+            table.error("push")
+            raise
+        if head is not None:  # None: refused, nothing written (the core writes it whole)
+            nbytes = sum(a.nbytes for a in leaves.values()) + sum(map(len, patches.values()))
+            table.pushed(time.perf_counter() - start, nbytes, head.version)
+        return head
+
+    def read_patches(
+        self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]
+    ) -> PatchRead:
+        table = self._table(name)
+        start = time.perf_counter()
+        try:
+            answer: PatchRead = self._backend.read_patches(name, newer_than, deadline, specs)
+        except BaseException:
+            table.error("pull")
+            raise
+        nbytes = None if answer.leaves is None else sum(map(_moved, answer.leaves))
+        table.pulled(time.perf_counter() - start, newer_than, answer.head.version, nbytes)
+        return answer
+
+
+def _moved(leaf: np.ndarray | LeafChain | None) -> int:
+    if leaf is None:
+        return 0
+    if isinstance(leaf, LeafChain):
+        anchor = 0 if leaf.anchor is None else leaf.anchor.nbytes
+        return anchor + sum(len(link.data) for link in leaf.links)
+    return leaf.nbytes
+
+
 class _MeteredRegistry(MeteredBackend, SupportsReaderRegistry):
     _backend: Any
 
@@ -354,6 +407,7 @@ class _MeteredBlocking(MeteredBackend, SupportsBlockingWait):
 
 _METERED: dict[type, type[MeteredBackend]] = {
     SupportsLeafVersions: _MeteredLeaves,
+    SupportsElementDeltas: _MeteredElements,
     SupportsReaderRegistry: _MeteredRegistry,
     SupportsBlockingWait: _MeteredBlocking,
 }
@@ -371,7 +425,10 @@ _CLASSES: dict[type, type[MeteredBackend]] = {}
 def _metered_class(cls: type[Backend]) -> type[MeteredBackend]:
     made = _CLASSES.get(cls)
     if made is None:
-        bases = tuple(_METERED[ability] for ability in abilities_of(cls)) or (MeteredBackend,)
+        abilities = abilities_of(cls)
+        # an ability that extends another (element deltas: leaf versions) replaces it
+        kept = [a for a in abilities if not any(b is not a and issubclass(b, a) for b in abilities)]
+        bases = tuple(_METERED[ability] for ability in kept) or (MeteredBackend,)
         namespace: dict[str, Any] = {
             "__module__": __name__,
             "__qualname__": f"MeteredBackend[{cls.__qualname__}]",

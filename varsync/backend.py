@@ -4,10 +4,11 @@ A plugin imports from this module and from :mod:`varsync` only. What is here is 
 stable protocol (see ``docs/plugins.md``, "What is stable"): names are added, deprecated
 for a minor release with a ``DeprecationWarning``, then removed; never changed silently.
 
-- the protocol (version 1): :class:`Backend`, the answers :class:`Head`, :class:`Read`
-  and :class:`LeafRead`, the abilities :class:`SupportsBlockingWait`,
-  :class:`SupportsLeafVersions` and :class:`SupportsReaderRegistry`, the table's
-  :class:`Spec`;
+- the protocol (version 1): :class:`Backend`, the answers :class:`Head`, :class:`Read`,
+  :class:`LeafRead` and :class:`PatchRead`, the abilities :class:`SupportsBlockingWait`,
+  :class:`SupportsLeafVersions`, :class:`SupportsElementDeltas` (with
+  :class:`PatchLink`, :class:`LeafChain` and :func:`rebuilt_leaf`) and
+  :class:`SupportsReaderRegistry`, the table's :class:`Spec`;
 - framework adapters (``varsync_register_adapters``, ``docs/adapters.md``):
   :class:`AdapterRegistry`, the :class:`Adapter` protocol, the nest nodes
   :class:`Ordered` and :data:`EMPTY`, and :func:`adapter_for`;
@@ -41,9 +42,13 @@ from varsync._backends.base import (
     POLL_START,
     Backend,
     Head,
+    LeafChain,
     LeafRead,
+    PatchLink,
+    PatchRead,
     Read,
     SupportsBlockingWait,
+    SupportsElementDeltas,
     SupportsLeafVersions,
     SupportsReaderRegistry,
     deadline_after,
@@ -81,6 +86,7 @@ from varsync._options import (
     parse_timeout,
     refuse_unknown,
 )
+from varsync._patches import rebuilt_leaf
 from varsync._registry import BackendRegistry, reset_registry
 from varsync._server_wait import parse_wait_for_server, retry_until_up
 from varsync._signature import Spec
@@ -97,6 +103,11 @@ __all__ = [
     "SupportsBlockingWait",
     "SupportsLeafVersions",
     "SupportsReaderRegistry",
+    "SupportsElementDeltas",
+    "PatchLink",
+    "LeafChain",
+    "PatchRead",
+    "rebuilt_leaf",
     "Spec",
     # registration
     "hookimpl",

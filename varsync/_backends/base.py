@@ -22,8 +22,8 @@ Required: :meth:`create_table`, :meth:`signature`, :meth:`tables`, :meth:`head`,
 wait loop polls :meth:`head` with a growing interval.
 
 Abilities are types: a backend that can do more declares it by subclassing
-:class:`SupportsBlockingWait`, :class:`SupportsLeafVersions` or
-:class:`SupportsReaderRegistry` and implementing their abstract methods. Declaring an
+:class:`SupportsBlockingWait`, :class:`SupportsLeafVersions` (and on it
+:class:`SupportsElementDeltas`) or :class:`SupportsReaderRegistry` and implementing their abstract methods. Declaring an
 ability without its methods is an error at registration and, for a class marked
 ``@typing.final``, for mypy. The core and the conformance suite ask ``isinstance``; the
 ``supports_*`` flags of these abilities are derived from the types and read-only in
@@ -53,6 +53,10 @@ __all__ = [
     "SupportsBlockingWait",
     "SupportsLeafVersions",
     "SupportsReaderRegistry",
+    "SupportsElementDeltas",
+    "PatchLink",
+    "LeafChain",
+    "PatchRead",
     "ABILITIES",
     "is_legacy",
     "abilities_of",
@@ -105,6 +109,36 @@ class LeafRead(NamedTuple):
     arrays: list[np.ndarray | None] | None
 
 
+class PatchLink(NamedTuple):
+    """One element patch of a leaf: made against the leaf's value at leaf version
+    ``base`` (the version at which it changed before), it gives the value at ``version``.
+    ``data`` is the patch's wire form (``varsync._elements``), opaque to a backend."""
+
+    base: int
+    version: int
+    data: bytes
+
+
+class LeafChain(NamedTuple):
+    """A leaf given as patches instead of its whole value: ``links`` applied in order
+    onto ``anchor`` (the leaf's whole value at leaf version ``anchor_version``), or,
+    with ``anchor`` ``None``, onto the value the reader holds already (the first link's
+    base is then at most the version the reader asked about)."""
+
+    anchor: np.ndarray | None
+    anchor_version: int
+    links: list[PatchLink]
+
+
+class PatchRead(NamedTuple):
+    """What :meth:`SupportsElementDeltas.read_patches` answers: :class:`LeafRead`'s
+    fields, each changed leaf given whole (an array) or as a :class:`LeafChain`."""
+
+    head: Head
+    leaf_versions: list[int] | None
+    leaves: list[np.ndarray | LeafChain | None] | None
+
+
 def deadline_after(timeout: float | None) -> float:
     """The ``time.monotonic()`` at which ``timeout`` seconds run out (``inf`` for ``None``)."""
     return math.inf if timeout is None else time.monotonic() + timeout
@@ -150,6 +184,7 @@ class Backend(abc.ABC):
     supports_blocking_wait: ClassVar[bool] = False
     supports_leaf_versions: ClassVar[bool] = False
     supports_reader_registry: ClassVar[bool] = False
+    supports_element_deltas: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -321,6 +356,47 @@ class SupportsLeafVersions(abc.ABC):
         looked at)."""
 
 
+class SupportsElementDeltas(SupportsLeafVersions):
+    """The engine stores a changed leaf as the elements that changed (an element patch
+    the core made) and hands readers that hold a version close enough only the patches
+    since (``docs/delta.md``, "Element deltas").
+
+    Per leaf, the store keeps what it needs to give the leaf's current value whole to
+    any reader (its own :meth:`Backend.read` and
+    :meth:`~SupportsLeafVersions.read_leaves` still answer whole arrays; rebuild them
+    with :func:`varsync.backend.rebuilt_leaf` where the store keeps an anchor and its
+    links), and as many of the latest links as it likes. The writer bounds each leaf's
+    chain since its last whole value (:data:`varsync._patches.MAX_CHAIN` links, at most
+    half the leaf's bytes): a store that keeps anchor and links holds at most 1.5 times
+    the leaf."""
+
+    @abc.abstractmethod
+    def write_patches(
+        self,
+        name: str,
+        leaves: Mapping[int, np.ndarray],
+        patches: Mapping[int, bytes],
+        specs: Sequence[Spec],
+        base: Head,
+        deadline: float,
+    ) -> Head | None:
+        """:meth:`~SupportsLeafVersions.write_leaves` onto exactly ``base`` (epoch
+        included; else write nothing and return ``None``), where each index of
+        ``patches`` gives its leaf as a patch against the leaf's value in ``base``: its
+        link is ``PatchLink(its leaf version in base, the new version, data)``. Leaves
+        in ``leaves`` are given whole. Atomic like every write."""
+
+    @abc.abstractmethod
+    def read_patches(
+        self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]
+    ) -> PatchRead:
+        """:meth:`~SupportsLeafVersions.read_leaves`, where each leaf changed since
+        ``newer_than`` may be given as a :class:`LeafChain` instead of its array: links
+        alone when they reach back to a leaf version at most ``newer_than``, else an
+        anchor and its links (or the whole array; either is always right). The core
+        checks that the links join up and verifies each patched leaf's hash."""
+
+
 class SupportsReaderRegistry(abc.ABC):
     """The engine keeps, per table, records of the readers that report what they hold,
     each expiring unless reported again: the core's ``report_as``, ``readers`` and
@@ -347,6 +423,7 @@ ABILITIES: dict[type, str] = {
     SupportsBlockingWait: "supports_blocking_wait",
     SupportsLeafVersions: "supports_leaf_versions",
     SupportsReaderRegistry: "supports_reader_registry",
+    SupportsElementDeltas: "supports_element_deltas",
 }
 
 

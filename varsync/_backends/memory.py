@@ -16,6 +16,12 @@ only the leaves it is given and shares the other leaves' immutable arrays with t
 version before: nothing unchanged is copied, and a leaf untouched for any number of
 versions stays readable because every version that shows it holds a reference to it.
 
+Element deltas (:class:`~varsync.backend.SupportsElementDeltas`): a patched leaf's new
+value is built from the current one when the patch is written (a copy of the leaf,
+verified against the writer's hash), so reads stay whole and free; each leaf also keeps
+the links of its chain since it was last written whole (the writer bounds them to half
+the leaf's bytes), for ``update``\s that apply only those into their variables.
+
 Every lock here is a plain ``threading.Lock`` used by ``with`` (whose ``__enter__`` is
 C code), never a ``threading.Condition``, whose Python-level ``__enter__`` and ``wait``
 can be interrupted (Ctrl-C) after taking the lock and leave it held for good. A waiter
@@ -39,13 +45,18 @@ import numpy as np
 from varsync._backends.base import (
     Backend,
     Head,
+    LeafChain,
     LeafRead,
+    PatchLink,
+    PatchRead,
     Read,
     SupportsBlockingWait,
+    SupportsElementDeltas,
     SupportsLeafVersions,
     SupportsReaderRegistry,
     remaining,
 )
+from varsync._elements import Patch, apply
 from varsync._errors import ConfigurationError
 from varsync._signature import Spec
 from varsync._spec import ML_DTYPE_NAMES
@@ -58,9 +69,10 @@ class _Table:
     signature: str
     #: This table's history: minted when it was made, never another.
     epoch: str = field(default_factory=lambda: os.urandom(8).hex())
-    #: ``(version, arrays, leaf versions)``, replaced whole: one assignment publishes a
-    #: version.
-    value: tuple[int, list[np.ndarray], list[int]] = (0, [], [])
+    #: ``(version, arrays, leaf versions, links)``, replaced whole: one assignment
+    #: publishes a version. ``links[i]``: leaf i's patches since it was last written
+    #: whole, oldest first.
+    value: tuple[int, list[np.ndarray], list[int], list[tuple[PatchLink, ...]]] = (0, [], [], [])
     #: One held lock per blocked waiter; a push releases them all.
     waiters: list[Any] = field(default_factory=list)
     #: The reader registry: reader id -> (record text, ``time.monotonic()`` it expires).
@@ -90,7 +102,7 @@ def _frozen(array: np.ndarray) -> np.ndarray:
 
 
 @final
-class MemoryBackend(Backend, SupportsLeafVersions, SupportsReaderRegistry, SupportsBlockingWait):
+class MemoryBackend(Backend, SupportsElementDeltas, SupportsReaderRegistry, SupportsBlockingWait):
     """Tables in this process's memory, under the store named by the URL."""
 
     shared_across_processes = False
@@ -140,7 +152,7 @@ class MemoryBackend(Backend, SupportsLeafVersions, SupportsReaderRegistry, Suppo
     def write(
         self, name: str, arrays: Sequence[np.ndarray], specs: Sequence[Spec], deadline: float
     ) -> Head:
-        head = self._publish(name, dict(enumerate(arrays)), None, whole=True)
+        head = self._publish(name, dict(enumerate(arrays)), {}, None, whole=True)
         assert head is not None  # a whole write always lands
         return head
 
@@ -152,15 +164,41 @@ class MemoryBackend(Backend, SupportsLeafVersions, SupportsReaderRegistry, Suppo
         base: Head | None,
         deadline: float,
     ) -> Head | None:
-        return self._publish(name, leaves, base, whole=len(leaves) == len(specs))
+        return self._publish(name, leaves, {}, base, whole=len(leaves) == len(specs))
+
+    def write_patches(
+        self,
+        name: str,
+        leaves: Mapping[int, np.ndarray],
+        patches: Mapping[int, bytes],
+        specs: Sequence[Spec],
+        base: Head,
+        deadline: float,
+    ) -> Head | None:
+        table = self._table(name)
+        version, stored, leaf_versions, links = table.value
+        if Head(version, table.epoch) != base or version == 0:
+            return None
+        built: dict[int, tuple[np.ndarray, PatchLink]] = {}
+        for index, data in patches.items():
+            new = np.empty_like(stored[index])
+            apply(stored[index], Patch.from_bytes(data), out=new)  # verified: the writer's hash
+            new.flags.writeable = False
+            built[index] = (new, PatchLink(leaf_versions[index], version + 1, bytes(data)))
+        return self._publish(name, leaves, built, base, whole=False)
 
     def _publish(
-        self, name: str, leaves: Mapping[int, np.ndarray], base: Head | None, whole: bool
+        self,
+        name: str,
+        leaves: Mapping[int, np.ndarray],
+        patched: Mapping[int, tuple[np.ndarray, PatchLink]],
+        base: Head | None,
+        whole: bool,
     ) -> Head | None:
         copies = {index: _frozen(array) for index, array in leaves.items()}
         table = self._table(name)
         with self._store.lock:
-            current, arrays, leaf_versions = table.value
+            current, arrays, leaf_versions, links = table.value
             if base is not None and base != Head(current, table.epoch):
                 return None  # not on the head asked for
             if current == 0 and not whole:
@@ -169,12 +207,15 @@ class MemoryBackend(Backend, SupportsLeafVersions, SupportsReaderRegistry, Suppo
             if whole:
                 arrays = [copies[i] for i in range(len(copies))]
                 leaf_versions = [version] * len(arrays)
+                links = [()] * len(arrays)
             else:
-                arrays, leaf_versions = list(arrays), list(leaf_versions)
+                arrays, leaf_versions, links = list(arrays), list(leaf_versions), list(links)
                 for index, copy in copies.items():
-                    arrays[index] = copy
-                    leaf_versions[index] = version
-            table.value = (version, arrays, leaf_versions)
+                    arrays[index], leaf_versions[index], links[index] = copy, version, ()
+                for index, (new, link) in patched.items():
+                    arrays[index], leaf_versions[index] = new, version
+                    links[index] = (*links[index], link)
+            table.value = (version, arrays, leaf_versions, links)
             woken, table.waiters = table.waiters, []
         for waiter in woken:
             _release(waiter)
@@ -182,7 +223,7 @@ class MemoryBackend(Backend, SupportsLeafVersions, SupportsReaderRegistry, Suppo
 
     def read(self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]) -> Read:
         table = self._table(name)
-        version, stored, _ = table.value
+        version, stored, _, _ = table.value
         if version <= newer_than:
             return Read(Head(version, table.epoch), None)
         return Read(Head(version, table.epoch), [array.view() for array in stored])
@@ -191,7 +232,7 @@ class MemoryBackend(Backend, SupportsLeafVersions, SupportsReaderRegistry, Suppo
         self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]
     ) -> LeafRead:
         table = self._table(name)
-        version, stored, leaf_versions = table.value
+        version, stored, leaf_versions, _ = table.value
         head = Head(version, table.epoch)
         if version <= newer_than:
             return LeafRead(head, None, None)
@@ -204,9 +245,28 @@ class MemoryBackend(Backend, SupportsLeafVersions, SupportsReaderRegistry, Suppo
             ],
         )
 
+    def read_patches(
+        self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]
+    ) -> PatchRead:
+        table = self._table(name)
+        version, stored, leaf_versions, links = table.value
+        head = Head(version, table.epoch)
+        if version <= newer_than:
+            return PatchRead(head, None, None)
+        leaves: list[np.ndarray | LeafChain | None] = []
+        for array, changed, chain in zip(stored, leaf_versions, links):
+            since = [link for link in chain if link.version > newer_than]
+            if changed <= newer_than:
+                leaves.append(None)
+            elif newer_than and since and since[0].base <= newer_than:
+                leaves.append(LeafChain(None, 0, since))
+            else:
+                leaves.append(array.view())
+        return PatchRead(head, list(leaf_versions), leaves)
+
     def leaf_versions(self, name: str, deadline: float) -> tuple[Head, list[int]]:
         table = self._table(name)
-        version, _, leaf_versions = table.value
+        version, _, leaf_versions, _ = table.value
         return Head(version, table.epoch), list(leaf_versions)
 
     def report_reader(
