@@ -35,10 +35,10 @@ import numpy as np
 from varsync._backends.base import (
     Backend,
     Head,
-    LeafRead,
-    Read,
     LeafChain,
+    LeafRead,
     PatchRead,
+    Read,
     SupportsBlockingWait,
     SupportsElementDeltas,
     SupportsLeafVersions,

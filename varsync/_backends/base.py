@@ -23,11 +23,11 @@ wait loop polls :meth:`head` with a growing interval.
 
 Abilities are types: a backend that can do more declares it by subclassing
 :class:`SupportsBlockingWait`, :class:`SupportsLeafVersions` (and on it
-:class:`SupportsElementDeltas`) or :class:`SupportsReaderRegistry` and implementing their abstract methods. Declaring an
-ability without its methods is an error at registration and, for a class marked
-``@typing.final``, for mypy. The core and the conformance suite ask ``isinstance``; the
-``supports_*`` flags of these abilities are derived from the types and read-only in
-spirit.
+:class:`SupportsElementDeltas`) or :class:`SupportsReaderRegistry` and implementing
+their abstract methods. Declaring an ability without its methods is an error at
+registration and, for a class marked ``@typing.final``, for mypy. The core and the
+conformance suite ask ``isinstance``; the ``supports_*`` flags of these abilities are
+derived from the types and read-only in spirit.
 """
 
 from __future__ import annotations

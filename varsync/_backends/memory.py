@@ -20,7 +20,7 @@ Element deltas (:class:`~varsync.backend.SupportsElementDeltas`): a patched leaf
 value is built from the current one when the patch is written (a copy of the leaf,
 verified against the writer's hash), so reads stay whole and free; each leaf also keeps
 the links of its chain since it was last written whole (the writer bounds them to half
-the leaf's bytes), for ``update``\s that apply only those into their variables.
+the leaf's bytes), for updates that apply only those into their variables.
 
 Every lock here is a plain ``threading.Lock`` used by ``with`` (whose ``__enter__`` is
 C code), never a ``threading.Condition``, whose Python-level ``__enter__`` and ``wait``
@@ -52,7 +52,6 @@ from varsync._backends.base import (
     Read,
     SupportsBlockingWait,
     SupportsElementDeltas,
-    SupportsLeafVersions,
     SupportsReaderRegistry,
     remaining,
 )
@@ -176,7 +175,7 @@ class MemoryBackend(Backend, SupportsElementDeltas, SupportsReaderRegistry, Supp
         deadline: float,
     ) -> Head | None:
         table = self._table(name)
-        version, stored, leaf_versions, links = table.value
+        version, stored, leaf_versions, _ = table.value
         if Head(version, table.epoch) != base or version == 0:
             return None
         built: dict[int, tuple[np.ndarray, PatchLink]] = {}
