@@ -15,11 +15,14 @@ from varsync import _adapters as adapters
 from varsync import _checks as checks
 from varsync import _delta as delta
 from varsync import _nest as nest_lib
+from varsync import _patches as patches_lib
 from varsync import _readers as readers_lib
 from varsync import _signature as sig
 from varsync._backends.base import (
     Backend,
     Head,
+    LeafChain,
+    SupportsElementDeltas,
     SupportsLeafVersions,
     deadline_after,
     remaining,
@@ -81,6 +84,7 @@ class VariableContainer:
         self._written: dict[str, delta.Written] = {}
         self._assigned = delta.Assigned()
         self._whole_pushes: dict[str, bool] = {}
+        self._element_deltas: dict[str, bool] = {}
         self._reporter: readers_lib.Reporter | None = None
 
     # -- tables ----------------------------------------------------------------------
@@ -127,7 +131,12 @@ class VariableContainer:
     # -- publishing ------------------------------------------------------------------
 
     def push(
-        self, values: Any, table: str = DEFAULT_TABLE, *, skip_unchanged: bool | None = None
+        self,
+        values: Any,
+        table: str = DEFAULT_TABLE,
+        *,
+        skip_unchanged: bool | None = None,
+        element_deltas: bool | None = None,
     ) -> int:
         """Publish ``values`` (a nest matching the table's signature); return the new
         version. Everything is checked first: on any mismatch nothing is written and the
@@ -136,14 +145,35 @@ class VariableContainer:
         On a backend with leaf versions, leaves bit-identical to this container's last
         push to the table are not sent (the new version keeps them); ``skip_unchanged``
         ``False`` sends every leaf (default: the table's setting, see
-        :meth:`configure_table`; on by default)."""
+        :meth:`configure_table`; on by default). On a backend with element deltas, a
+        changed leaf is sent as the elements that changed when that is smaller
+        (``docs/delta.md``); ``element_deltas=False`` sends changed leaves whole and
+        drops this container's copies of the table's values (default: the table's
+        setting; on)."""
         backend, arrays, specs, whole = self._to_push(values, table, skip_unchanged)
         last = self._written.pop(table, None)
         if whole:
             return self._seen(table, backend.write(table, arrays, specs, math.inf))
-        written = delta.push_changed(backend, table, arrays, specs, last)
+        written = self._push_delta(backend, table, arrays, specs, last, element_deltas)
         self._written[table] = written
         return self._seen(table, written.head)
+
+    def _push_delta(
+        self,
+        backend: Backend,
+        table: str,
+        arrays: list[np.ndarray],
+        specs: list[sig.Spec],
+        last: delta.Written | None,
+        element_deltas: bool | None,
+    ) -> delta.Written:
+        if element_deltas is None:
+            element_deltas = self._element_deltas.get(table, True)
+        if element_deltas and isinstance(backend, SupportsElementDeltas):
+            return patches_lib.push_patched(backend, table, arrays, specs, last)
+        if last is not None:
+            last.bases = None  # the copies are of no use to a push without patches
+        return delta.push_changed(backend, table, arrays, specs, last)
 
     def _push_unversioned(self, values: Any, table: str = DEFAULT_TABLE) -> None:
         """:meth:`push` for a caller that drops the new version (the TF-Agents drop-in,
@@ -154,7 +184,7 @@ class VariableContainer:
         if whole:
             backend.write_unversioned(table, arrays, specs, math.inf)
         else:
-            written = delta.push_changed(backend, table, arrays, specs, last)
+            written = self._push_delta(backend, table, arrays, specs, last, None)
             self._written[table] = written
             self._seen(table, written.head)
 
@@ -205,14 +235,33 @@ class VariableContainer:
             self._written[table] = written
         return self._seen(table, head)
 
-    def configure_table(self, table: str = DEFAULT_TABLE, *, skip_unchanged: bool) -> None:
-        """This container's settings for its pushes to ``table``: ``skip_unchanged``
-        ``False`` sends every leaf of every push (the default, ``True``, skips leaves
-        bit-identical to this container's last push, on a backend with leaf versions)."""
+    def configure_table(
+        self,
+        table: str = DEFAULT_TABLE,
+        *,
+        skip_unchanged: bool | None = None,
+        element_deltas: bool | None = None,
+    ) -> None:
+        """This container's settings for its pushes to ``table`` (``None``: unchanged):
+        ``skip_unchanged`` ``False`` sends every leaf of every push (the default,
+        ``True``, skips leaves bit-identical to this container's last push, on a backend
+        with leaf versions); ``element_deltas`` ``False`` sends changed leaves whole and
+        keeps no copy of the values pushed (the default, ``True``, sends the elements
+        that changed where that is smaller, on a backend with element deltas)."""
         self._table(table)
-        self._whole_pushes[table] = not skip_unchanged
-        if not skip_unchanged:
-            self._written.pop(table, None)
+        if skip_unchanged is None and element_deltas is None:
+            raise ConfigurationError(
+                "configure_table needs a setting: skip_unchanged=... and/or element_deltas=..."
+            )
+        if skip_unchanged is not None:
+            self._whole_pushes[table] = not skip_unchanged
+            if not skip_unchanged:
+                self._written.pop(table, None)
+        if element_deltas is not None:
+            self._element_deltas[table] = bool(element_deltas)
+            written = self._written.get(table)
+            if not element_deltas and written is not None:
+                written.bases = None
 
     def leaf_versions(self, table: str = DEFAULT_TABLE, *, timeout: Any = None) -> tuple[int, Any]:
         """``(version, nest)``: the table's version and, in its signature's structure,
@@ -287,11 +336,23 @@ class VariableContainer:
             epoch = self._histories.handed_epoch(table, version)
             if epoch is not UNKNOWN:  # a nest this container handed out: fetch what changed
                 held_leaves = sig.flatten_like(signature, held)[1]
-                head, _, changed = backend.read_leaves(table, version, transfer, specs)
+                head, leaf_versions, answer = self._read_changed(backend, table, version, transfer)
                 self._histories.check(table, version, head, epoch=epoch)
-                if changed is None:
+                if answer is None:
                     return None
-                changed = checks.read_leaves(table, head.version, changed, specs)
+                try:
+                    changed = patches_lib.resolved(
+                        table,
+                        head.version,
+                        leaf_versions or [],
+                        answer,
+                        version,
+                        specs,
+                        held_leaves,
+                    )
+                except CorruptDataError as error:  # a patch that does not verify: whole
+                    patches_lib.log.warning("table %r: %s; pulling it whole", table, error)
+                    return self._pull_newer_whole(table, version, transfer, like, shaped)
                 fetched = [i for i, array in enumerate(changed) if array is not None]
                 if shaped is not None:
                     made = adapters.from_numpy_all(
@@ -305,12 +366,29 @@ class VariableContainer:
                 if shaped is None:
                     return head.version, nest_lib.unflatten(signature, leaves)
                 return head.version, adapters.rebuild(like, shaped[0], leaves)
-        head, arrays = backend.read(table, version, transfer, specs)
+        return self._pull_newer_whole(table, version, transfer, like, shaped)
+
+    def _pull_newer_whole(
+        self, table: str, version: int, transfer: float, like: Any, shaped: Any
+    ) -> tuple[int, Any] | None:
+        head, arrays = self._backend_call().read(table, version, transfer, self._table(table)[1])
         self._histories.check(table, version, head)
         if arrays is None:
             return None
         arrays = self._checked(table, head, arrays)
         return head.version, self._nest(table, arrays, like, shaped)
+
+    def _read_changed(
+        self, backend: Backend, table: str, newer_than: int, transfer: float
+    ) -> tuple[Head, list[int] | None, list[np.ndarray | LeafChain | None] | None]:
+        """The leaves changed since ``newer_than``: as patches where the backend has
+        element deltas (``read_patches``), else whole (``read_leaves``)."""
+        specs = self._table(table)[1]
+        if isinstance(backend, SupportsElementDeltas):
+            return backend.read_patches(table, newer_than, transfer, specs)
+        assert isinstance(backend, SupportsLeafVersions)  # the caller's choice
+        head, leaf_versions, arrays = backend.read_leaves(table, newer_than, transfer, specs)
+        return head, leaf_versions, None if arrays is None else list(arrays)
 
     def wait_for(self, version: int, table: str = DEFAULT_TABLE, *, timeout: Any = None) -> int:
         """Block until the table's version is greater than ``version``; return it.
@@ -349,26 +427,29 @@ class VariableContainer:
             return head.version
         holds = self._assigned.head_of(table, targets) if delta_only else None
         self._assigned.forget(table, targets)  # until this assignment is complete
-        changed: list[np.ndarray | None] | None = None
+        changed: list[np.ndarray | LeafChain | None] | None = None
         if holds is not None:
             transfer = self._deadlines(timeout)[2]
-            head, _, changed = backend.read_leaves(table, holds.version, transfer, specs)
+            head, leaf_versions, changed = self._read_changed(
+                backend, table, holds.version, transfer
+            )
             if not Histories.continues(holds, head):
                 holds = None  # another history: these variables hold nothing of it
             elif changed is None:  # nothing newer: nothing to do
                 self._assigned.assigned(table, targets, holds)
                 return self._seen(table, head)
-        if holds is None or changed is None:  # a first update, or the table was reset
+        if holds is not None and changed is not None:
+            try:  # checked first; patches go into the variables' own memory
+                patches_lib.assign_changed(
+                    table, head.version, leaf_versions or [], changed, holds.version, specs, targets
+                )
+                self._handed(table, head)
+            except CorruptDataError as error:  # a patch that does not verify: whole
+                patches_lib.log.warning("table %r: %s; updating it whole", table, error)
+                holds = None
+        if holds is None or changed is None:  # a first update, the table was reset, a bad patch
             head, arrays = self._pull_flat(table, timeout)
             sig.assign_all(targets, arrays)
-        else:
-            changed = checks.read_leaves(table, head.version, changed, specs)
-            fetched = [i for i, array in enumerate(changed) if array is not None]
-            sig.assign_all(
-                [targets[i] for i in fetched],
-                [changed[i] for i in fetched],  # type: ignore[misc]
-            )
-            self._handed(table, head)
         self._assigned.assigned(table, targets, head)
         return head.version
 

@@ -107,6 +107,8 @@ class Written:
     head: Head
     samples: list[bytes]
     hashes: list[bytes | None]
+    #: with element deltas, the writer's copies and chains (``varsync._patches.Bases``)
+    bases: Any = None
 
     @property
     def version(self) -> int:
@@ -187,6 +189,8 @@ def written_after(last: Written | None, given: dict[int, np.ndarray], head: Head
         return None
     for index, array in given.items():
         last.samples[index], last.hashes[index] = _sample(_bytes_of(array)), None
+        if last.bases is not None:  # written whole: no copy of it, a fresh chain
+            last.bases.forget(index)
     last.head = head
     return last
 

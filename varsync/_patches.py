@@ -27,19 +27,31 @@ caller fetches the whole leaf (``VariableContainer`` does so at once, once).
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from varsync import _adapters as adapters
+from varsync import _checks as checks
+from varsync import _delta as delta
 from varsync import _elements as elements
-from varsync._backends.base import LeafChain
+from varsync._backends.base import Backend, Head, LeafChain, SupportsElementDeltas
 from varsync._errors import CorruptDataError
+from varsync._signature import Spec
+
+log = logging.getLogger("varsync.patches")
 
 __all__ = [
     "Bases",
     "Plan",
+    "push_patched",
     "plan_patches",
+    "resolved",
+    "assign_changed",
     "after_push",
     "after_whole",
     "check_chain",
@@ -171,6 +183,36 @@ def after_whole(bases: Bases, arrays: Sequence[np.ndarray]) -> None:
         bases.sent_whole(index, array)
 
 
+def push_patched(
+    backend: Backend,
+    table: str,
+    arrays: list[np.ndarray],
+    specs: Sequence[Spec],
+    last: delta.Written | None,
+) -> delta.Written:
+    """:func:`varsync._delta.push_changed` with element deltas: the changed leaves as
+    patches where they are small enough, written onto exactly ``last``'s head; the whole
+    value when there is no ``last``, nothing could be patched and every leaf changed, or
+    the table moved on since. The record of it, with the writer's copies."""
+    assert isinstance(backend, SupportsElementDeltas)  # the container's choice
+    changed, samples, hashes = delta.changed_leaves(last, arrays)
+    bases = last.bases if last is not None and last.bases is not None else None
+    bases = bases if bases is not None else Bases.empty(len(arrays))
+    head: Head | None = None
+    if last is not None:
+        plan = plan_patches(bases, arrays, changed)
+        if plan.patches or len(plan.whole) < len(arrays):
+            head = backend.write_patches(
+                table, plan.whole, plan.patches, specs, last.head, math.inf
+            )
+            if head is not None:
+                after_push(bases, arrays, plan)
+    if head is None:  # a first push, everything changed, or the table moved on
+        head = backend.write(table, arrays, specs, math.inf)
+        after_whole(bases, arrays)
+    return delta.Written(head, samples, hashes, bases)
+
+
 # -- reading -----------------------------------------------------------------------------
 
 
@@ -230,3 +272,110 @@ def rebuilt_leaf(chain: LeafChain, held: np.ndarray | None = None) -> np.ndarray
     out = np.array(base, copy=True, order="C")
     patch_into(out, [elements.Patch.from_bytes(link.data) for link in chain.links])
     return out
+
+
+def _numpy_of(value: Any) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        return value
+    adapter = adapters.adapter_for(value)
+    return np.asarray(value if adapter is None else adapter.to_numpy(value))
+
+
+def _checked(
+    table: str,
+    version: int,
+    leaf_versions: Sequence[int],
+    leaves: Sequence[np.ndarray | LeafChain | None],
+    newer_than: int,
+    specs: Sequence[Spec],
+) -> list[list[elements.Patch] | None]:
+    """Every leaf of a :meth:`read_patches` answer checked before any is used: arrays
+    and anchors against their specs, chains joined up; the parsed patches per chain."""
+    plain = [leaf.anchor if isinstance(leaf, LeafChain) else leaf for leaf in leaves]
+    checks.read_leaves(table, version, plain, specs)
+    parsed: list[list[elements.Patch] | None] = []
+    for index, leaf in enumerate(leaves):
+        if not isinstance(leaf, LeafChain):
+            parsed.append(None)
+            continue
+        where = f"table {table!r} version {version}, leaf {index}"
+        patches = check_chain(where, leaf, newer_than, leaf_versions[index])
+        spec = specs[index]
+        for patch in patches:
+            if patch.count != math.prod(spec.shape) or patch.itemsize != spec.dtype.itemsize:
+                raise CorruptDataError(
+                    f"{where}: a patch for {patch.count} elements of {patch.itemsize} bytes, "
+                    f"the signature says {spec}; fetch the whole leaf"
+                )
+        parsed.append(patches)
+    return parsed
+
+
+def resolved(
+    table: str,
+    version: int,
+    leaf_versions: Sequence[int],
+    leaves: Sequence[np.ndarray | LeafChain | None],
+    newer_than: int,
+    specs: Sequence[Spec],
+    held: Sequence[Any],
+) -> list[np.ndarray | None]:
+    """A :meth:`read_patches` answer as :meth:`read_leaves` would give it: each chain as
+    a new array, its links applied onto a copy of its anchor or of ``held[i]`` (the
+    reader's value at ``newer_than``), checked and verified. ``held`` is not modified.
+    Raises :class:`CorruptDataError`: fetch the whole value instead."""
+    parsed = _checked(table, version, leaf_versions, leaves, newer_than, specs)
+    out: list[np.ndarray | None] = []
+    for index, (leaf, patches) in enumerate(zip(leaves, parsed)):
+        if not isinstance(leaf, LeafChain):
+            out.append(leaf)
+            continue
+        assert patches is not None
+        base = leaf.anchor if leaf.anchor is not None else _numpy_of(held[index])
+        value = np.array(base, dtype=specs[index].dtype, copy=True, order="C")
+        patch_into(value, patches)
+        out.append(value)
+    return out
+
+
+def assign_changed(
+    table: str,
+    version: int,
+    leaf_versions: Sequence[int],
+    leaves: Sequence[np.ndarray | LeafChain | None],
+    newer_than: int,
+    specs: Sequence[Spec],
+    targets: Sequence[Any],
+) -> int:
+    """Assign a :meth:`read_patches` answer into ``targets`` (which hold ``newer_than``):
+    whole arrays copied in, chains without an anchor applied in place into the target's
+    own memory where its adapter gives it (numpy arrays, CPU tensors), else onto a copy
+    that is then assigned. Everything is checked before any target is touched; a hash
+    mismatch raises :class:`CorruptDataError` with the targets partly updated (the caller
+    then assigns the whole value). Returns the bytes of patches applied in place."""
+    parsed = _checked(table, version, leaf_versions, leaves, newer_than, specs)
+    assign: list[tuple[Any, np.ndarray]] = []
+    in_place: list[tuple[Any, np.ndarray, list[elements.Patch]]] = []
+    for index, (leaf, patches) in enumerate(zip(leaves, parsed)):
+        if leaf is None:
+            continue
+        if not isinstance(leaf, LeafChain):
+            assign.append((targets[index], leaf))
+            continue
+        assert patches is not None
+        view = adapters.patch_view(targets[index]) if leaf.anchor is None else None
+        if view is not None and view.dtype == specs[index].dtype:
+            in_place.append((targets[index], view, patches))
+            continue
+        base = leaf.anchor if leaf.anchor is not None else _numpy_of(targets[index])
+        value = np.array(base, dtype=specs[index].dtype, copy=True, order="C")
+        patch_into(value, patches)
+        assign.append((targets[index], value))
+    if assign:
+        adapters.assign_all([t for t, _ in assign], [a for _, a in assign])
+    moved = 0
+    for target, view, patches in in_place:
+        patch_into(view, patches)
+        adapters.patched(target)
+        moved += sum(p.nbytes for p in patches)
+    return moved

@@ -117,6 +117,7 @@ PUBLIC = {
         "ContractTests",
         "FaultTests",
         "LeafVersionTests",
+        "ElementDeltaTests",
         "ReaderRegistryTests",
         "RoundTripTests",
         "TableTests",

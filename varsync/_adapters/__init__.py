@@ -300,6 +300,32 @@ def assign_all(targets: Sequence[Any], arrays: Sequence[np.ndarray]) -> None:
                 adapter.assign(target, array)
 
 
+def patch_view(target: Any) -> np.ndarray | None:
+    """``target``'s own memory as a writable C-contiguous numpy array, for element
+    patches applied in place, or ``None`` where there is none to reach (a variable on an
+    accelerator, a ``tf.Variable``): the patch then goes onto a copy that is assigned.
+    Numpy arrays are their own view; an adapter offers one with ``patch_view``."""
+    if isinstance(target, np.ndarray):
+        writable = target.flags.writeable and target.flags.c_contiguous
+        return target if writable else None
+    adapter = adapter_for(target)
+    view = getattr(adapter, "patch_view", None)
+    found: np.ndarray | None = None if view is None else view(target)
+    return found
+
+
+def patched(target: Any) -> None:
+    """Tell ``target``'s framework its memory was changed through :func:`patch_view`
+    (torch: the tensor's version counter, as ``copy_`` would bump it)."""
+    hook = (
+        getattr(adapter_for(target), "patched", None)
+        if not isinstance(target, np.ndarray)
+        else None
+    )
+    if hook is not None:
+        hook(target)
+
+
 def from_numpy(array: np.ndarray, like: Any) -> Any:
     """``array`` as a value of ``like``'s kind (a torch tensor, a jax.Array), or itself."""
     return from_numpy_all([array], [like])[0]

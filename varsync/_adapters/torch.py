@@ -206,6 +206,18 @@ class TorchAdapter:
                     source = array if array.flags.writeable else array.copy()
                     target.copy_(_tensor_of(np.asarray(source, order="C")))
 
+    def patch_view(self, target: Any) -> np.ndarray | None:
+        """A contiguous CPU tensor's own memory, for element patches applied in place
+        (then :meth:`patched`); ``None`` on other devices, where the patch is applied to
+        a host copy that is assigned (one copy each way)."""
+        if not isinstance(target, torch.Tensor) or target.device.type != "cpu":
+            return None
+        return _writable_view(target) if target.is_contiguous() else None
+
+    def patched(self, target: Any) -> None:
+        if _bump_version is not None:
+            _bump_version(target)
+
     def from_numpy(self, array: np.ndarray, like: Any) -> Any:
         if not array.flags.writeable:
             array = array.copy()  # a read-only view of the store (see the module doc)

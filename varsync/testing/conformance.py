@@ -3,6 +3,7 @@
 from varsync.testing.capability_tests import CapabilityTests
 from varsync.testing.concurrency_tests import ConcurrencyTests
 from varsync.testing.contract_tests import ContractTests
+from varsync.testing.element_delta_tests import ElementDeltaTests
 from varsync.testing.fault_tests import FaultTests
 from varsync.testing.leaf_version_tests import LeafVersionTests
 from varsync.testing.reader_tests import ReaderRegistryTests
@@ -24,6 +25,7 @@ class ConformanceTests(
     CapabilityTests,
     FaultTests,
     LeafVersionTests,
+    ElementDeltaTests,
     ReaderRegistryTests,
 ):
     """The whole suite. Subclass it and define the ``url`` fixture."""
