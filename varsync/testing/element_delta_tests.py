@@ -72,7 +72,7 @@ def _step(arrays: list[np.ndarray], rng: np.random.Generator, share: float) -> l
     out = []
     for array in arrays:
         new = array.copy()
-        flat = new.reshape(-1).view(_bits(new.dtype))
+        flat: np.ndarray = new.reshape(-1).view(_bits(new.dtype))
         if flat.size > 1:
             picked = rng.choice(flat.size, max(1, int(share * flat.size)), replace=False)
             top = np.array(1 << (8 * new.dtype.itemsize - 1), dtype=flat.dtype)
