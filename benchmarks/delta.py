@@ -93,7 +93,8 @@ class Meter:
         self.whole = 0  # write and read
         self.leaves = 0  # write_leaves and read_leaves
         self._depth = 0
-        for name in ("write", "write_leaves", "read", "read_leaves"):
+        writes = ("write", "write_leaves", "write_patches")
+        for name in (*writes, "read", "read_leaves", "read_patches"):
             if hasattr(backend, name):
                 setattr(backend, name, self._wrapped(name, getattr(backend, name)))
 
@@ -122,12 +123,26 @@ class Meter:
 def _arrays_bytes(name: str, args: Sequence[Any], kwargs: dict[str, Any], result: Any) -> int:
     if name == "write":
         arrays = args[1] if len(args) > 1 else kwargs.get("arrays", ())
-    elif name == "write_leaves":
+    elif name in ("write_leaves", "write_patches"):
         given = args[1] if len(args) > 1 else kwargs.get("leaves", {})
         arrays = list(given.values())
-    else:  # read: (version, arrays); read_leaves: (version, leaf versions, arrays)
+        if name == "write_patches":  # the patches' own bytes too
+            patches = args[2] if len(args) > 2 else kwargs.get("patches", {})
+            return sum(int(a.nbytes) for a in arrays) + sum(map(len, patches.values()))
+    else:  # read: (head, arrays); read_leaves, read_patches: (head, leaf versions, leaves)
         arrays = result[-1] or ()
-    return sum(int(a.nbytes) for a in arrays if a is not None)
+    return sum(_leaf_bytes(a) for a in arrays)
+
+
+def _leaf_bytes(leaf: Any) -> int:
+    """An array's bytes, or a chain's: its anchor's and its patches'."""
+    if leaf is None:
+        return 0
+    links = getattr(leaf, "links", None)
+    if links is None:
+        return int(leaf.nbytes)
+    anchor = 0 if leaf.anchor is None else int(leaf.anchor.nbytes)
+    return anchor + sum(len(link.data) for link in links)
 
 
 class ServerBytes:

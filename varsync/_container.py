@@ -149,7 +149,7 @@ class VariableContainer:
         changed leaf is sent as the elements that changed when that is smaller
         (``docs/delta.md``); ``element_deltas=False`` sends changed leaves whole and
         drops this container's copies of the table's values (default: the table's
-        setting; on)."""
+        setting; on, except on ``memory://``, where a whole leaf is one copy)."""
         backend, arrays, specs, whole = self._to_push(values, table, skip_unchanged)
         last = self._written.pop(table, None)
         if whole:
@@ -167,8 +167,9 @@ class VariableContainer:
         last: delta.Written | None,
         element_deltas: bool | None,
     ) -> delta.Written:
+        default = getattr(backend, "element_deltas_default", False)
         if element_deltas is None:
-            element_deltas = self._element_deltas.get(table, True)
+            element_deltas = self._element_deltas.get(table, default)
         if element_deltas and isinstance(backend, SupportsElementDeltas):
             return patches_lib.push_patched(backend, table, arrays, specs, last)
         if last is not None:
@@ -246,8 +247,9 @@ class VariableContainer:
         ``skip_unchanged`` ``False`` sends every leaf of every push (the default,
         ``True``, skips leaves bit-identical to this container's last push, on a backend
         with leaf versions); ``element_deltas`` ``False`` sends changed leaves whole and
-        keeps no copy of the values pushed (the default, ``True``, sends the elements
-        that changed where that is smaller, on a backend with element deltas)."""
+        keeps no copy of the values pushed (``True`` sends the elements that changed
+        where that is smaller, on a backend with element deltas: the default, except on
+        ``memory://``)."""
         self._table(table)
         if skip_unchanged is None and element_deltas is None:
             raise ConfigurationError(

@@ -8,7 +8,7 @@ last pushed (:class:`Bases`) and sends a patch where it is at most
 :data:`~varsync._elements.MAX_SHARE` of the leaf, the whole leaf otherwise. Per leaf:
 
 - the copy costs the leaf's bytes in the writer's memory; a leaf whose patch gave up
-  (it changed nearly everywhere) keeps no copy for 1, 2, 4, ... up to
+  (it changed nearly everywhere) keeps no copy for 2, 4, 8, ... up to
   :data:`BACKOFF_MAX` pushes, so a model that changes everywhere pays a copy only that
   rarely, and a leaf under :data:`MIN_BYTES` is always sent whole;
 - a chain of patches since the leaf's last whole value is at most :data:`MAX_CHAIN`
@@ -123,8 +123,8 @@ class Bases:
 
     def gave_up(self, index: int) -> None:
         """Leaf ``index`` changed too much for a patch: keep no copy for a while."""
-        self.backoff[index] = min(max(1, 2 * self.backoff[index]), BACKOFF_MAX)
-        self.skip[index] = self.backoff[index]
+        self.backoff[index] = min(max(2, 2 * self.backoff[index]), BACKOFF_MAX)
+        self.skip[index] = self.backoff[index] + 1  # this push's sent_whole counts one
         self.values[index] = None
         self.links[index] = self.chain_bytes[index] = 0
 
@@ -161,7 +161,7 @@ def plan_patches(
         limit = min(elements.MAX_SHARE, room / array.nbytes)
         patch = elements.diff(kept, array, limit=limit, compress=compress) if limit > 0 else None
         if patch is None:
-            if room >= elements.MAX_SHARE * array.nbytes:  # it changed nearly everywhere
+            if bases.links[index] == 0:  # too big alone, not for want of room in a chain
                 bases.gave_up(index)
             plan.whole[index] = array
         else:

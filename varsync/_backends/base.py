@@ -368,7 +368,15 @@ class SupportsElementDeltas(SupportsLeafVersions):
     links), and as many of the latest links as it likes. The writer bounds each leaf's
     chain since its last whole value (:data:`varsync._patches.MAX_CHAIN` links, at most
     half the leaf's bytes): a store that keeps anchor and links holds at most 1.5 times
-    the leaf."""
+    the leaf.
+
+    :attr:`element_deltas_default` says whether pushes use the ability unless a table's
+    setting or a push says otherwise: ``False`` for a store in the writer's own process
+    (``memory://``), where a whole leaf costs one copy, less than finding its changed
+    elements."""
+
+    #: Pushes send patches unless told otherwise (``configure_table``, ``push``).
+    element_deltas_default: ClassVar[bool] = True
 
     @abc.abstractmethod
     def write_patches(

@@ -16,7 +16,9 @@ only the leaves it is given and shares the other leaves' immutable arrays with t
 version before: nothing unchanged is copied, and a leaf untouched for any number of
 versions stays readable because every version that shows it holds a reference to it.
 
-Element deltas (:class:`~varsync.backend.SupportsElementDeltas`): a patched leaf's new
+Element deltas (:class:`~varsync.backend.SupportsElementDeltas`), off unless a table or a
+push turns them on (``element_deltas_default``: in one process a whole leaf costs one
+copy, less than diffing it; on for the conformance suite): a patched leaf's new
 value is built from the current one when the patch is written (a copy of the leaf,
 verified against the writer's hash), so reads stay whole and free; each leaf also keeps
 the links of its chain since it was last written whole (the writer bounds them to half
@@ -105,6 +107,9 @@ class MemoryBackend(Backend, SupportsElementDeltas, SupportsReaderRegistry, Supp
     """Tables in this process's memory, under the store named by the URL."""
 
     shared_across_processes = False
+    # in-process: a whole leaf is one copy, cheaper than diffing it (turn them on per
+    # table with configure_table(element_deltas=True), as the conformance suite does)
+    element_deltas_default = False
     supported_ml_dtypes = ML_DTYPE_NAMES  # bytes in, the spec's dtype out: any dtype
 
     def __init__(self, url: str, *, timeout: float | None, namespace: str, **options: Any):

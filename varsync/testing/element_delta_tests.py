@@ -93,8 +93,11 @@ class ElementDeltaTests(_Base):
 
     @pytest.fixture
     def weights(self, patch_url: str, connect: Callable[..., Any]) -> Any:
-        """A container on table ``weights`` of :func:`patch_table`, empty."""
-        return connect(patch_url)
+        """A container on table ``weights`` of :func:`patch_table`, empty, with element
+        deltas on (a backend may default to off: ``element_deltas_default``)."""
+        container = connect(patch_url)
+        container.configure_table("weights", element_deltas=True)
+        return container
 
     @staticmethod
     def _needs_element_deltas(backend_cls: type[Backend]) -> None:

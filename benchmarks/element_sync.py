@@ -1,0 +1,248 @@
+"""Element deltas end to end on a real model (``python -m benchmarks.element_sync``,
+modern environment; ``make bench-elements``).
+
+The Llama-like decoder of :mod:`benchmarks.elements` (random init, fp32 master weights,
+~168 M parameters, 337 MB in bf16) is trained with AdamW on synthetic tokens at RL-like
+learning rates (1e-6, 1e-5); after every optimizer step the learner pushes the bf16 cast
+of its weights to two tables of one store: ``patched`` (element deltas on, the default)
+and ``whole`` (``element_deltas=False``: every changed leaf whole, the sync before element
+deltas). A reader then takes each new version twice per table: ``pull_if_newer(held=)``
+and ``update`` into bf16 torch tensors. Last, one push where every element changed
+(random bits), several rounds taking turns, for the encoder's give-up cost.
+
+Bytes moved: on redis:// the server's own ``INFO stats`` (bytes in plus out); on
+memory:// and shm://, the bytes crossing the backend protocol (arrays and patches
+handed to a write, returned by a read). Every pulled and updated value is checked bit
+for bit against the pushed one. Times are single calls on a shared 2-core machine: read
+the medians of the ratios printed at the end, not one row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from varsync import _elements as elements
+
+from .delta import Meter, ServerBytes
+from .elements import Config, bf16_leaves, build_model
+from .harness import MB, machine
+
+TABLES = ("patched", "whole")
+
+
+@contextmanager
+def store(name: str, servers: ExitStack) -> Iterator[tuple[str, ServerBytes | None]]:
+    """The URL of a fresh store of backend ``name`` and, for redis://, its byte counter."""
+    if name == "redis":
+        from .servers import running_redis_server
+
+        server = ServerBytes(servers.enter_context(running_redis_server()).url)
+        try:
+            yield server.url, server
+        finally:
+            server.close()
+    elif name == "shm":
+        import varsync_shm
+
+        shm = f"bench-elements-{uuid.uuid4().hex[:6]}"
+        try:
+            yield f"shm://{shm}", None
+        finally:
+            varsync_shm.remove_store(shm)
+    else:
+        yield f"memory://bench-elements-{uuid.uuid4().hex[:6]}", None
+
+
+class Moved:
+    """Bytes moved since the last :meth:`take`: the server's count or the protocol's."""
+
+    def __init__(self, server: ServerBytes | None, meters: list[Meter]) -> None:
+        self.server, self.meters = server, meters
+        self.last = self._now()
+
+    def _now(self) -> int:
+        if self.server is not None:
+            return self.server.reading()
+        return sum(m.total for m in self.meters)
+
+    def take(self) -> int:
+        now = self._now()
+        moved = now - self.last - (self.server.overhead if self.server else 0)
+        self.last = self._now() if self.server else now
+        return moved
+
+
+def _timed(call: Callable[[], Any]) -> tuple[float, Any]:
+    started = time.perf_counter()
+    result = call()
+    return time.perf_counter() - started, result
+
+
+def _same(got: dict[str, Any], want: dict[str, np.ndarray]) -> None:
+    import torch
+
+    for key, array in want.items():
+        value = got[key]
+        if isinstance(value, torch.Tensor):
+            value = value.view(torch.int16).numpy()
+        if np.asarray(value).view(np.uint16).tobytes() != array.view(np.uint16).tobytes():
+            raise AssertionError(f"{key}: the reader does not hold the pushed value bit for bit")
+
+
+def sync_steps(
+    url: str, server: ServerBytes | None, config: Config, lr: float, steps: int, log: Callable
+) -> list[dict[str, Any]]:
+    """Train ``steps`` steps at ``lr``, syncing each through both tables; one row per step
+    and table."""
+    import torch
+
+    import varsync
+
+    model = build_model(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    generator = torch.Generator().manual_seed(1)
+    pushed = bf16_leaves(model)
+    writer, reader = varsync.connect(url, timeout=600), varsync.connect(url, timeout=600)
+    rows: list[dict[str, Any]] = []
+    try:
+        moved = Moved(server, [Meter(writer.backend), Meter(reader.backend)])
+        held: dict[str, tuple[int, Any]] = {}
+        targets = {
+            t: {k: torch.empty(v.shape, dtype=torch.bfloat16) for k, v in pushed.items()}
+            for t in TABLES
+        }
+        for table in TABLES:
+            writer.create_table(table, pushed)
+            writer.push(pushed, table, element_deltas=table == "patched")
+            held[table] = reader.pull_if_newer(0, table)  # type: ignore[assignment]
+            reader.update(targets[table], table)
+        for step in range(1, steps + 1):
+            tokens = torch.randint(0, config.vocab, (1, config.tokens + 1), generator=generator)
+            logits = model(tokens[:, :-1])
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            current = bf16_leaves(model)
+            total = sum(v.size for v in current.values())
+            changed = sum(elements.changed_count(pushed[k], v) for k, v in current.items())
+            for table in TABLES if step % 2 else TABLES[::-1]:
+                row: dict[str, Any] = {"lr": lr, "step": step, "table": table}
+                row.update(share=changed / total, changed=changed, whole=2 * total)
+                moved.take()
+                patched = table == "patched"
+                row["push_s"], _ = _timed(
+                    partial(writer.push, current, table, element_deltas=patched)
+                )
+                row["push_B"] = moved.take()
+                row["pull_s"], got = _timed(
+                    partial(reader.pull_if_newer, held[table][0], table, held=held[table][1])
+                )
+                row["pull_B"] = moved.take()
+                row["update_s"], _ = _timed(partial(reader.update, targets[table], table))
+                row["update_B"] = moved.take()
+                held[table] = got
+                _same(got[1], current)
+                _same(targets[table], current)
+                log(row)
+                rows.append(row)
+            pushed = current
+        rows += everything_changed(writer, pushed, log)
+    finally:
+        writer.close()
+        reader.close()
+    return rows
+
+
+def everything_changed(writer: Any, pushed: dict[str, np.ndarray], log: Callable) -> list[dict]:
+    """Pushes where every element changed, the two tables taking turns: the give-up cost."""
+    rng = np.random.default_rng(2)
+    rows = []
+    for number in range(4):
+        bits = {
+            k: rng.integers(0, 1 << 16, v.size, np.uint16).view(v.dtype).reshape(v.shape)
+            for k, v in pushed.items()
+        }
+        for table in TABLES if number % 2 else TABLES[::-1]:
+            push = partial(writer.push, bits, table, element_deltas=table == "patched")
+            seconds, _ = _timed(push)
+            row = {"lr": "random bits", "step": number + 1, "table": table, "push_s": seconds}
+            log(row)
+            rows.append(row)
+    return rows
+
+
+def text(row: dict[str, Any]) -> str:
+    if "share" not in row:
+        return f"| {row['lr']} | {row['step']} | {row['table']} | every element | " + (
+            f"push {row['push_s'] * 1e3:.0f} ms |"
+        )
+    ideal = row["changed"] * (2 + 4)
+    target = "yes" if row["push_B"] <= 1.3 * ideal + MB else "NO"
+    return (
+        f"| {row['lr']:g} | {row['step']} | {row['table']} | {row['share']:.2%} | "
+        f"push {row['push_B'] / MB:.1f} MB {row['push_s'] * 1e3:.0f} ms | "
+        f"pull_if_newer {row['pull_B'] / MB:.1f} MB {row['pull_s'] * 1e3:.0f} ms | "
+        f"update {row['update_B'] / MB:.1f} MB {row['update_s'] * 1e3:.0f} ms | "
+        f"{target if row['table'] == 'patched' and row['share'] <= 0.05 else ''} |"
+    )
+
+
+def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Medians over the steps of patched / whole, per measure."""
+    out: dict[str, float] = {}
+    for key in ("push_B", "push_s", "pull_B", "pull_s", "update_B", "update_s"):
+        pairs: dict[tuple[Any, Any], dict[str, float]] = {}
+        for row in rows:
+            if key in row:
+                pairs.setdefault((row["lr"], row["step"]), {})[row["table"]] = row[key]
+        values = [p["patched"] / p["whole"] for p in pairs.values() if len(p) == 2 and p["whole"]]
+        if values:
+            out[key] = statistics.median(values)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--backends", default="memory,redis,shm")
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    config = Config(layers=args.layers)
+    about = machine()
+    params = sum(p.numel() for p in build_model(config).parameters())
+    print(f"machine: {about['cpu']}, {about['cores']} cores, load {about['load_average']}")
+    print(f"model: {config}, {params / 1e6:.0f} M parameters, {2 * params / MB:.0f} MB in bf16")
+    for name in args.backends.split(","):
+        with ExitStack() as servers, store(name, servers) as (url, server):
+            print(f"\n### {name} ({'server INFO stats' if server else 'protocol bytes'})\n")
+            print("| lr | step | table | changed | push | pull_if_newer | update | 1.3x |")
+            print("|---|---|---|---|---|---|---|---|")
+            rows: list[dict[str, Any]] = []
+            for lr in (1e-6, 1e-5):
+                rows += sync_steps(url, server, config, lr, args.steps, lambda r: print(text(r)))
+            trained = [r for r in rows if "share" in r]
+            given_up = [r for r in rows if "share" not in r]
+            medians = ratios(trained)
+            print("\npatched / whole, medians over the steps: " + ", ".join(
+                f"{k} {v:.3f}" for k, v in medians.items()
+            ))  # fmt: skip
+            print(f"every element changed: push patched / whole {ratios(given_up)['push_s']:.3f}")
+    print(f"load average at the end: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
