@@ -18,7 +18,7 @@ TOXRUN      := $(TOXENV_DIR)/bin/tox run -x testenv.base_python=$(PYTHON)
 TOXPAR      := $(TOXENV_DIR)/bin/tox run-parallel --parallel all --parallel-no-spinner -x testenv.base_python=$(PYTHON) \
 	$(if $(PYTHON_NEWEST),--discover $(PYTHON_NEWEST))
 
-.PHONY: demo test lint tf-env bench soak stress clean
+.PHONY: demo test lint tf-env bench bench-elements soak stress clean
 
 $(TOX):
 	$(PYTHON) -m venv $(TOXENV_DIR)
@@ -88,6 +88,13 @@ bench: tf-env
 	$(TOXRUN) -e modern --notest
 	.tox/modern/bin/python -c "import matplotlib" 2>/dev/null || .tox/modern/bin/python -m pip --disable-pip-version-check -q install -e ".[bench]"
 	scripts/loopback-only .tox/modern/bin/python -m benchmarks.suite --group frameworks --group delta
+
+# Element deltas on a trained model (benchmarks/element_sync.py: a ~337 MB bf16 decoder,
+# AdamW at 1e-6 and 1e-5, pushed after each step to memory://, redis:// and shm://,
+# patched against whole-leaf sync; 5-10 minutes). Figures: docs/delta.md.
+bench-elements: $(TOX)
+	$(TOXRUN) -e modern --notest
+	scripts/loopback-only .tox/modern/bin/python -m benchmarks.element_sync
 
 # A bounded soak (tools/soak/), outside `make test`: per backend, a writer and three
 # readers for SOAK_SECONDS, every pulled value checked, then the same with faults; pushes,

@@ -212,16 +212,19 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--backends", default="memory,redis,shm")
-    args = parser.parse_args()
+    parser.add_argument("--smoke", action="store_true", help="a tiny model: checks, no figures")
+    args = parser.parse_args(argv)
     import torch
 
     torch.set_num_threads(os.cpu_count() or 1)
     config = Config(layers=args.layers)
+    if args.smoke:
+        config = Config(vocab=256, hidden=64, layers=1, heads=2, mlp=128, tokens=16)
     about = machine()
     params = sum(p.numel() for p in build_model(config).parameters())
     print(f"machine: {about['cpu']}, {about['cores']} cores, load {about['load_average']}")
