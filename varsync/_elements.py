@@ -237,22 +237,35 @@ def _changed_positions(
 # -- encoding ----------------------------------------------------------------------------
 
 
-def _varints(gaps: np.ndarray) -> bytes:
-    """LEB128 of non-negative integers, vectorised."""
-    gaps = gaps.astype(np.uint64)
+def _varint_lengths(gaps: np.ndarray) -> np.ndarray:
     lengths = np.ones(gaps.size, np.intp)
     shift = 7
     while shift < 64 and gaps.size and gaps.max() >= (1 << shift):
         lengths += gaps >= np.uint64(1 << shift)
         shift += 7
+    return lengths
+
+
+def _varints(gaps: np.ndarray) -> bytes:
+    """LEB128 of non-negative integers, vectorised: every first byte in one pass, the
+    few longer varints' further bytes over just their indices."""
+    gaps = gaps.astype(np.uint64)
+    if not gaps.size:
+        return b""
+    lengths = _varint_lengths(gaps)
     ends = np.cumsum(lengths)
-    out = np.empty(int(ends[-1]) if gaps.size else 0, np.uint8)
     starts = ends - lengths
-    for byte in range(int(lengths.max()) if gaps.size else 0):
-        has = lengths > byte
-        part = (gaps[has] >> np.uint64(7 * byte)) & np.uint64(0x7F)
-        more = (lengths[has] > byte + 1).astype(np.uint64) << np.uint64(7)
-        out[starts[has] + byte] = (part | more).astype(np.uint8)
+    out = np.empty(int(ends[-1]), np.uint8)
+    longer = lengths > 1
+    out[starts] = (gaps & np.uint64(0x7F)).astype(np.uint8) | (longer.astype(np.uint8) << 7)
+    rest = np.flatnonzero(longer)
+    byte = 1
+    while rest.size:
+        more = lengths[rest] > byte + 1
+        part = (gaps[rest] >> np.uint64(7 * byte)) & np.uint64(0x7F)
+        out[starts[rest] + byte] = part.astype(np.uint8) | (more.astype(np.uint8) << 7)
+        rest = rest[more]
+        byte += 1
     return out.tobytes()
 
 
@@ -265,16 +278,20 @@ def _unvarints(data: bytes, changed: int) -> np.ndarray:
             f"element patch: gap section holds {ends.size} complete varints "
             f"({raw.size} bytes), expected {changed}; fetch the whole leaf"
         )
+    if raw.size == changed:  # every gap under 128: one byte each
+        return raw.astype(np.uint64)
     starts = np.concatenate(([0], ends[:-1] + 1)) if changed else ends
     lengths = ends - starts + 1
     if changed and lengths.max() > 9:
         raise CorruptDataError("element patch: a gap varint over 9 bytes; fetch the whole leaf")
-    gaps = np.zeros(changed, np.uint64)
-    for byte in range(int(lengths.max()) if changed else 0):
-        has = lengths > byte
-        gaps[has] |= (raw[starts[has] + byte].astype(np.uint64) & np.uint64(0x7F)) << np.uint64(
-            7 * byte
-        )
+    gaps = (raw[starts] & np.uint8(0x7F)).astype(np.uint64)
+    rest = np.flatnonzero(lengths > 1)
+    byte = 1
+    while rest.size:
+        part = (raw[starts[rest] + byte] & np.uint8(0x7F)).astype(np.uint64)
+        gaps[rest] |= part << np.uint64(7 * byte)
+        rest = rest[lengths[rest] > byte + 1]
+        byte += 1
     return gaps
 
 
@@ -339,7 +356,9 @@ def _forms(
     every: bool,
 ) -> list[Patch]:
     count, itemsize = a.size // lanes, a.itemsize * lanes
-    rows_new = b.reshape(count, lanes)[positions]
+    rows_new = (b[positions] if lanes == 1 else b.reshape(count, lanes)[positions]).reshape(
+        -1, lanes
+    )
     values = rows_new.tobytes()
     sizes = {
         POSITIONS: positions.size * (4 if count <= 1 << 32 else 8),
