@@ -5,6 +5,7 @@ bases, long chains, a reader in another process, a killed writer, and the reclai
 patch files. Patches are made by the core's codec (``varsync._elements.diff``).
 """
 
+import gc
 import math
 import os
 import time
@@ -12,11 +13,12 @@ import time
 import ml_dtypes
 import numpy as np
 import pytest
-from shm_helpers import CONTEXT
+from shm_helpers import CONTEXT, open_fds
 
 import varsync
 from varsync._elements import diff
 from varsync.backend import Head, LeafChain, assert_bit_equal, rebuilt_leaf
+from varsync.testing.faults import settled_fds
 from varsync_shm import writing
 from varsync_shm.backend import ShmBackend
 from varsync_shm.reading import MAP_ABOVE
@@ -410,3 +412,50 @@ def test_a_writer_killed_before_publishing_leaves_the_last_version(backend, stor
     assert [f for f in files if f.startswith((".fill-", ".link-", ".patch-"))] == []
     assert push_patches(backend, values[3], values[4]) == 4
     assert_bit_equal(backend.read(TABLE, 0, FOREVER, SPECS)[1], values[4])
+
+
+def test_interrupted_patched_pushes_leave_one_whole_version_and_no_file(backend):
+    """SIGINTs at random points of patched pushes (see test_shm_reliability): every
+    version read is one the writer made, bit for bit; nothing is left locked or behind,
+    and the patch files left are the current chains'."""
+    from test_shm_reliability import Interrupts  # SIGINT rounds: left out on py313
+
+    values = {1: first_values()}
+    backend.write(TABLE, values[1], SPECS, FOREVER)
+
+    def push_next():
+        version = head_of(backend).version
+        new = values.get(version + 1)
+        if new is None:
+            new = values[version + 1] = changed(values[version], version + 1)
+            new[1] = np.array(version + 1, np.int64)
+        push_patches(backend, values[version], new)
+
+    for _ in range(4):  # warm up the mapping caches
+        push_next()
+    gc.collect()
+    before = open_fds()
+    with Interrupts(seed=17) as interrupts:
+        for round_ in range(200):
+            interrupts.round(push_next, most_seconds=0.004)
+            head, arrays = backend.read(TABLE, 0, FOREVER, SPECS)
+            assert_bit_equal(arrays, values[head.version])
+            del arrays  # views of the segment: they would keep it, and its chains
+            if round_ % 20 == 19:  # chains reset now and then, under the interrupts
+                backend.write(TABLE, values[head.version], SPECS, FOREVER)
+                values[head.version + 1] = values[head.version]
+    assert interrupts.unraisable == []
+    gc.collect()
+    assert settled_fds(before + 2) <= before + 2
+    push_next()  # not blocked by a lock an interrupted push kept, and reclaims its files
+    files = os.listdir(backend.details(TABLE)["path"])
+    assert [f for f in files if f.startswith((".fill-", ".link-", ".patch-"))] == []
+    head, arrays = backend.read(TABLE, 0, FOREVER, SPECS)
+    assert_bit_equal(arrays, values[head.version])
+    del arrays
+    push_next()  # reclaims what the last pull kept
+    _, _, leaves = backend.read_patches(TABLE, 0, FOREVER, SPECS)
+    reached = {
+        link.version for leaf in leaves if isinstance(leaf, LeafChain) for link in leaf.links
+    }
+    assert backend.details(TABLE)["patches"] == sorted(f"patch-{v}" for v in reached)
