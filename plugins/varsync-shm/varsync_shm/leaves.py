@@ -23,10 +23,18 @@ segment's head, the version at which each leaf last changed (its *leaf versions*
   copied, neighbours in one ``pread``: a held nest then pins no segment per changed
   leaf. The backend answers it with the epoch it checked before and after (one history).
 - **Leaf versions** (:func:`versions_of`) read one segment's head: a few system calls.
+- **Element deltas** (:mod:`varsync_shm.chains`): :func:`write_leaves` given
+  ``patches`` keeps a patched leaf's bytes in the segment (its anchor) and writes its
+  link in the version's patch file, so the spare's copy of it, holding the same anchor,
+  is reused and the push writes the patch alone. What decides a copy is each leaf's
+  *content version* (its anchor's, else its leaf version). :func:`open_leaves` rebuilds
+  a patched leaf whole (a copy); :func:`open_patches` gives it as links or anchor and
+  links.
 
 A leaf unchanged for any number of versions is in every segment, so reclaiming segments
 never loses it. The functions here return the bytes they copied or read, which
-``details()`` counts per table (``leaf_bytes_written``, ``leaf_bytes_read``).
+``details()`` counts per table (``leaf_bytes_written``, ``patch_bytes_written``,
+``leaf_bytes_read``).
 """
 
 from __future__ import annotations
