@@ -55,7 +55,7 @@ def test_every_bit_pattern_round_trips(store_name, copies):
 def test_the_index_names_ml_dtypes_by_name_and_numpy_dtypes_as_before():
     specs = [Spec((4,), name) for name in NAMES] + [Spec((2,), "float32"), Spec((), "bool")]
     layout = segment.plan(specs)
-    _, _, _start, _, size, _count, index_len, _ = segment._HEADER.unpack_from(layout.head, 0)
+    _, _, _start, _, size, _count, index_len, _, _ = segment._HEADER.unpack_from(layout.head, 0)
     index = json.loads(layout.head[segment.HEADER_SIZE : segment.HEADER_SIZE + index_len])
     assert [entry[0] for entry in index] == list(NAMES) + ["<f4", "|b1"]
     parsed = segment.parse(layout.head + bytes(size - len(layout.head)), size, "test")

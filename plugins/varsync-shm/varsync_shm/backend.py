@@ -8,9 +8,10 @@ nothing more; each part is composed, not mixed in, and takes what it uses:
   is the table's epoch (:class:`~varsync_shm.store.Epoch`);
 - :class:`~varsync_shm.signatures.Signatures`: the signature this backend handed out per
   table (a table made again with *another* one is the one reset the backend raises);
-- :mod:`varsync_shm.reading`, :mod:`varsync_shm.writing`, :mod:`varsync_shm.leaves` and
-  :mod:`varsync_shm.registry`: functions of a :class:`~varsync_shm.store.TableDir` (and of
-  the :class:`~varsync_shm.mappings.Mappings` they map segments with);
+- :mod:`varsync_shm.reading`, :mod:`varsync_shm.writing`, :mod:`varsync_shm.leaves`
+  (with :mod:`varsync_shm.chains` for element deltas) and :mod:`varsync_shm.registry`:
+  functions of a :class:`~varsync_shm.store.TableDir` (and of the
+  :class:`~varsync_shm.mappings.Mappings` they map segments with);
 - :mod:`varsync_shm._inotify`: the sleep of :meth:`ShmBackend.block`.
 
 Guarantees, and how:
@@ -28,6 +29,12 @@ Guarantees, and how:
 - **Writers never wait for readers**; a crashed reader or writer leaves nothing locked;
   a crashed writer leaves the last complete version readable; old versions are
   reclaimed (see :mod:`varsync_shm.writing`).
+- **A patched push writes its patches, not the leaf** (:class:`SupportsElementDeltas`):
+  the segment keeps the leaf's anchor and a patch file holds the new link, so in the
+  steady state (a spare to refill) a push copies no byte of a patched leaf. Readers'
+  delta reads get the links since what they hold (:mod:`varsync_shm.chains`). A plain
+  pull (``read``, ``read_leaves``) of a patched leaf rebuilds it whole: it costs a copy
+  of the leaf, until the next whole write of it.
 - **Only this user's directories are used** (:mod:`varsync_shm._dirs`).
 - **No interrupt leaks a descriptor or closes one twice**: every descriptor a call opens
   belongs to a :class:`~varsync_shm._fds.Descriptors` made before the ``try`` that
@@ -55,11 +62,12 @@ from varsync.backend import (
     ErrorMap,
     Head,
     LeafRead,
+    PatchRead,
     PullTimeoutError,
     Read,
     Spec,
     SupportsBlockingWait,
-    SupportsLeafVersions,
+    SupportsElementDeltas,
     SupportsReaderRegistry,
     TableNotFoundError,
     refuse_unknown,
@@ -87,7 +95,7 @@ _Opener = Callable[[TableDir, str, int, Descriptors], "_T | None"]
 
 
 @final
-class ShmBackend(Backend, SupportsBlockingWait, SupportsLeafVersions, SupportsReaderRegistry):
+class ShmBackend(Backend, SupportsBlockingWait, SupportsElementDeltas, SupportsReaderRegistry):
     """Tables in files under /dev/shm, shared by every process of the host that names
     the same store. Options: ``root`` (the directory holding stores; default /dev/shm)."""
 
@@ -170,6 +178,7 @@ class ShmBackend(Backend, SupportsBlockingWait, SupportsLeafVersions, SupportsRe
                     "path": path,
                     "current": None if table is None else reading.current_segment(table),
                     "segments": sorted(f for f in files if f.startswith(layout.SEGMENTS)),
+                    "patches": sorted(f for f in files if f.startswith(layout.PATCH)),
                     "bytes_in_shm": used * 512,
                     **self._moved.get(name, _counters()),
                 }
@@ -231,9 +240,8 @@ class ShmBackend(Backend, SupportsBlockingWait, SupportsLeafVersions, SupportsRe
             )
             if written is None:
                 return None
-            head, copied = written
-            self._count(name, "leaf_bytes_written", copied)
-            return head
+            self._count(name, "leaf_bytes_written", written.copied)
+            return written.head
 
     def read_leaves(
         self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]
@@ -250,6 +258,44 @@ class ShmBackend(Backend, SupportsBlockingWait, SupportsLeafVersions, SupportsRe
             numbers, arrays, moved = got
             self._count(name, "leaf_bytes_read", moved)
             return LeafRead(head, numbers, arrays)
+
+    # -- element deltas (varsync_shm.leaves, varsync_shm.chains) --------------------------
+
+    def write_patches(
+        self,
+        name: str,
+        leaves: Mapping[int, np.ndarray],
+        patches: Mapping[int, bytes],
+        specs: Sequence[Spec],
+        base: Head,
+        deadline: float,
+    ) -> Head | None:
+        with self._errors(self.files.table_path(name)):
+            table = self._writable(name)
+            written = leafsync.write_leaves(
+                table, leaves, specs, base, self.mappings, self._signatures.checked, patches
+            )
+            if written is None:
+                return None
+            self._count(name, "leaf_bytes_written", written.copied)
+            self._count(name, "patch_bytes_written", written.patched)
+            return written.head
+
+    def read_patches(
+        self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]
+    ) -> PatchRead:
+        def open_patches(
+            table: TableDir, pointer: str, version: int, fds: Descriptors
+        ) -> tuple[list[int], leafsync.Leaves, int] | None:
+            return leafsync.open_patches(table, pointer, version, newer_than, fds, self.mappings)
+
+        with self._errors(self.files.table_path(name)):
+            head, got = self._read(name, newer_than, deadline, open_patches)
+            if got is None:
+                return PatchRead(head, None, None)
+            numbers, leaves, moved = got
+            self._count(name, "leaf_bytes_read", moved)
+            return PatchRead(head, numbers, leaves)
 
     def leaf_versions(self, name: str, deadline: float) -> tuple[Head, list[int]]:
         with self._errors(self.files.table_path(name)):
@@ -371,5 +417,7 @@ class ShmBackend(Backend, SupportsBlockingWait, SupportsLeafVersions, SupportsRe
 
 
 def _counters() -> dict[str, int]:
-    """The byte counters ``details()`` shows, before any partial push or delta pull."""
-    return {"leaf_bytes_written": 0, "leaf_bytes_read": 0}
+    """The byte counters ``details()`` shows, before any partial push or delta pull:
+    leaf bytes copied into segments and patch bytes written by partial pushes, bytes
+    read or mapped by delta pulls (links included)."""
+    return {"leaf_bytes_written": 0, "patch_bytes_written": 0, "leaf_bytes_read": 0}

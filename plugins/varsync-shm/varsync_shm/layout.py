@@ -8,6 +8,8 @@ of the files in a table's directory: every layout constant of the plugin, in one
                 lock                       the writers' lock (flock)
                 current -> seg-<version>   the published version, replaced by rename(2)
                 seg-<version>              one complete version (varsync_shm.segment)
+                patch-<version>            the element patches written at a version
+                                           (varsync_shm.chains)
                 spare-<token>              a retired segment no reader holds, kept for reuse
                 .fill-<token>              a segment a writer is filling
                 readers/                   the reader registry (varsync_shm.registry)
@@ -46,6 +48,7 @@ __all__ = [
     "SEGMENTS",
     "TEMPORARY",
     "READERS",
+    "PATCH",
     "version_named",
 ]
 
@@ -63,8 +66,10 @@ SEGMENT = "seg-"
 SPARE = "spare-"
 FILL = ".fill-"
 SEGMENTS = (SEGMENT, SPARE, FILL)
-#: Names made and renamed only under the writers' lock (links, signatures being written).
-TEMPORARY = (".link-", ".sig-")
+PATCH = "patch-"
+#: Names made and renamed only under the writers' lock (links, signatures and patch
+#: files being written).
+TEMPORARY = (".link-", ".sig-", ".patch-")
 READERS = "readers"
 
 

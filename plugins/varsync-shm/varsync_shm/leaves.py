@@ -23,35 +23,60 @@ segment's head, the version at which each leaf last changed (its *leaf versions*
   copied, neighbours in one ``pread``: a held nest then pins no segment per changed
   leaf. The backend answers it with the epoch it checked before and after (one history).
 - **Leaf versions** (:func:`versions_of`) read one segment's head: a few system calls.
+- **Element deltas** (:mod:`varsync_shm.chains`): :func:`write_leaves` given
+  ``patches`` keeps a patched leaf's bytes in the segment (its anchor) and writes its
+  link in the version's patch file, so the spare's copy of it, holding the same anchor,
+  is reused and the push writes the patch alone. What decides a copy is each leaf's
+  *content version* (its anchor's, else its leaf version). :func:`open_leaves` rebuilds
+  a patched leaf whole (a copy); :func:`open_patches` gives it as links or anchor and
+  links.
 
 A leaf unchanged for any number of versions is in every segment, so reclaiming segments
 never loses it. The functions here return the bytes they copied or read, which
-``details()`` counts per table (``leaf_bytes_written``, ``leaf_bytes_read``).
+``details()`` counts per table (``leaf_bytes_written``, ``patch_bytes_written``,
+``leaf_bytes_read``).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional, Union
 
 import numpy as np
 
-from varsync.backend import CorruptDataError, Head, Spec
-from varsync_shm import layout, segment, writing
+from varsync.backend import CorruptDataError, Head, LeafChain, Spec
+from varsync_shm import chains, layout, segment, writing
 from varsync_shm._fds import Descriptors
-from varsync_shm._files import open_regular, unlink_all
+from varsync_shm._files import open_regular, token, unlink_all
 from varsync_shm.mappings import Mappings
-from varsync_shm.reading import MAP_ABOVE, open_locked
+from varsync_shm.reading import MAP_ABOVE, open_locked, retired_or_corrupt
 from varsync_shm.store import TableDir
 
 #: A delta read (``newer_than`` > 0) copies changed leaves up to this size rather than
 #: mapping them: 16 MiB copies in a few ms, and a held copy pins no segment.
 DELTA_MAP_ABOVE = 16 << 20
 
-__all__ = ["write_leaves", "open_leaves", "versions_of", "DELTA_MAP_ABOVE"]
+__all__ = [
+    "Written",
+    "write_leaves",
+    "open_leaves",
+    "open_patches",
+    "versions_of",
+    "DELTA_MAP_ABOVE",
+]
 
 Arrays = list[Optional[np.ndarray]]
+Leaves = list[Union[np.ndarray, LeafChain, None]]
+
+
+class Written(NamedTuple):
+    """A partial push that landed: its head, the leaf bytes it copied into the segment
+    and the patch bytes it wrote."""
+
+    head: Head
+    copied: int
+    patched: int
 
 
 def write_leaves(
@@ -61,17 +86,25 @@ def write_leaves(
     base: Head | None,
     mappings: Mappings,
     checked: writing.Checked,
-) -> tuple[Head, int] | None:
-    """Publish the current version with ``leaves`` replaced as the next version: its head
-    and the bytes copied. ``None`` (and nothing written) if the table is empty, or its
-    head is not ``base``."""
+    patches: Mapping[int, bytes] | None = None,
+) -> Written | None:
+    """Publish the current version with ``leaves`` replaced and ``patches`` (leaf index
+    -> element patch against its current value) applied as the next version. ``None``
+    (and nothing written) if the table is empty, or its head is not ``base``."""
     plan = segment.plan(specs)
-    for index in leaves:
+    patches = patches or {}
+    for index in (*leaves, *patches):
         if not 0 <= index < len(plan.leaves):
             raise IndexError(
                 f"write_leaves: leaf index {index} of table {table.name!r} is not in 0..."
                 f"{len(plan.leaves) - 1} (its signature has {len(plan.leaves)} leaves)"
             )
+    both = sorted(set(leaves) & set(patches))
+    if both:
+        raise ValueError(
+            f"write_patches: leaves {both} of table {table.name!r} are given both whole and "
+            "as patches; give each leaf one way"
+        )
     fds = Descriptors()
     made: list[str] = []  # names this push created: removed at the end unless renamed
     try:
@@ -95,11 +128,19 @@ def write_leaves(
                 f"expected version {version} with the {len(plan.leaves)} of the signature"
             )
         now = segment.leaf_versions(head, current, where)
+        anchors = segment.anchor_versions(head, current, where)
+        new = version + 1
+        chained = _chains_since(table, fds, patches, now, anchors)
         writing.reclaim(table, pointer)
         fd, fresh, old = writing.claim(table, plan.size, fds, made, len(plan.head))
         held = _held(old, plan, where)  # what the spare holds already, leaf by leaf
-        new = version + 1
-        wanted = [new if i in leaves else now[i] for i in range(len(plan.leaves))]
+        wanted = [new if i in leaves or i in patches else now[i] for i in range(len(now))]
+        # A patched leaf keeps its bytes: its anchor, or its current value as the anchor.
+        kept = [
+            0 if i in leaves else (anchors[i] or now[i]) if i in patches else anchors[i]
+            for i in range(len(now))
+        ]
+        patched = _stage(table, new, chained, patches, fds, made) if patches else None
         if fresh:
             writing.allocate(fd, plan.size, table)
             target = None
@@ -114,19 +155,66 @@ def write_leaves(
                 continue
             if i in leaves:
                 raw = np.ascontiguousarray(leaves[i]).reshape(-1).view(np.uint8)
-            elif held is None or held[i] != now[i]:
+            elif held is None or held[i] != (anchors[i] or now[i]):
                 start = current.leaves[i].offset
                 raw = from_current[start : start + leaf.nbytes]
             else:
-                continue  # the spare holds this leaf's current value
+                continue  # the spare holds this leaf's bytes already
             _put(fd, target, leaf.offset, raw)
             copied += leaf.nbytes
-        segment.pwrite_all(fd, memoryview(segment.head_with(plan, wanted, new)), 0)
+        segment.pwrite_all(fd, memoryview(segment.head_with(plan, wanted, new, kept)), 0)
+        if patched is not None:  # first: readers of the new version find its patches
+            store = table.store
+            final = table.file(chains.patch_name(new))
+            os.rename(patched[0], final, src_dir_fd=store, dst_dir_fd=store)
         writing.publish(table, fd, new, made)
-        return Head(new, epoch), copied
+        return Written(Head(new, epoch), copied, 0 if patched is None else patched[1])
     finally:
         fds.close()  # first: it releases the writers' lock and the segments' locks
         unlink_all(table.store, made)
+
+
+def _chains_since(
+    table: TableDir,
+    fds: Descriptors,
+    patches: Mapping[int, bytes],
+    now: Sequence[int],
+    anchors: Sequence[int],
+) -> dict[int, tuple[list[chains.Row], int]]:
+    """Per patched leaf, the links of its chain in the current version and its leaf
+    version there (the new link's base)."""
+    links = chains.Links(table, fds)
+    try:
+        return {
+            i: (links.chain(i, now[i], anchors[i]) if anchors[i] else [], now[i]) for i in patches
+        }
+    except chains.Gone as gone:  # the current version's own: under the writers' lock
+        raise CorruptDataError(
+            f"{gone}, which the current version's chains name, is missing"
+        ) from None
+
+
+def _stage(
+    table: TableDir,
+    version: int,
+    chained: Mapping[int, tuple[list[chains.Row], int]],
+    patches: Mapping[int, bytes],
+    fds: Descriptors,
+    made: list[str],
+) -> tuple[str, int]:
+    """Write the patch file of ``version`` under a temporary name (in ``made``): that
+    name, and the patch bytes written."""
+    earlier = {i: rows for i, (rows, _) in chained.items()}
+    given = {i: (chained[i][1], bytes(data)) for i, data in patches.items()}
+    head, placed, size = chains.encode(version, earlier, given)
+    staged = table.file(f".patch-{token()}")
+    made.append(staged)  # before it exists: an interrupt after the open leaves none
+    fd = fds.open(staged, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=table.store)
+    writing.allocate(fd, size, table)
+    segment.pwrite_all(fd, memoryview(head), 0)
+    for offset, data in placed:
+        segment.pwrite_all(fd, memoryview(data), offset)
+    return staged, sum(len(data) for _, data in placed)
 
 
 def _kinds(leaves: Sequence[segment.Leaf]) -> list[tuple[Any, tuple[int, ...]]]:
@@ -134,15 +222,16 @@ def _kinds(leaves: Sequence[segment.Leaf]) -> list[tuple[Any, tuple[int, ...]]]:
 
 
 def _held(old: bytes, plan: segment.Plan, where: str) -> list[int] | None:
-    """The leaf versions of the retired version a claimed spare held, if its bytes are
-    where ``plan`` puts them; ``None``: nothing in it is reused."""
+    """The content versions (:func:`~varsync_shm.segment.content_versions`) of the
+    retired version a claimed spare held, if its bytes are where ``plan`` puts them;
+    ``None``: nothing in it is reused."""
     if not old:
         return None
     try:
         parsed = segment.parse_head(old, plan.size, where)
         if parsed.version == 0 or parsed.leaves != plan.leaves:
             return None
-        return segment.leaf_versions(old, parsed, where)
+        return segment.content_versions(old, parsed, where)
     except CorruptDataError:
         return None
 
@@ -164,14 +253,70 @@ def open_leaves(
 ) -> tuple[list[int], Arrays, int] | None:
     """Leaf versions, the arrays of the leaves changed since ``newer_than`` and the bytes
     read, of segment ``pointer`` if it still holds ``version``; else ``None`` (it was
-    retired and reused: read the link again)."""
+    retired and reused: read the link again). A leaf held as an anchor and its links is
+    rebuilt whole (a copy)."""
     opened = _locked(table, pointer, version, fds)
     if opened is None:
         return None
-    fd, size, head, parsed, where = opened
-    numbers = segment.leaf_versions(head, parsed, where)
-    arrays: Arrays = [None] * len(numbers)
+    numbers, anchors = opened.numbers, opened.anchors
     changed = [i for i, n in enumerate(numbers) if n > newer_than]
+    arrays, read = _segment_leaves(table, opened, changed, newer_than, mappings)
+    links = chains.Links(table, fds)
+    try:
+        for i in changed:
+            if anchors[i]:
+                held = arrays[i]
+                assert held is not None
+                arrays[i] = chains.rebuilt(links, i, numbers[i], anchors[i], held)
+    except chains.Gone:
+        retired_or_corrupt(table, pointer)
+        return None
+    return numbers, arrays, read + links.read
+
+
+def open_patches(
+    table: TableDir,
+    pointer: str,
+    version: int,
+    newer_than: int,
+    fds: Descriptors,
+    mappings: Mappings,
+) -> tuple[list[int], Leaves, int] | None:
+    """:func:`open_leaves`, where a leaf held as an anchor and its links is given as a
+    :class:`~varsync.backend.LeafChain`: its links since ``newer_than`` alone if the
+    caller holds its anchor's version or later, else its anchor and every link."""
+    opened = _locked(table, pointer, version, fds)
+    if opened is None:
+        return None
+    numbers, anchors = opened.numbers, opened.anchors
+    changed = [i for i, n in enumerate(numbers) if n > newer_than]
+    behind = [i for i in changed if newer_than < anchors[i] or not anchors[i]]
+    arrays, read = _segment_leaves(table, opened, behind, newer_than, mappings)
+    leaves: Leaves = list(arrays)
+    links = chains.Links(table, fds)
+    try:
+        for i in changed:
+            if not anchors[i]:
+                continue  # held whole: its array
+            rows = links.chain(i, numbers[i], anchors[i])
+            if newer_than < anchors[i]:  # behind its anchor
+                leaves[i] = LeafChain(arrays[i], anchors[i], links.links(rows))
+            else:
+                since = [row for row in rows if row.version > newer_than]
+                leaves[i] = LeafChain(None, 0, links.links(since))
+    except chains.Gone:
+        retired_or_corrupt(table, pointer)
+        return None
+    return numbers, leaves, read + links.read
+
+
+def _segment_leaves(
+    table: TableDir, opened: _Opened, indices: Sequence[int], newer_than: int, mappings: Mappings
+) -> tuple[Arrays, int]:
+    """The segment's bytes of the leaves at ``indices`` (ascending) as arrays, and the
+    bytes read: views of the mapped segment over the mapping threshold, else copies."""
+    leaves = opened.parsed.leaves
+    arrays: Arrays = [None] * len(leaves)
     # A whole read maps what a pull maps; a delta read copies up to DELTA_MAP_ABOVE: the
     # caller keeps its other leaves, views pinning the segments where each last changed,
     # and with a view per changed leaf too no segment would be left for a push to refill.
@@ -179,21 +324,21 @@ def open_leaves(
     mapped: np.ndarray | None = None
     run: list[int] = []  # neighbouring small leaves, read in one pread
     read = 0
-    for i in changed + [-1]:
-        leaf = parsed.leaves[i] if i >= 0 else None
+    for i in [*indices, -1]:
+        leaf = leaves[i] if i >= 0 else None
         if run and (leaf is None or i != run[-1] + 1 or leaf.nbytes > map_above):
-            read += _copy_run(fd, parsed.leaves, run, arrays)
+            read += _copy_run(opened.fd, leaves, run, arrays)
             run = []
         if leaf is None:
             break
         if leaf.nbytes > map_above:  # a view that keeps fd's shared lock while it lives
             if mapped is None:
-                mapped = mappings.pinned(table.rel, fd, size, version)
+                mapped = mappings.pinned(table.rel, opened.fd, opened.size, opened.version)
             arrays[i] = segment.arrays_of(mapped, [leaf])[0]
             read += leaf.nbytes
         else:
             run.append(i)
-    return numbers, arrays, read
+    return arrays, read
 
 
 def _copy_run(fd: int, leaves: Sequence[segment.Leaf], run: list[int], arrays: Arrays) -> int:
@@ -214,17 +359,21 @@ def _copy_run(fd: int, leaves: Sequence[segment.Leaf], run: list[int], arrays: A
 def versions_of(table: TableDir, pointer: str, version: int, fds: Descriptors) -> list[int] | None:
     """The leaf versions of segment ``pointer`` if it still holds ``version``."""
     opened = _locked(table, pointer, version, fds)
-    if opened is None:
-        return None
-    _, _, head, parsed, where = opened
-    return segment.leaf_versions(head, parsed, where)
+    return None if opened is None else opened.numbers
 
 
-def _locked(
-    table: TableDir, pointer: str, version: int, fds: Descriptors
-) -> tuple[int, int, bytes, segment.Parsed, str] | None:
-    """Segment ``pointer`` open, shared-locked and holding ``version``: ``(fd, size, head,
-    parsed head, path)``; ``None`` if it no longer holds it."""
+class _Opened(NamedTuple):
+    fd: int
+    size: int
+    version: int
+    parsed: segment.Parsed
+    numbers: list[int]  # leaf versions
+    anchors: list[int]  # anchor versions (0: held whole)
+
+
+def _locked(table: TableDir, pointer: str, version: int, fds: Descriptors) -> _Opened | None:
+    """Segment ``pointer`` open, shared-locked and holding ``version``, its head parsed;
+    ``None`` if it no longer holds it."""
     where = table.where(pointer)
     fd = open_locked(table, pointer, fds)
     if fd is None:
@@ -233,4 +382,6 @@ def _locked(
     head = segment.read_head(fd, size)
     if len(head) >= segment.HEADER_SIZE and segment.version_in(head) != version:
         return None
-    return fd, size, head, segment.parse_head(head, size, where), where
+    parsed = segment.parse_head(head, size, where)
+    numbers = segment.leaf_versions(head, parsed, where)
+    return _Opened(fd, size, version, parsed, numbers, segment.anchor_versions(head, parsed, where))

@@ -5,7 +5,8 @@ A segment is read only under a *shared* flock taken without waiting, and only if
 header still names the version the link named: a writer refills a segment only under an
 exclusive flock and zeroes its version first, so what is read is exactly one version.
 Segments larger than :data:`MAP_ABOVE` bytes are mapped, not copied
-(:mod:`varsync_shm.mappings`).
+(:mod:`varsync_shm.mappings`). A leaf the segment holds as an anchor and its links
+(:mod:`varsync_shm.chains`) is rebuilt whole: a copy, until the next whole write of it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from varsync.backend import CorruptDataError
-from varsync_shm import layout, segment
+from varsync_shm import chains, layout, segment
 from varsync_shm._fds import Descriptors
 from varsync_shm._files import open_regular, try_lock
 from varsync_shm.mappings import Mappings
@@ -31,6 +32,7 @@ __all__ = [
     "current_version",
     "open_locked",
     "open_version",
+    "retired_or_corrupt",
 ]
 
 MAP_ABOVE = 1 << 20
@@ -90,6 +92,29 @@ def open_version(
     else:
         buffer = os.pread(fd, size, 0)
         memory = np.frombuffer(buffer, np.uint8, size)
-    parsed = segment.parse(buffer, size, table.where(pointer))
+    where = table.where(pointer)
+    parsed = segment.parse(buffer, size, where)
     # Every pulled array is a view of `memory`: while one lives, so does its pin.
-    return segment.arrays_of(memory, parsed.leaves)
+    arrays = segment.arrays_of(memory, parsed.leaves)
+    anchors = segment.anchor_versions(buffer, parsed, where)
+    if any(anchors):
+        numbers = segment.leaf_versions(buffer, parsed, where)
+        links = chains.Links(table, fds)
+        try:
+            for i, anchor in enumerate(anchors):
+                if anchor:
+                    arrays[i] = chains.rebuilt(links, i, numbers[i], anchor, arrays[i])
+        except chains.Gone:
+            retired_or_corrupt(table, pointer)
+            return None
+    return arrays
+
+
+def retired_or_corrupt(table: TableDir, pointer: str) -> None:
+    """For a read that found a patch file of segment ``pointer`` gone: nothing if the
+    segment is no longer current (it was retired and its patch files reclaimed: read the
+    link again); else :class:`CorruptDataError`."""
+    if current_segment(table) == pointer:
+        raise CorruptDataError(
+            f"{table.where(pointer)} is current, but a patch file its chains name is missing"
+        )

@@ -1,25 +1,31 @@
 """One version of a table in one file: a 64-byte header, a JSON leaf index, the leaf
-versions, the arrays.
+versions and anchor versions, the arrays.
 
     offset  size  field
     0       8     magic b"VSYNCSHM"
-    8       4     layout version (1)
+    8       4     layout version (1; 2 when a leaf is held as an anchor and its links)
     12      4     bytes before the first array (header, index, leaf versions; 64-aligned)
     16      8     table version held; 0 while a writer fills the file
     24      8     file size
     32      4     number of leaves
     36      4     index length in bytes
     40      4     offset of the leaf versions (0: none, as in files of varsync-shm 0.1)
-    44      20    reserved (zero)
+    44      4     offset of the anchor versions (0: none, as in files before element deltas)
+    48      16    reserved (zero)
     64      ...   index: JSON [[dtype, shape, offset], ...] in flat order
     ...           leaf versions: one little-endian uint64 per leaf, 8-byte aligned: the
                   table version at which the leaf last changed, 0 for "this file's
                   version" (so a whole push, which changes every leaf, writes zeros)
+    ...           anchor versions: one little-endian uint64 per leaf: 0 for a leaf held
+                  whole, else the leaf version whose value its bytes hold (its anchor),
+                  the links since being in link files (:mod:`varsync_shm.chains`)
     ...           each array's raw bytes, C order, native byte order, 64-byte aligned
 
 A file without leaf versions (offset 0) holds every leaf at its own version. The layout
 version stays 1: readers of 0.1 ignore the field, and a writer of 0.1 that refills a file
-writes a whole header without it, which is right for its whole push.
+writes a whole header without it, which is right for its whole push. A file holding an
+anchor says layout 2, which a reader that does not know anchors refuses (it would read
+the anchor as the leaf's value).
 
 Arrays are raw bytes described by a dtype string and a shape, never pickles; the dtype
 must be a plain number or bool, named by its ``dtype.str`` (``"<f4"``), or one of
@@ -61,12 +67,17 @@ __all__ = [
     "head_with",
     "version_in",
     "pwrite_all",
+    "anchor_versions",
+    "content_versions",
 ]
 
 MAGIC = b"VSYNCSHM"
 LAYOUT = 1
+CHAINED_LAYOUT = 2  # a file with anchors: readers without element deltas must refuse it
+_LAYOUTS = (LAYOUT, CHAINED_LAYOUT)
+_LAYOUT = struct.Struct("<I")  # at offset 8
 ALIGN = 64
-_HEADER = struct.Struct("<8sIIQQIII20x")
+_HEADER = struct.Struct("<8sIIQQIIII16x")
 _VERSION = struct.Struct("<Q")
 _VERSION_OFFSET = 16
 _START = struct.Struct("<I")  # at offset 12
@@ -100,10 +111,11 @@ class Leaf:
 class Plan:
     """Where each array of a table goes in its files; the same for every version."""
 
-    head: bytes  # header (version 0) + index + leaf versions (all 0) + padding
+    head: bytes  # header (version 0) + index + leaf and anchor versions (all 0) + padding
     leaves: tuple[Leaf, ...]
     size: int
     versions_offset: int
+    anchors_offset: int
 
 
 def plan(specs: Sequence[Spec]) -> Plan:
@@ -127,7 +139,7 @@ def _plan(specs: tuple[Spec, ...]) -> Plan:
             index_entries.append([_dtype_text(spec.dtype), list(spec.shape), offset])
             offset = _aligned(offset + spec.nbytes)
         index = json.dumps(index_entries, separators=(",", ":")).encode()
-        needed = _aligned(_versions_at(len(index)) + 8 * len(specs))
+        needed = _aligned(_versions_at(len(index)) + 16 * len(specs))
         if needed <= start:
             break
         start = needed
@@ -135,9 +147,12 @@ def _plan(specs: tuple[Spec, ...]) -> Plan:
         raise AssertionError("segment layout did not converge")
     size = max(offset, start)
     versions = _versions_at(len(index))
-    header = _HEADER.pack(MAGIC, LAYOUT, start, 0, size, len(leaves), len(index), versions)
+    anchors = versions + 8 * len(specs)
+    header = _HEADER.pack(MAGIC, LAYOUT, start, 0, size, len(leaves), len(index), versions, anchors)
     head = header + index + bytes(start - HEADER_SIZE - len(index))
-    return Plan(head=head, leaves=tuple(leaves), size=size, versions_offset=versions)
+    return Plan(
+        head=head, leaves=tuple(leaves), size=size, versions_offset=versions, anchors_offset=anchors
+    )
 
 
 def write(fd: int, layout: Plan, arrays: Sequence[np.ndarray]) -> None:
@@ -191,6 +206,7 @@ class Parsed:
     leaves: tuple[Leaf, ...]
     start: int = 0  # bytes before the first array
     versions_offset: int = 0  # where the leaf versions are; 0: none
+    anchors_offset: int = 0  # where the anchor versions are; 0: none
 
 
 def parse(buffer: Any, size: int, where: str) -> Parsed:
@@ -210,13 +226,16 @@ def parse_head(buffer: Any, size: int, where: str) -> Parsed:
         raise CorruptDataError(
             f"{where} is {len(view)} bytes, too short to be a varsync-shm segment"
         )
-    magic, layout, start, version, total, count, index_len, versions = _HEADER.unpack_from(view, 0)
+    magic, layout, start, version, total, count, index_len, versions, anchors = _HEADER.unpack_from(
+        view, 0
+    )
     if magic != MAGIC:
         raise CorruptDataError(f"{where} is not a varsync-shm segment (magic {magic!r})")
-    if layout != LAYOUT:
+    if layout not in _LAYOUTS:
         raise CorruptDataError(
-            f"{where} has segment layout {layout}; this varsync-shm reads layout {LAYOUT} "
-            "(upgrade varsync-shm on every process that shares the store)"
+            f"{where} has segment layout {layout}; this varsync-shm reads layouts "
+            f"{', '.join(map(str, _LAYOUTS))} (upgrade varsync-shm on every process that "
+            "shares the store)"
         )
     if total != size or HEADER_SIZE + index_len > start or start > total or len(view) < start:
         raise CorruptDataError(
@@ -230,11 +249,24 @@ def parse_head(buffer: Any, size: int, where: str) -> Parsed:
             f"{where}: leaf versions at {versions} do not fit between the index (ending at "
             f"{HEADER_SIZE + index_len}) and the data (from {start})"
         )
+    if anchors and (
+        anchors % 8 or anchors < HEADER_SIZE + index_len or anchors + 8 * count > start
+    ):
+        raise CorruptDataError(
+            f"{where}: anchor versions at {anchors} do not fit between the index (ending at "
+            f"{HEADER_SIZE + index_len}) and the data (from {start})"
+        )
     try:
         leaves = _leaves(bytes(view[HEADER_SIZE : HEADER_SIZE + index_len]), start, total, count)
     except CorruptDataError as exc:
         raise CorruptDataError(f"{where}: {exc}") from None
-    return Parsed(version=version, leaves=leaves, start=start, versions_offset=versions)
+    return Parsed(
+        version=version,
+        leaves=leaves,
+        start=start,
+        versions_offset=versions,
+        anchors_offset=anchors,
+    )
 
 
 def read_head(fd: int, size: int) -> bytes:
@@ -263,11 +295,41 @@ def leaf_versions(head: Any, parsed: Parsed, where: str) -> list[int]:
     return [int(n) for n in numbers.tolist()]
 
 
-def head_with(layout: Plan, versions: Sequence[int], version: int) -> bytes:
-    """``layout.head`` recording these leaf versions for a file of ``version``."""
+def anchor_versions(head: Any, parsed: Parsed, where: str) -> list[int]:
+    """Each leaf's anchor version (0: held whole), from a head :func:`parse_head` read;
+    all 0 for a file without the table. Each anchor is below its leaf's leaf version."""
+    count = len(parsed.leaves)
+    if not parsed.anchors_offset:
+        return [0] * count
+    anchors = [int(n) for n in np.frombuffer(head, "<u8", count, parsed.anchors_offset).tolist()]
+    for anchor, changed in zip(anchors, leaf_versions(head, parsed, where)):
+        if anchor and anchor >= changed:
+            raise CorruptDataError(
+                f"{where}: an anchor at version {anchor}, not before its leaf's {changed}"
+            )
+    return anchors
+
+
+def content_versions(head: Any, parsed: Parsed, where: str) -> list[int]:
+    """The leaf version whose value each leaf's bytes in the file hold: its anchor's, or
+    its own for a leaf held whole. Equal numbers in two files of a table: equal bytes."""
+    changed = leaf_versions(head, parsed, where)
+    return [a or v for a, v in zip(anchor_versions(head, parsed, where), changed)]
+
+
+def head_with(
+    layout: Plan, versions: Sequence[int], version: int, anchors: Sequence[int] = ()
+) -> bytes:
+    """``layout.head`` recording these leaf versions (and anchor versions, 0 for a leaf
+    held whole) for a file of ``version``; layout 2 if any leaf has an anchor."""
+    head = bytearray(layout.head)
     table = np.array([0 if v == version else v for v in versions], "<u8").tobytes()
-    offset = layout.versions_offset
-    return layout.head[:offset] + table + layout.head[offset + len(table) :]
+    head[layout.versions_offset : layout.versions_offset + len(table)] = table
+    if any(anchors):
+        table = np.array(anchors, "<u8").tobytes()
+        head[layout.anchors_offset : layout.anchors_offset + len(table)] = table
+        _LAYOUT.pack_into(head, 8, CHAINED_LAYOUT)
+    return bytes(head)
 
 
 def _dtype_text(dtype: np.dtype) -> str:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from varsync.backend import BackendConnectionError, ItemTooLargeError, Spec
-from varsync_shm import layout, segment
+from varsync_shm import chains, layout, segment
 from varsync_shm._fds import Descriptors
 from varsync_shm._files import token, try_lock, unlink_all
 from varsync_shm.mappings import Mappings
@@ -168,12 +168,15 @@ def allocate(fd: int, size: int, table: TableDir) -> None:
 
 
 def reclaim(table: TableDir, current: str | None) -> None:
-    """Keep at most :data:`SPARES` free retired segments, delete the rest and what
-    dead writers left behind. Call under the writers' lock."""
+    """Keep at most :data:`SPARES` free retired segments, delete the rest, what dead
+    writers left behind and the patch files no segment left needs
+    (:func:`varsync_shm.chains.reclaim`). Call under the writers' lock."""
     store = table.store
     spares = 0
     retired = []
-    for entry in sorted(_list(table)):
+    entries = _list(table)
+    held = [] if current is None else [current]  # segments left: their chains stay
+    for entry in sorted(entries):
         path = table.file(entry)
         if entry.startswith(layout.FILL):
             if _unused(store, path):  # its writer died: nobody holds its lock
@@ -192,6 +195,7 @@ def reclaim(table: TableDir, current: str | None) -> None:
             except OSError:  # gone, or a link: not ours to lock
                 continue
             if not try_lock(fd, fcntl.LOCK_EX):
+                held.append(path.rpartition("/")[2])
                 continue  # a reader holds it; a later push reclaims it
             if spares < SPARES:
                 spare = table.file(f"{layout.SPARE}{token()}")
@@ -201,6 +205,7 @@ def reclaim(table: TableDir, current: str | None) -> None:
                 os.unlink(path, dir_fd=store)
         finally:
             fds.close()
+    chains.reclaim(table, entries, held)
 
 
 def _list(table: TableDir) -> list[str]:
