@@ -57,6 +57,7 @@ __all__ = [
     "check_chain",
     "patch_into",
     "rebuilt_leaf",
+    "element_patch",
     "MAX_CHAIN",
     "CHAIN_SHARE",
     "MIN_BYTES",
@@ -379,3 +380,12 @@ def assign_changed(
         adapters.patched(target)
         moved += sum(p.nbytes for p in patches)
     return moved
+
+
+def element_patch(old: np.ndarray, new: np.ndarray, *, always: bool = False) -> bytes | None:
+    """The patch a push would send for a leaf that was ``old`` and is ``new`` (its wire
+    form, as ``write_patches`` gets it), or ``None`` where the leaf would go whole
+    (``always``: a patch however large): for a plugin's own tests of
+    :class:`~varsync.backend.SupportsElementDeltas`."""
+    patch = elements.diff(old, new, limit=None if always else elements.MAX_SHARE)
+    return None if patch is None else patch.to_bytes()

@@ -7,7 +7,8 @@ for a minor release with a ``DeprecationWarning``, then removed; never changed s
 - the protocol (version 1): :class:`Backend`, the answers :class:`Head`, :class:`Read`,
   :class:`LeafRead` and :class:`PatchRead`, the abilities :class:`SupportsBlockingWait`,
   :class:`SupportsLeafVersions`, :class:`SupportsElementDeltas` (with
-  :class:`PatchLink`, :class:`LeafChain` and :func:`rebuilt_leaf`) and
+  :class:`PatchLink`, :class:`LeafChain`, :func:`rebuilt_leaf` and, for tests,
+  :func:`element_patch`) and
   :class:`SupportsReaderRegistry`, the table's :class:`Spec`;
 - framework adapters (``varsync_register_adapters``, ``docs/adapters.md``):
   :class:`AdapterRegistry`, the :class:`Adapter` protocol, the nest nodes
@@ -86,7 +87,7 @@ from varsync._options import (
     parse_timeout,
     refuse_unknown,
 )
-from varsync._patches import rebuilt_leaf
+from varsync._patches import element_patch, rebuilt_leaf
 from varsync._registry import BackendRegistry, reset_registry
 from varsync._server_wait import parse_wait_for_server, retry_until_up
 from varsync._signature import Spec
@@ -108,6 +109,7 @@ __all__ = [
     "LeafChain",
     "PatchRead",
     "rebuilt_leaf",
+    "element_patch",
     "Spec",
     # registration
     "hookimpl",

@@ -85,6 +85,7 @@ PUBLIC = {
         "LeafChain",
         "PatchRead",
         "rebuilt_leaf",
+        "element_patch",
         "TableNotFoundError",
         "TableResetError",
         "UnsupportedError",

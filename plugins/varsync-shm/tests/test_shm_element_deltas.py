@@ -16,8 +16,7 @@ import pytest
 from shm_helpers import CONTEXT, open_fds
 
 import varsync
-from varsync._elements import diff
-from varsync.backend import Head, LeafChain, assert_bit_equal, rebuilt_leaf
+from varsync.backend import Head, LeafChain, assert_bit_equal, element_patch, rebuilt_leaf
 from varsync.testing.faults import settled_fds
 from varsync_shm import writing
 from varsync_shm.backend import ShmBackend
@@ -64,7 +63,7 @@ PATCHED = (0, 2, 3, 4)
 
 
 def patches_between(old, new):
-    return {i: diff(old[i], new[i], limit=None).to_bytes() for i in PATCHED}
+    return {i: element_patch(old[i], new[i], always=True) for i in PATCHED}
 
 
 def open_backend(store_name):
