@@ -43,6 +43,7 @@ __all__ = [
     "candidates",
     "apply",
     "leaf_hash",
+    "positions_of",
     "changed_count",
     "MAX_SHARE",
     "SAMPLE",
@@ -469,6 +470,27 @@ def _decode_values(patch: Patch, rows_old: np.ndarray, lanes: int) -> np.ndarray
     return values ^ rows_old if patch.flags & _XOR else values
 
 
+def _positions_bytes(patch: Patch) -> bytes:
+    section = patch.positions
+    if patch.flags & _ZSTD:
+        try:
+            section = (
+                _zstd()
+                .ZstdDecompressor()
+                .decompress(section, max_output_size=10 * patch.changed + 1)
+            )
+        except _zstd().ZstdError as error:
+            raise CorruptDataError(
+                f"element patch: positions do not decompress ({error})"
+            ) from error
+    return section
+
+
+def positions_of(patch: Patch) -> np.ndarray:
+    """The flat positions of the elements ``patch`` changes, increasing (checked)."""
+    return _decode_positions(patch, _positions_bytes(patch))
+
+
 def apply(base: np.ndarray, patch: Patch, out: np.ndarray | None = None) -> np.ndarray:
     """``base`` (the old value) with ``patch`` applied, in place, or into ``out`` (which
     then gets a copy of ``base`` first); returns the array written.
@@ -490,19 +512,7 @@ def apply(base: np.ndarray, patch: Patch, out: np.ndarray | None = None) -> np.n
             f"element patch: for {patch.count} elements of {patch.itemsize} bytes, applied to "
             f"{base.size} of {base.dtype.itemsize} ({base.dtype}); fetch the whole leaf"
         )
-    section = patch.positions
-    if patch.flags & _ZSTD:
-        try:
-            section = (
-                _zstd()
-                .ZstdDecompressor()
-                .decompress(section, max_output_size=10 * patch.changed + 1)
-            )
-        except _zstd().ZstdError as error:
-            raise CorruptDataError(
-                f"element patch: positions do not decompress ({error})"
-            ) from error
-    positions = _decode_positions(patch, section)
+    positions = positions_of(patch)
     rows = _lanes(base).reshape(patch.count, lanes)
     values = _decode_values(patch, rows[positions], lanes)
     if target is not base:

@@ -348,15 +348,19 @@ def assign_changed(
     specs: Sequence[Spec],
     targets: Sequence[Any],
 ) -> int:
-    """Assign a :meth:`read_patches` answer into ``targets`` (which hold ``newer_than``):
-    whole arrays copied in, chains without an anchor applied in place into the target's
-    own memory where its adapter gives it (numpy arrays, CPU tensors), else onto a copy
-    that is then assigned. Everything is checked before any target is touched; a hash
-    mismatch raises :class:`CorruptDataError` with the targets partly updated (the caller
-    then assigns the whole value). Returns the bytes of patches applied in place."""
+    """Assign a :meth:`read_patches` answer into ``targets`` (which hold ``newer_than``): whole
+    arrays copied in, chains without an anchor applied in place into the target's own
+    memory where its adapter gives it (numpy arrays, CPU tensors), else onto a host copy
+    of the target, verified, of which only the changed elements are then written into
+    the target where its adapter can (``assign_elements``: a CUDA tensor, a
+    ``tf.Variable``), the whole copy where it cannot. Everything is checked before any
+    target is touched; a hash mismatch raises :class:`CorruptDataError` with the targets
+    partly updated (the caller then assigns the whole value). Returns the bytes of
+    patches applied in place."""
     parsed = _checked(table, version, leaf_versions, leaves, newer_than, specs)
     assign: list[tuple[Any, np.ndarray]] = []
     in_place: list[tuple[Any, np.ndarray, list[elements.Patch]]] = []
+    elementwise: list[tuple[Any, np.ndarray, list[elements.Patch]]] = []
     for index, (leaf, patches) in enumerate(zip(leaves, parsed)):
         if leaf is None:
             continue
@@ -371,7 +375,15 @@ def assign_changed(
         base = leaf.anchor if leaf.anchor is not None else _numpy_of(targets[index])
         value = np.array(base, dtype=specs[index].dtype, copy=True, order="C")
         patch_into(value, patches)
-        assign.append((targets[index], value))
+        if leaf.anchor is None and adapters.assign_elements_of(targets[index]) is not None:
+            elementwise.append((targets[index], value, patches))
+        else:
+            assign.append((targets[index], value))
+    for target, value, patches in elementwise:  # only the changed elements go in
+        changed = np.unique(np.concatenate([elements.positions_of(p) for p in patches]))
+        assign_elements = adapters.assign_elements_of(target)
+        assert assign_elements is not None
+        assign_elements(target, changed, value)
     if assign:
         adapters.assign_all([t for t, _ in assign], [a for _, a in assign])
     moved = 0

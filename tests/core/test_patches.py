@@ -177,3 +177,38 @@ def test_push_leaves_forgets_the_copy_of_the_leaves_it_wrote() -> None:
     assert isinstance(_chains(store, 2)[W], np.ndarray)
     store.push(_nudged(values, 0.02, 7), "t")  # a copy again: a patch
     assert isinstance(_chains(store, 3)[W], LeafChain)
+
+
+def test_torch_assign_elements_writes_only_the_changed_elements() -> None:
+    torch = pytest.importorskip("torch")
+    from varsync._adapters.torch import ADAPTER
+
+    target = torch.arange(12, dtype=torch.bfloat16).reshape(3, 4)
+    value = target.clone().view(torch.int16).numpy().copy()
+    value.reshape(-1)[[1, 7]] = 99
+    pointer, counter = target.data_ptr(), target._version
+    import ml_dtypes
+
+    ADAPTER.assign_elements(target, np.array([1, 7]), value.view(ml_dtypes.bfloat16))
+    assert target.data_ptr() == pointer and target._version > counter
+    np.testing.assert_array_equal(target.view(torch.int16).numpy(), value)
+    strided = torch.zeros(4, 3).t()  # not contiguous: assigned whole
+    whole = np.arange(12, dtype=np.float32).reshape(3, 4)
+    ADAPTER.assign_elements(strided, np.array([0]), whole)
+    np.testing.assert_array_equal(strided.numpy(), whole)
+
+
+def test_update_writes_only_the_changed_elements_into_tf_variables() -> None:
+    tf = pytest.importorskip("tensorflow")
+    store = _store("tf")
+    values = _values()
+    store.push(values, "t")
+    variables = {k: tf.Variable(np.zeros_like(v)) for k, v in values.items()}
+    store.update(variables, "t")
+    changed = _nudged(values, 0.01, 8)
+    store.push(changed, "t")
+    handle = variables["w"].handle
+    assert store.update(variables, "t") == 2
+    assert variables["w"].handle is handle
+    np.testing.assert_array_equal(variables["w"].numpy(), changed["w"])
+    np.testing.assert_array_equal(variables["b"].numpy(), changed["b"])

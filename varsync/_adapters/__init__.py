@@ -314,6 +314,18 @@ def patch_view(target: Any) -> np.ndarray | None:
     return found
 
 
+def assign_elements_of(target: Any) -> Callable[[Any, np.ndarray, np.ndarray], None] | None:
+    """The adapter's ``assign_elements(target, positions, value)`` for ``target``, if it
+    has one: write the elements at the flat ``positions`` of ``value`` (the whole new
+    value, on the host) into ``target``, leaving the others as they are."""
+    if isinstance(target, np.ndarray):
+        return None
+    found: Callable[[Any, np.ndarray, np.ndarray], None] | None = getattr(
+        adapter_for(target), "assign_elements", None
+    )
+    return found
+
+
 def patched(target: Any) -> None:
     """Tell ``target``'s framework its memory was changed through :func:`patch_view`
     (torch: the tensor's version counter, as ``copy_`` would bump it)."""

@@ -71,6 +71,19 @@ class TensorFlowAdapter:
     def assign(self, target: Any, array: Any) -> None:
         target.assign(array)
 
+    def assign_elements(self, target: Any, positions: np.ndarray, value: np.ndarray) -> None:
+        """Write the elements of ``value`` at the flat ``positions`` into the variable
+        with ``scatter_nd_update``: the variable keeps its buffer, and only those
+        elements are sent to its device."""
+        if not positions.size:
+            return
+        shape = tuple(int(d) for d in target.shape)
+        indices = np.stack(np.unravel_index(positions, shape), axis=-1) if shape else None
+        if indices is None:  # a scalar: one element
+            target.assign(value)
+            return
+        target.scatter_nd_update(indices, value.reshape(-1)[positions])
+
     def assign_all(self, targets: Sequence[Any], arrays: Sequence[np.ndarray]) -> None:
         """Assign many variables in one graph call: the arrays of each dtype travel as one
         buffer, split and assigned inside a ``tf.function`` made once per set of

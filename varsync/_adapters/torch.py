@@ -214,6 +214,19 @@ class TorchAdapter:
             return None
         return _writable_view(target) if target.is_contiguous() else None
 
+    def assign_elements(self, target: Any, positions: np.ndarray, value: np.ndarray) -> None:
+        """Write the elements of ``value`` at the flat ``positions`` into ``target`` on its
+        device (one host-to-device copy of those elements, not of the tensor)."""
+        if not target.is_contiguous():  # no flat view of its memory: the whole value
+            self.assign_all([target], [value])
+            return
+        flat = target.detach().view(-1)
+        index = torch.from_numpy(positions.astype(np.int64)).to(flat.device)
+        picked = np.ascontiguousarray(value.reshape(-1)[positions])
+        with torch.no_grad():
+            flat[index] = _tensor_of(picked).to(flat.device)
+        self.patched(target)
+
     def patched(self, target: Any) -> None:
         if _bump_version is not None:
             _bump_version(target)
