@@ -17,7 +17,8 @@ if not h[1] then
   return {VANISHED}
 end
 local based = partial and ARGV[15] ~= ''
-if ARGV[16] ~= '' and not based then return {NO_BASE, 'patches without a base'} end
+local patches = ARGV[16] or ''  -- absent: none (an argument list of before patches)
+if patches ~= '' and not based then return {NO_BASE, 'patches without a base'} end
 if h[1] ~= ARGV[1] then
   if based then return {NO_BASE, 'another history'} end
   return {OTHER_EPOCH, h[1]}
@@ -109,7 +110,7 @@ if partial then
   for index, offset in string.gmatch(ARGV[14], '(%d+)%.(%d+)') do
     map[tonumber(index) + 1] = now .. '.' .. offset
   end
-  for index, offset, length in string.gmatch(ARGV[16], '(%d+)%.(%d+)%.(%d+)') do
+  for index, offset, length in string.gmatch(patches, '(%d+)%.(%d+)%.(%d+)') do
     local i = tonumber(index) + 1
     if not map[i] then return {MALFORMED_HEAD, 'leaves'} end
     map[i] = map[i] .. '~' .. now .. '.' .. offset .. '.' .. length
