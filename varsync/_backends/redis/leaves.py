@@ -171,7 +171,10 @@ def places_of(where: str, head: TableHead, specs: Sequence[Spec]) -> list[Place]
             )
         links: list[Link] = []
         for link in chain:
-            version_text, offset_text, length_text = (link.split(".") + ["", ""])[:3]
+            fields = link.split(".")
+            if len(fields) != 3:
+                raise CorruptDataError(f"{where}: malformed leaf map entry {item[:80]!r}")
+            version_text, offset_text, length_text = fields
             linked = _segment(where, head, segments, index, version_text)
             start = _digits(where, "leaf map", offset_text)
             length = _digits(where, "leaf map", length_text)
