@@ -6,10 +6,12 @@ on a Redis Cluster ``<table>`` is ``{<namespace>:<table>}``, a hash tag: :mod:`.
 
     P tables                   set: the names of the tables
     P <table>:head             hash: fmt, sig, epoch, version, data, layout, retained, spare, run,
-                               leaves, segments (leaf versions, :mod:`.leaves`)
+                               leaves, segments (leaf versions and element patches,
+                               :mod:`.leaves`)
     P <table>:events           stream: one entry with id "<version>-1" per publish
     P <table>:d:<token>:<i>    string: chunk i of one segment: a version's leaves, or those
-                               of them a delta push wrote (24-byte header + bytes)
+                               of them a delta push wrote and its element patches
+                               (24-byte header + bytes)
 
 A push sends the arrays' bytes, back to back in flat order, as chunks of ``chunk_size``
 bytes under a fresh random token: straight from the arrays' memory, pipelined, each reply

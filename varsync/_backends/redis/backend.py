@@ -27,10 +27,11 @@ from varsync.backend import (
     BackendConnectionError,
     Head,
     LeafRead,
+    PatchRead,
     Read,
     Spec,
     SupportsBlockingWait,
-    SupportsLeafVersions,
+    SupportsElementDeltas,
     SupportsReaderRegistry,
     deadline_after,
 )
@@ -42,7 +43,7 @@ FIRST_ANSWER_SECONDS = 5.0
 
 
 @final
-class RedisBackend(Backend, SupportsBlockingWait, SupportsLeafVersions, SupportsReaderRegistry):
+class RedisBackend(Backend, SupportsBlockingWait, SupportsElementDeltas, SupportsReaderRegistry):
     """Tables in a Redis server (``redis://[user:password@]host:port/db``; ``rediss://``
     for TLS). Options: ``db``, ``username``, ``password``, ``prefix`` (key prefix, default
     ``varsync``), ``chunk_size`` (bytes, default 4 MiB), ``keep`` (previous versions kept
@@ -189,6 +190,19 @@ class RedisBackend(Backend, SupportsBlockingWait, SupportsLeafVersions, Supports
         with self._errors(f"pushing {total} bytes to table {name!r}"):
             return self.publisher.write_leaves(name, leaves, specs, base, deadline)
 
+    def write_patches(
+        self,
+        name: str,
+        leaves: Mapping[int, np.ndarray],
+        patches: Mapping[int, bytes],
+        specs: Sequence[Spec],
+        base: Head,
+        deadline: float,
+    ) -> Head | None:
+        total = sum(a.nbytes for a in leaves.values()) + sum(map(len, patches.values()))
+        with self._errors(f"pushing {total} bytes to table {name!r}"):
+            return self.publisher.write_patches(name, leaves, patches, specs, base, deadline)
+
     def read(self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]) -> Read:
         with self._errors(f"pulling table {name!r}"):
             head, _, arrays = self.reader.read_leaves(name, newer_than, deadline, specs, every=True)
@@ -199,6 +213,12 @@ class RedisBackend(Backend, SupportsBlockingWait, SupportsLeafVersions, Supports
     ) -> LeafRead:
         with self._errors(f"pulling table {name!r}"):
             return self.reader.read_leaves(name, newer_than, deadline, specs)
+
+    def read_patches(
+        self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]
+    ) -> PatchRead:
+        with self._errors(f"pulling table {name!r}"):
+            return self.reader.read_patches(name, newer_than, deadline, specs)
 
     def leaf_versions(self, name: str, deadline: float) -> tuple[Head, list[int]]:
         with self._errors(f"reading the leaf versions of table {name!r}"):

@@ -18,6 +18,19 @@ write since) is ignored, and the head read as one whole segment. The publish scr
 composes the map, and retires a segment once no retained version references it (each
 retained item lists the segments its version references; see ``PUBLISH``).
 
+Element deltas (format 3, ``write_patches``): a push may give a leaf as an element
+patch against its value in the version before; the patch's bytes lie in the push's
+segment after its whole leaves, and the leaf's entry gains a link::
+
+    entry     "<anchor>~v.offset.length~..."  the anchor ("w" or "w.offset", as above:
+              the leaf's whole value at leaf version w), then each link since, oldest
+              first: a patch of ``length`` bytes at that offset of segment v, which
+              turns the leaf's value at the version before (the anchor's, or the
+              previous link's) into its value at v; the last v is the leaf version
+
+A leaf written whole again loses its chain. Every segment an entry names (anchor and
+links) is referenced by its version, so it is retained as long as such a version is.
+
 A pull fetches, per segment it needs, the whole chunks covering the leaves it needs (each
 checked by its header and CRC-32, as a whole version's); bytes of a fetched chunk that
 belong to leaves it does not need are received into scratch memory and dropped.
@@ -30,11 +43,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from varsync._backends.redis.protocol import LEAF_FORMAT, TableHead, parse_layout
+from varsync._backends.redis.protocol import COMPOSED_FORMATS, TableHead, parse_layout
 from varsync.backend import CorruptDataError, Spec
 
 __all__ = [
     "Segment",
+    "Link",
     "Place",
     "composed",
     "places_of",
@@ -42,6 +56,7 @@ __all__ = [
     "plan",
     "leaf_versions_of",
     "placed",
+    "placed_patches",
     "token_of",
 ]
 
@@ -56,11 +71,28 @@ class Segment:
 
 
 @dataclass(frozen=True)
-class Place:
-    """Where one leaf of a version lies, and its leaf version (its segment's)."""
+class Link:
+    """Where one element patch of a leaf's chain lies: ``length`` bytes at ``offset`` of
+    ``segment``, whose version is the link's."""
 
     segment: Segment
     offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where one leaf of a version lies: its anchor (its whole value) at ``offset`` of
+    ``segment``, and the links of its chain since, oldest first."""
+
+    segment: Segment
+    offset: int
+    links: tuple[Link, ...] = ()
+
+    @property
+    def version(self) -> int:
+        """The leaf version: the last link's, else the anchor's segment's."""
+        return self.links[-1].segment.version if self.links else self.segment.version
 
 
 def token_of(where: str, text: str | None) -> bytes:
@@ -100,7 +132,7 @@ def parse_segments(where: str, text: str | None) -> dict[int, Segment]:
 
 def composed(head: TableHead) -> bool:
     """Whether the head's current version is a composed one (its map is of this version)."""
-    return head.fmt == LEAF_FORMAT and (head.leaves or "").startswith(f"{head.version}|")
+    return head.fmt in COMPOSED_FORMATS and (head.leaves or "").startswith(f"{head.version}|")
 
 
 def places_of(where: str, head: TableHead, specs: Sequence[Spec]) -> list[Place]:
@@ -122,23 +154,53 @@ def places_of(where: str, head: TableHead, specs: Sequence[Spec]) -> list[Place]
         )
     places = []
     for index, item in enumerate(items):
-        version_text, dot, offset_text = item.partition(".")
-        version = _digits(where, "leaf map", version_text)
-        segment = segments.get(version)
-        if segment is None or version > head.version:
-            raise CorruptDataError(
-                f"{where}: leaf {index} lies in segment {version}, which its head does not list"
-            )
+        anchor, *chain = item.split("~")
+        version_text, dot, offset_text = anchor.partition(".")
+        segment = _segment(where, head, segments, index, version_text)
         if dot:
             offset = _digits(where, "leaf map", offset_text)
         elif segment.total == expected:
             offset = starts[index]
         else:
-            raise CorruptDataError(f"{where}: leaf {index} has no offset in segment {version}")
+            raise CorruptDataError(
+                f"{where}: leaf {index} has no offset in segment {segment.version}"
+            )
         if offset + specs[index].nbytes > segment.total:
-            raise CorruptDataError(f"{where}: leaf {index} lies past the end of segment {version}")
-        places.append(Place(segment, offset))
+            raise CorruptDataError(
+                f"{where}: leaf {index} lies past the end of segment {segment.version}"
+            )
+        links: list[Link] = []
+        for link in chain:
+            fields = link.split(".")
+            if len(fields) != 3:
+                raise CorruptDataError(f"{where}: malformed leaf map entry {item[:80]!r}")
+            version_text, offset_text, length_text = fields
+            linked = _segment(where, head, segments, index, version_text)
+            start = _digits(where, "leaf map", offset_text)
+            length = _digits(where, "leaf map", length_text)
+            if linked.version <= (links[-1].segment if links else segment).version:
+                raise CorruptDataError(f"{where}: leaf {index}'s patches are out of order")
+            if start + length > linked.total:
+                raise CorruptDataError(
+                    f"{where}: a patch of leaf {index} lies past the end of segment "
+                    f"{linked.version}"
+                )
+            links.append(Link(linked, start, length))
+        places.append(Place(segment, offset, tuple(links)))
     return places
+
+
+def _segment(
+    where: str, head: TableHead, segments: dict[int, Segment], index: int, text: str
+) -> Segment:
+    """The segment a leaf map's entry for leaf ``index`` names by its version."""
+    version = _digits(where, "leaf map", text)
+    segment = segments.get(version)
+    if segment is None or version > head.version:
+        raise CorruptDataError(
+            f"{where}: leaf {index} lies in segment {version}, which its head does not list"
+        )
+    return segment
 
 
 def plan(
@@ -200,8 +262,8 @@ def leaf_versions_of(where: str, head: TableHead) -> list[int] | None:
     if not composed(head):
         return None
     entries = (head.leaves or "").partition("|")[2]
-    return [
-        _digits(where, "leaf map", item.partition(".")[0])
+    return [  # the last link's version, else the anchor's
+        _digits(where, "leaf map", item.rpartition("~")[2].partition(".")[0])
         for item in (entries.split(",") if entries else [])
     ]
 
@@ -222,3 +284,35 @@ def placed(
     return [leaves[i] for i in indices], "+" + ",".join(
         f"{i}.{o}" for i, o in zip(indices, offsets)
     )
+
+
+def placed_patches(
+    name: str,
+    patches: Mapping[int, bytes],
+    leaves: Mapping[int, np.ndarray],
+    specs: Sequence[Spec],
+    start: int,
+) -> tuple[list[np.ndarray], str]:
+    """The bytes of a push's element patches, in flat order after its whole ``leaves``
+    (which end at byte ``start`` of its segment), and the publish script's argument
+    naming them: ``"index.offset.length,..."``."""
+    indices = sorted(patches)
+    for index in indices:
+        if not 0 <= index < len(specs):
+            raise IndexError(
+                f"write_patches on table {name!r}: leaf index {index} is outside the "
+                f"table's {len(specs)} leaves"
+            )
+        if index in leaves:
+            raise ValueError(
+                f"write_patches on table {name!r}: leaf {index} is given both whole and as "
+                "a patch; give it one way"
+            )
+        if not patches[index]:
+            raise ValueError(
+                f"write_patches on table {name!r}: the patch of leaf {index} is empty; "
+                "give an element patch (varsync._elements) or the whole leaf"
+            )
+    arrays = [np.frombuffer(patches[i], np.uint8) for i in indices]
+    offsets = np.cumsum([start] + [a.nbytes for a in arrays]).tolist()
+    return arrays, ",".join(f"{i}.{o}.{a.nbytes}" for i, o, a in zip(indices, offsets, arrays))

@@ -29,7 +29,13 @@ LEAF_FORMAT = "2"
 """Layout format of a head whose current version was composed by ``write_leaves``: its
 leaves lie in several segments (``leaves`` and ``segments`` fields, :mod:`.leaves`).
 Readers of format 1 only refuse it with their format error."""
-FORMATS = (FORMAT, LEAF_FORMAT)
+CHAIN_FORMAT = "3"
+"""Layout format of a composed head in which some leaf is an anchor and the chain of
+element patches since it (``write_patches``, :mod:`.leaves`). Readers of formats 1 and 2
+only refuse it with their format error; a whole write makes the head format 1 again."""
+FORMATS = (FORMAT, LEAF_FORMAT, CHAIN_FORMAT)
+#: The formats whose current version is composed: its leaves are named by its leaf map.
+COMPOSED_FORMATS = (LEAF_FORMAT, CHAIN_FORMAT)
 
 PENDING_TTL_MS = 3_600_000  # chunks of a push not yet published expire after an hour
 STREAM_LENGTH = 16  # entries at least kept in a table's events stream (trimmed by '~')
@@ -85,7 +91,7 @@ class TableHead:
     data: str | None
     layout: str | None
     fmt: str = FORMAT
-    leaves: str | None = None  # format 2: the leaf map, see :mod:`.leaves`
+    leaves: str | None = None  # formats 2 and 3: the leaf map, see :mod:`.leaves`
     segments: str | None = None  # the live segments, see :mod:`.leaves`
     chunk: bytes | None = None  # the one chunk of a small version, read with it (PEEK)
 
@@ -105,7 +111,8 @@ def check_format(where: str, fmt: str | None) -> None:
     if fmt not in FORMATS:
         raise CorruptDataError(
             f"{where} has layout format {fmt!r}; this varsync reads formats "
-            f"{' and '.join(FORMATS)} (a newer varsync wrote it, or something else did)"
+            f"{', '.join(FORMATS[:-1])} and {FORMATS[-1]} (a newer varsync wrote it, or "
+            "something else did)"
         )
 
 

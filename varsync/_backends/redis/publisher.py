@@ -1,6 +1,7 @@
 """Pushes to redis tables: a table created, a version's chunks sent under a fresh token
 and published by the publish script (or refused, and its chunks deleted), a partial
-push's leaves composed on the current version; see the package's docstring."""
+push's leaves (and element patches) composed on the current version; see the package's
+docstring."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from redis import exceptions as rx
 from varsync._backends.redis import wire
 from varsync._backends.redis.cluster import in_motion, settle_deadline
 from varsync._backends.redis.errors import OutOfTime
-from varsync._backends.redis.leaves import placed
+from varsync._backends.redis.leaves import placed, placed_patches
 from varsync._backends.redis.options import Settings
 from varsync._backends.redis.protocol import (
     CLAIM,
@@ -156,6 +157,21 @@ class Publisher:
         arrays, names = placed(name, leaves, specs)
         return self._push(name, arrays, specs, deadline, names, base)
 
+    def write_patches(
+        self,
+        name: str,
+        leaves: Mapping[int, np.ndarray],
+        patches: Mapping[int, bytes],
+        specs: Sequence[Spec],
+        base: Head,
+        deadline: float,
+    ) -> Head | None:
+        """The given leaves and, after them, the patches' bytes as one new segment, each
+        patch a link of its leaf's chain (:mod:`.leaves`); ``None`` if refused."""
+        arrays, names = placed(name, leaves, specs)
+        patched, links = placed_patches(name, patches, leaves, specs, sum(a.nbytes for a in arrays))
+        return self._push(name, [*arrays, *patched], specs, deadline, names, base, links)
+
     def _push(
         self,
         name: str,
@@ -164,17 +180,18 @@ class Publisher:
         deadline: float,
         leaves: str = "",
         base: Head | None = None,
+        patches: str = "",
     ) -> Head | None:
         """Publish ``arrays`` as one new segment: the whole value (``leaves`` empty), or
-        the leaves ``leaves`` names (``"+index.offset,..."``) on top of the current
-        version (``base``: only on that one); ``None`` if the script refused such leaves.
-        In a cluster, again while the table's slot is in migration (nothing was
-        published)."""
+        the leaves ``leaves`` names (``"+index.offset,..."``) and the element patches
+        ``patches`` names (``"index.offset.length,..."``) on top of the current version
+        (``base``: only on that one); ``None`` if the script refused such leaves. In a
+        cluster, again while the table's slot is in migration (nothing was published)."""
         cluster = self._topology.cluster
         if cluster is None:
-            return self._push_once(name, arrays, specs, deadline, leaves, base)
+            return self._push_once(name, arrays, specs, deadline, leaves, base, patches)
         return cluster.settled(
-            lambda: self._push_once(name, arrays, specs, deadline, leaves, base),
+            lambda: self._push_once(name, arrays, specs, deadline, leaves, base, patches),
             self._catalog.keys(name).head,
             settle_deadline(deadline, self._timeout),
         )
@@ -187,6 +204,7 @@ class Publisher:
         deadline: float,
         leaves: str,
         base: Head | None,
+        patches: str,
     ) -> Head | None:
         keys = self._catalog.keys(name)
         token = fresh_token()
@@ -200,7 +218,7 @@ class Publisher:
         written = self._written(name, specs, deadline)
         if base is not None and base.epoch != written.epoch:
             return None  # the base is of another history than this writer's: not current
-        extra = [len(specs), leaves, "" if base is None else str(base.version)]
+        extra = [len(specs), leaves, "" if base is None else str(base.version), patches]
         # Keys under this fresh token are this push's alone, until the publish script
         # is sent: from then on the server may have published them, so never delete.
         ours = True
@@ -305,7 +323,7 @@ class Publisher:
         extra: Sequence[Any],
     ) -> list[Any]:
         """The publish script's key count, keys and arguments (``extra``: leaf count,
-        leaves, base version; see :meth:`_push`)."""
+        leaves, base version, patches; see :meth:`_push`)."""
         return [
             2,
             keys.head,

@@ -8,15 +8,16 @@ import dataclasses
 import logging
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Callable, TypeVar
 
+import numpy as np
 from redis import exceptions as rx
 
 from varsync._backends.redis.cluster import SlotInMotion
 from varsync._backends.redis.fetch import Fetcher
-from varsync._backends.redis.leaves import composed, leaf_versions_of, places_of
+from varsync._backends.redis.leaves import Place, composed, leaf_versions_of, places_of
 from varsync._backends.redis.protocol import (
-    LEAF_FORMAT,
+    COMPOSED_FORMATS,
     PEEK,
     PEEK_BYTES,
     TableHead,
@@ -26,7 +27,16 @@ from varsync._backends.redis.protocol import (
 )
 from varsync._backends.redis.router import Route, Router
 from varsync._backends.redis.tables import Catalog, Stored, read_stored, signature_changed
-from varsync.backend import CorruptDataError, Head, LeafRead, PullTimeoutError, Spec, remaining
+from varsync.backend import (
+    CorruptDataError,
+    Head,
+    LeafChain,
+    LeafRead,
+    PatchRead,
+    PullTimeoutError,
+    Spec,
+    remaining,
+)
 
 __all__ = ["Reader", "MAX_RESTARTS", "WAIT_SLICE", "WAIT_GRACE"]
 
@@ -36,6 +46,9 @@ MAX_RESTARTS = 1000  # pulls in a row that found their version retired, before g
 WAIT_SLICE = 1.0  # seconds per XREAD BLOCK: a vanished table is noticed this fast
 WAIT_GRACE = 0.1  # seconds an XREAD's answer may take past the wait's deadline
 _LEAF_FIELDS = ("data", "layout", "leaves", "segments")
+
+#: What a read answers per leaf: an array, or (``read_patches``) also a chain.
+L = TypeVar("L", np.ndarray | None, np.ndarray | LeafChain | None)
 
 
 def answer(head: TableHead | None) -> Head:
@@ -141,7 +154,8 @@ class Reader:
             "chunks": chunks,
             "retained_versions": len(retained.split(",")) if retained else 0,
             "spare_version": bool(spare),
-            "layout_format": fmt,  # "2": the current version was composed by write_leaves
+            # "2": the current version was composed by write_leaves; "3": with patches
+            "layout_format": fmt,
             "segments": len(segments.split(",")) if segments else 0,
         }
 
@@ -188,25 +202,66 @@ class Reader:
         every: bool = False,
     ) -> LeafRead:
         """``read_leaves`` (``every``: every leaf's array, for ``read``), on the server the
-        router chooses."""
+        router chooses; a leaf with a chain of element patches is rebuilt whole."""
+
+        def composed_leaves(
+            route: Route, versioned: str, places: list[Place]
+        ) -> list[np.ndarray | None] | None:
+            needed = [i for i, p in enumerate(places) if every or p.version > newer_than]
+            chunks = self._catalog.keys(name).chunks
+            return self.fetch.leaves(
+                route.client, chunks, versioned, places, specs, needed, deadline
+            )
+
+        head, versions, arrays = self._read(name, newer_than, deadline, specs, composed_leaves)
+        return LeafRead(head, versions, arrays)
+
+    def read_patches(
+        self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]
+    ) -> PatchRead:
+        """``read_patches``: as :meth:`read_leaves`, where a leaf with a chain comes as
+        a :class:`LeafChain` (:meth:`.fetch.Fetcher.chains`)."""
+
+        def composed_chains(
+            route: Route, versioned: str, places: list[Place]
+        ) -> list[np.ndarray | LeafChain | None] | None:
+            chunks = self._catalog.keys(name).chunks
+            return self.fetch.chains(
+                route.client, chunks, versioned, places, specs, newer_than, deadline
+            )
+
+        head, versions, leaves = self._read(name, newer_than, deadline, specs, composed_chains)
+        return PatchRead(head, versions, leaves)
+
+    def _read(
+        self,
+        name: str,
+        newer_than: int,
+        deadline: float,
+        specs: Sequence[Spec],
+        composed_read: Callable[[Route, str, list[Place]], list[L] | None],
+    ) -> tuple[Head, list[int] | None, list[L] | None]:
+        """The head and, if its version is newer than ``newer_than``, its leaf versions
+        and leaves: a whole version's arrays, or what ``composed_read(route, where,
+        places)`` fetches of a composed one (``None``: a chunk is gone, start again)."""
         keys = self._catalog.keys(name)
         where = self._where(name)
 
-        def attempt(route: Route) -> LeafRead:
+        def attempt(route: Route) -> tuple[Head, list[int] | None, list[L] | None]:
             gone: int | None = None
             for _ in range(MAX_RESTARTS):
                 head = self._peek(route, name, newer_than, deadline)
                 route.accept(name, head, newer_than)
                 if head is None:
-                    return LeafRead(answer(head), None, None)  # vanished: reads as empty
+                    return answer(head), None, None  # vanished: reads as empty
                 self._check_signature(name, head.epoch, specs, deadline)
                 if head.version <= newer_than:
-                    return LeafRead(answer(head), None, None)
-                if head.fmt == LEAF_FORMAT:  # the map, read with the fields it goes with
+                    return answer(head), None, None
+                if head.fmt in COMPOSED_FORMATS:  # the map, read with the fields it goes with
                     head = self._head(route, name, _LEAF_FIELDS, deadline)
                     route.accept(name, head, newer_than)
                     if head is None:
-                        return LeafRead(answer(head), None, None)
+                        return answer(head), None, None
                     self._check_signature(name, head.epoch, specs, deadline)
                 if head.version == gone:
                     raise CorruptDataError(
@@ -219,17 +274,14 @@ class Reader:
                         route.client, where, specs, head, chunk_prefix, deadline
                     )
                     if whole is not None:
-                        return LeafRead(answer(head), [head.version] * len(specs), list(whole))
+                        arrays: list[L] = list(whole)
+                        return answer(head), [head.version] * len(specs), arrays
                 else:
                     versioned = f"{where} version {head.version}"
                     places = places_of(versioned, head, specs)
-                    versions = [p.segment.version for p in places]
-                    needed = [i for i, v in enumerate(versions) if every or v > newer_than]
-                    arrays = self.fetch.leaves(
-                        route.client, keys.chunks, versioned, places, specs, needed, deadline
-                    )
-                    if arrays is not None:
-                        return LeafRead(answer(head), versions, arrays)
+                    leaves = composed_read(route, versioned, places)
+                    if leaves is not None:
+                        return answer(head), [p.version for p in places], leaves
                 gone = head.version  # retired by newer versions while we read: start again
                 self.pulls_restarted += 1
             raise PullTimeoutError(

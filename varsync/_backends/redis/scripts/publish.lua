@@ -3,7 +3,9 @@
 -- chunk header size, '1' to keep the oldest retired segment as the spare, the tokens
 -- of the versions this writer published or may have published (comma-separated), the
 -- table's leaf count, '' for a whole write or '+' and the leaves it holds as
--- 'index.offset' (comma-separated, offsets into its bytes), '' or the base version.
+-- 'index.offset' (comma-separated, offsets into its bytes), '' or the base version,
+-- '' or the element patches it holds as 'index.offset.length' (comma-separated; each
+-- becomes a link of its leaf's chain, on a base only).
 -- Every check comes before the first change, so a refusal leaves the table as it was;
 -- and every key it changes is read before the first change, so that in a Redis Cluster
 -- a slot in migration (a key of it gone to the target node) stops it there, unchanged.
@@ -15,6 +17,8 @@ if not h[1] then
   return {VANISHED}
 end
 local based = partial and ARGV[15] ~= ''
+local patches = ARGV[16] or ''  -- absent: none (an argument list of before patches)
+if patches ~= '' and not based then return {NO_BASE, 'patches without a base'} end
 if h[1] ~= ARGV[1] then
   if based then return {NO_BASE, 'another history'} end
   return {OTHER_EPOCH, h[1]}
@@ -71,18 +75,25 @@ if h[3] and h[3] ~= '' and whole and not token_of[before] then
   table.insert(segments, before .. ':' .. h[3] .. ':' .. h[5])
   token_of[before] = h[3]
 end
--- the current version's leaf map ('w': leaf of whole segment w; 'w.offset'), if partial
+-- the current version's leaf map ('w': leaf of whole segment w; 'w.offset'; then each
+-- link of its chain, '~v.offset.length'), if partial
 local entries = nil
-if h[8] == '2' and string.sub(h[9] or '', 1, #before + 1) == before .. '|' then
+if (h[8] == '2' or h[8] == '3') and string.sub(h[9] or '', 1, #before + 1) == before .. '|' then
   entries = {}
   for e in string.gmatch(string.sub(h[9], #before + 2), '[^,]+') do table.insert(entries, e) end
 end
 local function refs(map)  -- the segments (by version) a leaf map references
   local seen, list = {}, {}
-  for _, e in ipairs(map) do
-    local w = string.match(e, '^(%d+)')
-    if not w or not token_of[w] then return nil end
+  local function add(w)
+    if not w or not token_of[w] then return false end
     if not seen[w] then seen[w] = true; table.insert(list, w) end
+    return true
+  end
+  for _, e in ipairs(map) do
+    if not add(string.match(e, '^(%d+)')) then return nil end
+    for w in string.gmatch(e, '~(%d+)') do
+      if not add(w) then return nil end
+    end
   end
   return list
 end
@@ -98,6 +109,18 @@ if partial then
   if #map ~= count then return {MALFORMED_HEAD, 'leaves'} end
   for index, offset in string.gmatch(ARGV[14], '(%d+)%.(%d+)') do
     map[tonumber(index) + 1] = now .. '.' .. offset
+  end
+  for index, offset, length in string.gmatch(patches, '(%d+)%.(%d+)%.(%d+)') do
+    local i = tonumber(index) + 1
+    if not map[i] then return {MALFORMED_HEAD, 'leaves'} end
+    map[i] = map[i] .. '~' .. now .. '.' .. offset .. '.' .. length
+  end
+end
+local fmt = '1'
+if partial then
+  fmt = '2'
+  for _, e in ipairs(map) do
+    if string.find(e, '~', 1, true) then fmt = '3'; break end
   end
 end
 -- retained items, newest first: 'token:bytes:bytes per chunk:chunks' (or 'token:chunks',
@@ -186,7 +209,7 @@ if type(added) == 'table' and added['err'] then
 end
 redis.call('HSET', KEYS[1], 'epoch', epoch, 'version', now, 'data', ARGV[2], 'layout', ARGV[3],
            'retained', table.concat(kept, ','), 'spare', spare, 'run', run,
-           'fmt', partial and '2' or '1',
+           'fmt', fmt,
            'leaves', partial and (now .. '|' .. table.concat(map, ',')) or '',
            'segments', table.concat(alive, ','))
 for _, key in ipairs(doomed) do redis.call('UNLINK', key) end
