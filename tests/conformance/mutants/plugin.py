@@ -12,6 +12,7 @@ from mutants.broken_leaves import LEAF_VARIANTS, NOT_ALWAYS_CAUGHT
 
 REFERENCE_SCHEME = "vsqlite"
 LEAF_REFERENCE_SCHEME = "vsqlite-leaves"
+PATCH_REFERENCE_SCHEME = "vsqlite-patches"
 #: The same two references as they were written to the 0.2 protocol (``legacy_reference``,
 #: ``legacy_reference_leaves``): varsync adapts them at registration, with a warning.
 LEGACY_REFERENCE_SCHEME = "vsqlite-legacy"
@@ -29,6 +30,11 @@ def varsync_register_backends(registry: Any) -> None:
         LEAF_REFERENCE_SCHEME,
         "mutants.reference_leaves:SqliteLeafBackend",
         description="the mutation tests' reference with leaf versions: a row per leaf",
+    )
+    registry.add(
+        PATCH_REFERENCE_SCHEME,
+        "mutants.reference_patches:SqlitePatchBackend",
+        description="the mutation tests' reference with element deltas: anchors and patches",
     )
     registry.add(
         LEGACY_REFERENCE_SCHEME,
