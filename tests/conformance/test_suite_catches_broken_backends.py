@@ -7,8 +7,9 @@ without abilities: it proves the core's fallbacks), ``reference_leaves``
 (``vsqlite-leaves://``, with ``SupportsLeafVersions``: a row per leaf and version) and
 ``reference_patches`` (``vsqlite-patches://``, with ``SupportsElementDeltas``: per leaf an
 anchor and the patches since), each minting an epoch per created table, and their broken
-variants, ``broken``, ``broken_leaves`` and ``broken_patches`` (one defect per class). (The same references as written to the 0.2
-protocol, ``legacy_reference*``, run through the adapter in test_legacy_protocol.py.) They
+variants, ``broken``, ``broken_leaves`` and ``broken_patches`` (one defect per class).
+(The first two as written to the 0.2 protocol, ``legacy_reference*``, run through the
+adapter in test_legacy_protocol.py.) They
 reach varsync as a real plugin does: a ``*.dist-info`` with a ``varsync`` entry point, on
 the ``PYTHONPATH`` of a pytest subprocess, whose hook calls ``registry.add`` (so the
 suite's spawned child processes find the schemes too). Each run is a generated test
@@ -39,6 +40,7 @@ import pytest
 
 from mutants.broken import VARIANTS as WHOLE_VARIANTS
 from mutants.broken_leaves import LEAF_VARIANTS
+from mutants.broken_patches import PATCH_VARIANTS
 from mutants.plugin import LEAF_REFERENCE_SCHEME, PATCH_REFERENCE_SCHEME, REFERENCE_SCHEME
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -106,6 +108,27 @@ CAUGHT_BY: Dict[str, List[str]] = {
     ],
     "vsqlite-leaves-reuses-epoch": ["test_a_reader_never_assembles_leaves_from_two_histories"],
     "vsqlite-leaves-torn-reads": ["test_readers_of_partial_pushes_never_see_a_mix"],
+    # the element-delta reference's variants (mutants.broken_patches)
+    "vsqlite-patches-onto-any-head": [
+        "test_a_patch_is_written_only_onto_exactly_its_base",
+        "test_another_writers_push_between_two_patches_is_kept_whole",
+    ],
+    "vsqlite-patches-ignores-epoch-of-base": [
+        "test_a_patch_is_written_only_onto_exactly_its_base"
+    ],
+    "vsqlite-patches-latest-link-only": [
+        "test_readers_behind_get_links_that_join_up_and_verify",
+        "test_whole_reads_of_patched_leaves_are_whole_values",
+        "test_readers_of_few_changed_elements_end_bit_exact_on_each_version",
+    ],
+    "vsqlite-patches-links-to-anchor": ["test_readers_behind_get_links_that_join_up_and_verify"],
+    "vsqlite-patches-gap-on-read": ["test_readers_behind_get_links_that_join_up_and_verify"],
+    "vsqlite-patches-flips-a-byte": [
+        "test_readers_behind_get_links_that_join_up_and_verify",
+        "test_whole_reads_of_patched_leaves_are_whole_values",
+        "test_readers_of_few_changed_elements_end_bit_exact_on_each_version",
+    ],
+    "vsqlite-patches-across-whole-write": ["test_a_whole_write_starts_a_leafs_chain_again"],
 }
 
 #: The tests no server, fault proxy or blocking wait can run against SQLite, which skip
@@ -180,7 +203,7 @@ class {name}(ConformanceTests):
 '''
 
 #: Every broken variant, of either reference.
-VARIANTS = {**WHOLE_VARIANTS, **LEAF_VARIANTS}
+VARIANTS = {**WHOLE_VARIANTS, **LEAF_VARIANTS, **PATCH_VARIANTS}
 
 Outcomes = Dict[Tuple[str, str], str]
 

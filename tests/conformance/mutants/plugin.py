@@ -9,6 +9,7 @@ from typing import Any
 import varsync
 from mutants.broken import VARIANTS
 from mutants.broken_leaves import LEAF_VARIANTS, NOT_ALWAYS_CAUGHT
+from mutants.broken_patches import PATCH_VARIANTS
 
 REFERENCE_SCHEME = "vsqlite"
 LEAF_REFERENCE_SCHEME = "vsqlite-leaves"
@@ -46,7 +47,7 @@ def varsync_register_backends(registry: Any) -> None:
         "mutants.legacy_reference_leaves:SqliteLeafBackend",
         description="the 0.2-protocol leaf-version reference, adapted",
     )
-    for scheme, variant in {**VARIANTS, **LEAF_VARIANTS, **NOT_ALWAYS_CAUGHT}.items():
+    for scheme, variant in {**VARIANTS, **LEAF_VARIANTS, **PATCH_VARIANTS, **NOT_ALWAYS_CAUGHT}.items():
         registry.add(
             scheme, f"{variant.__module__}:{variant.__name__}", description=variant.__doc__ or ""
         )

@@ -236,20 +236,26 @@ class SqlitePatchStore(SqliteLeafStore, SupportsElementDeltas):
         number: int,
         links: List[PatchLink],
     ) -> Leaf:
-        """Leaf ``leaf`` from its anchor: the array, or the anchor and ``links``."""
+        """Leaf ``leaf`` from its anchor: the array, or the anchor and the links after it."""
         rows = conn.execute(
             "SELECT version, payload FROM leaves WHERE namespace = ? AND name = ? AND leaf = ? "
             "ORDER BY version DESC LIMIT 1",
             (self._ns, name, leaf),
         ).fetchall()
-        ends = links[-1].version if links else rows[0][0] if rows else None
-        if not rows or len(rows[0][1]) != spec.nbytes or ends != number:
+        if not rows or len(rows[0][1]) != spec.nbytes:
             raise CorruptDataError(
-                f"{self.url}: table {name!r} has no anchor of {spec.nbytes} bytes and links "
-                f"for leaf {leaf} at version {number}"
+                f"{self.url}: table {name!r} has no anchor of {spec.nbytes} bytes for leaf "
+                f"{leaf} at version {number}"
             )
-        anchor = np.frombuffer(bytes(rows[0][1]), spec.dtype).reshape(spec.shape)
-        return LeafChain(anchor, int(rows[0][0]), links) if links else anchor
+        version, payload = int(rows[0][0]), bytes(rows[0][1])
+        links = [link for link in links if link.version > version]
+        if (links[-1].version if links else version) != number:
+            raise CorruptDataError(
+                f"{self.url}: table {name!r} leaf {leaf} changed at version {number}, but its "
+                f"anchor and links end at {links[-1].version if links else version}"
+            )
+        anchor = np.frombuffer(payload, spec.dtype).reshape(spec.shape)
+        return LeafChain(anchor, version, links) if links else anchor
 
 
 @final
