@@ -60,6 +60,7 @@ def test_the_legacy_reference_passes_the_whole_suite_through_the_adapter(
     skipped = mutation.passes_the_whole_suite(tmp_path, LEGACY_REFERENCE_SCHEME, LEGACY_GAPS)
     assert skipped == sorted(
         mutation.ENGINE_SKIPS + mutation.READER_REGISTRY_SKIPS + mutation.LEAF_VERSION_SKIPS
+        + mutation.ELEMENT_DELTA_SKIPS
     )
 
 
@@ -70,7 +71,7 @@ def test_the_legacy_leaf_reference_passes_the_whole_suite_through_the_adapter(
         tmp_path, LEGACY_LEAF_REFERENCE_SCHEME, LEGACY_GAPS
     )
     assert skipped == sorted(
-        mutation.ENGINE_SKIPS + mutation.READER_REGISTRY_SKIPS
+        mutation.ENGINE_SKIPS + mutation.READER_REGISTRY_SKIPS + mutation.ELEMENT_DELTA_SKIPS
         + ["test_leaf_versions_without_the_ability_is_a_clear_error"]
     )
 

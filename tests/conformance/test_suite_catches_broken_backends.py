@@ -2,12 +2,14 @@
 and every deliberately broken variant of them fails it.
 
 The backends are in ``tests/conformance/mutants/``, over one SQLite file shared across processes and
-persistent, written to Backend protocol 1: two references, ``reference`` (``vsqlite://``,
-without abilities: it proves the core's fallbacks) and ``reference_leaves``
-(``vsqlite-leaves://``, with ``SupportsLeafVersions``: a row per leaf and version), each
-minting an epoch per created table, and their broken variants, ``broken`` and
-``broken_leaves`` (one defect per class). (The same references as written to the 0.2
-protocol, ``legacy_reference*``, run through the adapter in test_legacy_protocol.py.) They
+persistent, written to Backend protocol 1: three references, ``reference`` (``vsqlite://``,
+without abilities: it proves the core's fallbacks), ``reference_leaves``
+(``vsqlite-leaves://``, with ``SupportsLeafVersions``: a row per leaf and version) and
+``reference_patches`` (``vsqlite-patches://``, with ``SupportsElementDeltas``: per leaf an
+anchor and the patches since), each minting an epoch per created table, and their broken
+variants, ``broken``, ``broken_leaves`` and ``broken_patches`` (one defect per class).
+(The first two as written to the 0.2 protocol, ``legacy_reference*``, run through the
+adapter in test_legacy_protocol.py.) They
 reach varsync as a real plugin does: a ``*.dist-info`` with a ``varsync`` entry point, on
 the ``PYTHONPATH`` of a pytest subprocess, whose hook calls ``registry.add`` (so the
 suite's spawned child processes find the schemes too). Each run is a generated test
@@ -38,7 +40,8 @@ import pytest
 
 from mutants.broken import VARIANTS as WHOLE_VARIANTS
 from mutants.broken_leaves import LEAF_VARIANTS
-from mutants.plugin import LEAF_REFERENCE_SCHEME, REFERENCE_SCHEME
+from mutants.broken_patches import PATCH_VARIANTS
+from mutants.plugin import LEAF_REFERENCE_SCHEME, PATCH_REFERENCE_SCHEME, REFERENCE_SCHEME
 
 TESTS_DIR = Path(__file__).resolve().parent
 
@@ -105,6 +108,27 @@ CAUGHT_BY: Dict[str, List[str]] = {
     ],
     "vsqlite-leaves-reuses-epoch": ["test_a_reader_never_assembles_leaves_from_two_histories"],
     "vsqlite-leaves-torn-reads": ["test_readers_of_partial_pushes_never_see_a_mix"],
+    # the element-delta reference's variants (mutants.broken_patches)
+    "vsqlite-patches-onto-any-head": [
+        "test_a_patch_is_written_only_onto_exactly_its_base",
+        "test_another_writers_push_between_two_patches_is_kept_whole",
+    ],
+    "vsqlite-patches-ignores-epoch-of-base": [
+        "test_a_patch_is_written_only_onto_exactly_its_base"
+    ],
+    "vsqlite-patches-latest-link-only": [
+        "test_readers_behind_get_links_that_join_up_and_verify",
+        "test_whole_reads_of_patched_leaves_are_whole_values",
+        "test_readers_of_few_changed_elements_end_bit_exact_on_each_version",
+    ],
+    "vsqlite-patches-links-to-anchor": ["test_readers_behind_get_links_that_join_up_and_verify"],
+    "vsqlite-patches-gap-on-read": ["test_readers_behind_get_links_that_join_up_and_verify"],
+    "vsqlite-patches-flips-a-byte": [
+        "test_readers_behind_get_links_that_join_up_and_verify",
+        "test_whole_reads_of_patched_leaves_are_whole_values",
+        "test_readers_of_few_changed_elements_end_bit_exact_on_each_version",
+    ],
+    "vsqlite-patches-across-whole-write": ["test_a_whole_write_starts_a_leafs_chain_again"],
 }
 
 #: The tests no server, fault proxy or blocking wait can run against SQLite, which skip
@@ -153,6 +177,16 @@ LEAF_VERSION_SKIPS = [
     "test_write_leaves_refuses_a_base_that_is_not_current",
 ]
 
+#: The tests of ``supports_element_deltas``, which skip for ``vsqlite://`` and
+#: ``vsqlite-leaves://`` (their pushes of few changed elements run whole, and must end
+#: bit-exact all the same).
+ELEMENT_DELTA_SKIPS = [
+    "test_a_patch_is_written_only_onto_exactly_its_base",
+    "test_a_whole_write_starts_a_leafs_chain_again",
+    "test_readers_behind_get_links_that_join_up_and_verify",
+    "test_whole_reads_of_patched_leaves_are_whole_values",
+]
+
 SUITE_CLASS = '''
 
 class {name}(ConformanceTests):
@@ -169,7 +203,7 @@ class {name}(ConformanceTests):
 '''
 
 #: Every broken variant, of either reference.
-VARIANTS = {**WHOLE_VARIANTS, **LEAF_VARIANTS}
+VARIANTS = {**WHOLE_VARIANTS, **LEAF_VARIANTS, **PATCH_VARIANTS}
 
 Outcomes = Dict[Tuple[str, str], str]
 
@@ -255,12 +289,23 @@ def passes_the_whole_suite(
 def test_the_reference_backendpasses_the_whole_suite(tmp_path: Path) -> None:
     """All of it but its named gaps, which it must still fail (a fixed reference says so)."""
     skipped = passes_the_whole_suite(tmp_path, REFERENCE_SCHEME, REFERENCE_GAPS)
-    assert skipped == sorted(ENGINE_SKIPS + READER_REGISTRY_SKIPS + LEAF_VERSION_SKIPS)
+    assert skipped == sorted(
+        ENGINE_SKIPS + READER_REGISTRY_SKIPS + LEAF_VERSION_SKIPS + ELEMENT_DELTA_SKIPS
+    )
 
 
 def test_the_leaf_reference_backendpasses_the_whole_suite(tmp_path: Path) -> None:
     skipped = passes_the_whole_suite(tmp_path, LEAF_REFERENCE_SCHEME)
-    # of the delta tests, only the one for backends without the ability
+    # of the leaf-version tests, only the one for backends without the ability
+    assert skipped == sorted(
+        ENGINE_SKIPS + READER_REGISTRY_SKIPS + ELEMENT_DELTA_SKIPS
+        + ["test_leaf_versions_without_the_ability_is_a_clear_error"]
+    )
+
+
+def test_the_patch_reference_backend_passes_the_whole_suite(tmp_path: Path) -> None:
+    """``vsqlite-patches://``: every test of element deltas runs, on anchors and links."""
+    skipped = passes_the_whole_suite(tmp_path, PATCH_REFERENCE_SCHEME)
     assert skipped == sorted(
         ENGINE_SKIPS + READER_REGISTRY_SKIPS
         + ["test_leaf_versions_without_the_ability_is_a_clear_error"]

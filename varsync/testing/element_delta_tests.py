@@ -275,6 +275,8 @@ class ElementDeltaTests(_Base):
         assert leaves is not None and leaf_versions is not None
         for index, leaf in enumerate(leaves):
             if isinstance(leaf, LeafChain):  # from a whole value of version 4 or later
+                # (after a push without element deltas the writer keeps no copy: its next
+                # push is whole too, so the chain may start at version 5)
                 assert leaf.anchor is not None and leaf.anchor_version >= 4, (
                     f"leaf {index}: a reader at version 2 was given links across the whole "
                     f"write of version 4 ({leaf.links[0].base}..{leaf.links[-1].version})"

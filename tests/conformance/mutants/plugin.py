@@ -9,9 +9,11 @@ from typing import Any
 import varsync
 from mutants.broken import VARIANTS
 from mutants.broken_leaves import LEAF_VARIANTS, NOT_ALWAYS_CAUGHT
+from mutants.broken_patches import PATCH_VARIANTS
 
 REFERENCE_SCHEME = "vsqlite"
 LEAF_REFERENCE_SCHEME = "vsqlite-leaves"
+PATCH_REFERENCE_SCHEME = "vsqlite-patches"
 #: The same two references as they were written to the 0.2 protocol (``legacy_reference``,
 #: ``legacy_reference_leaves``): varsync adapts them at registration, with a warning.
 LEGACY_REFERENCE_SCHEME = "vsqlite-legacy"
@@ -31,6 +33,11 @@ def varsync_register_backends(registry: Any) -> None:
         description="the mutation tests' reference with leaf versions: a row per leaf",
     )
     registry.add(
+        PATCH_REFERENCE_SCHEME,
+        "mutants.reference_patches:SqlitePatchBackend",
+        description="the mutation tests' reference with element deltas: anchors and patches",
+    )
+    registry.add(
         LEGACY_REFERENCE_SCHEME,
         "mutants.legacy_reference:SqliteBackend",
         description="the 0.2-protocol reference, adapted by varsync._backends.legacy",
@@ -40,7 +47,7 @@ def varsync_register_backends(registry: Any) -> None:
         "mutants.legacy_reference_leaves:SqliteLeafBackend",
         description="the 0.2-protocol leaf-version reference, adapted",
     )
-    for scheme, variant in {**VARIANTS, **LEAF_VARIANTS, **NOT_ALWAYS_CAUGHT}.items():
+    for scheme, variant in {**VARIANTS, **LEAF_VARIANTS, **PATCH_VARIANTS, **NOT_ALWAYS_CAUGHT}.items():
         registry.add(
             scheme, f"{variant.__module__}:{variant.__name__}", description=variant.__doc__ or ""
         )

@@ -224,13 +224,13 @@ def start_new_history(url: str, table: str, namespace: str = "") -> None:
     conn = sqlite3.connect(path, timeout=60, isolation_level=None)
     try:
         conn.execute("BEGIN IMMEDIATE")
-        for kind in ("tables", "data", "leaves"):
-            if conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (kind,)
-            ).fetchall():
-                conn.execute(
-                    f"DELETE FROM {kind} WHERE namespace = ? AND name = ?", (namespace, table)
-                )
+        # every table of every reference's schema (tables, data, leaves, links) is keyed
+        # by namespace and name
+        kinds = conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite%'"
+        ).fetchall()
+        for (kind,) in kinds:
+            conn.execute(f"DELETE FROM {kind} WHERE namespace = ? AND name = ?", (namespace, table))
         conn.execute("COMMIT")
     finally:
         conn.close()
