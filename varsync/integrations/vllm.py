@@ -31,6 +31,7 @@ This module imports torch and vLLM: ``import varsync`` does not import it.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import warnings
@@ -64,6 +65,8 @@ __all__ = [
     "VarsyncUpdateInfo",
     "VarsyncWeightTransferEngine",
     "WeightPublisher",
+    "WeightUpdateError",
+    "last_update",
     "register",
     "update_llm",
     "served_version",
@@ -71,6 +74,7 @@ __all__ = [
 
 BACKEND = "varsync"
 DEFAULT_TABLE = "policy"
+_TABLE_POLL = 0.05  # seconds between looks for a table not created yet
 
 
 def register() -> None:
@@ -78,12 +82,10 @@ def register() -> None:
     ``vllm.general_plugins`` entry point; vLLM may call it more than once)."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
-    try:
+    with contextlib.suppress(ValueError):  # registered already, by an earlier call
         WeightTransferEngineFactory.register_engine(
             BACKEND, __name__, "VarsyncWeightTransferEngine"
         )
-    except ValueError:  # registered already, by an earlier call in this process
-        pass
 
 
 @dataclass
@@ -145,7 +147,8 @@ class VarsyncWeightTransferEngine(WeightTransferEngine[VarsyncInitInfo, VarsyncU
             raise ConfigurationError(
                 f"timeout must be a finite number of seconds > 0, got {timeout!r}"
             )
-        self.shutdown()
+        self.shutdown()  # a new table (or store): nothing of it is loaded yet
+        self.weight_version, self._loaded_whole, self._held = 0, False, {}
         store = varsync.connect(init_info.url, timeout=timeout)
         try:
             backend = store.backend
@@ -225,27 +228,46 @@ class VarsyncWeightTransferEngine(WeightTransferEngine[VarsyncInitInfo, VarsyncU
         After a whole version was loaded only the leaves changed since are fetched; the
         nest holds the previous arrays for the others."""
         deadline = time.monotonic() + timeout
-        while True:
-            held = self._held if self._loaded_whole else None
-            served = self.weight_version if held is not None else 0
-            wanted = max(served, min_version - 1)
-            try:
-                store.wait_for(wanted, table, timeout=max(0.0, deadline - time.monotonic()))
-                got = store.pull_if_newer(
-                    served, table, timeout=max(1e-3, deadline - time.monotonic()), held=held
-                )
-            except PullTimeoutError as exc:
-                raise PullTimeoutError(
-                    f"no version of table {table!r} newer than {wanted} could be fetched "
-                    f"within {timeout} s (is the trainer pushing? {exc})"
-                ) from exc
-            except TableResetError:
-                if held is None:
-                    raise
-                self._loaded_whole = False  # a new history: load its next version whole
-                continue
-            if got is not None and got[0] >= min_version:
-                break
+
+        def left() -> float:
+            # every request this update sends is bounded by its deadline: the calls
+            # that take no timeout (tables, signature) use the container's
+            store.timeout = max(1e-3, deadline - time.monotonic())
+            return store.timeout
+
+        try:
+            # the engine may start before the trainer: wait for its table
+            while not self.weight_version:
+                left()  # bounds store.tables()
+                if table in store.tables():
+                    break
+                if deadline <= time.monotonic():
+                    raise PullTimeoutError(
+                        f"no table {table!r} after {timeout:g} s: the trainer creates it "
+                        "with its first push (WeightPublisher.push)"
+                    )
+                time.sleep(min(_TABLE_POLL, left()))
+            while True:
+                held = self._held if self._loaded_whole else None
+                served = self.weight_version if held is not None else 0
+                wanted = max(served, min_version - 1)
+                try:
+                    store.wait_for(wanted, table, timeout=left())
+                    got = store.pull_if_newer(served, table, timeout=left(), held=held)
+                except PullTimeoutError as exc:
+                    raise PullTimeoutError(
+                        f"no version of table {table!r} newer than {wanted} could be fetched "
+                        f"within {timeout:g} s (is the trainer pushing? {exc})"
+                    ) from exc
+                except TableResetError:
+                    if held is None:
+                        raise
+                    self._loaded_whole = False  # a new history: load its next version whole
+                    continue
+                if got is not None and got[0] >= min_version:
+                    break
+        finally:
+            store.timeout = self._info.timeout if self._info is not None else timeout
         version, nest = got
         if not isinstance(nest, Mapping) or not all(isinstance(k, str) for k in nest):
             raise ConfigurationError(
@@ -272,8 +294,9 @@ class VarsyncWeightTransferEngine(WeightTransferEngine[VarsyncInitInfo, VarsyncU
             return 0
         if len(changed) < len(nest):
             wanted = set(changed)
-            names = [n for group in layerwise_groups(list(nest)) if wanted & set(group)
-                     for n in group]
+            names = [
+                n for group in layerwise_groups(list(nest)) if wanted & set(group) for n in group
+            ]
         else:
             names = list(nest)
         with warnings.catch_warnings():
@@ -368,7 +391,7 @@ class WeightPublisher:
         cast to ``dtype``."""
         state = model.state_dict() if isinstance(model, torch.nn.Module) else model
         if self.dtype is None:
-            return state  # type: ignore[no-any-return]
+            return state
         return type(state)(
             (k, v.to(self.dtype) if v.is_floating_point() else v) for k, v in state.items()
         )
