@@ -241,3 +241,17 @@ def test_a_stopped_store_leaves_the_engine_on_its_version_with_an_error_in_bound
         engine_lib.update_llm(llm, timeout=BOUND)
     assert time.monotonic() - started < BOUND + SLACK
     assert largest_difference(served_logprobs(llm), expected_newer) < FLOAT32_TOLERANCE
+
+
+def test_the_grpo_example_runs_and_prints_each_version_it_serves() -> None:
+    example = ROOT / "examples" / "llm_rl" / "grpo.py"
+    done = subprocess.run(
+        [sys.executable, str(example), "--steps", "2", "--group", "2"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = done.stdout.split("step  reward  version_served", 1)[1].splitlines()[1:]
+    served = [int(row.split()[2]) for row in rows if row.split()[:1] in (["0"], ["1"])]
+    assert served == [2, 3]  # version 1 is the starting weights, then one per step
