@@ -48,7 +48,8 @@ demo: $(VENV)/.reverb-installed
 # holds and runs): the TensorFlow/Reverb one (NumPy 1.26, with the benchmark smoke) and
 # the NumPy 2 one (PyTorch, JAX; no TensorFlow; the shm plugin's tests and the frameworks
 # part of the benchmark smoke), both on Python 3.11, and beside them py313, the newest
-# Python supported (NumPy 2, JAX, no PyTorch), on most of the suite; last, their combined
+# Python supported (NumPy 2, JAX, no PyTorch), on most of the suite, and llm (vLLM's CPU
+# build serving a tiny Llama that a trainer updates through varsync); last, their combined
 # line coverage, failing under its floor. The lint gate first, then the worlds side by side
 # (`tox run-parallel --parallel all`: most of their time is spent waiting on servers,
 # timeouts and child processes, so on 2 cores the three take about what the longest,
@@ -59,7 +60,7 @@ demo: $(VENV)/.reverb-installed
 # All under scripts/loopback-only: Reverb servers listen on every interface.
 test: $(TOX)
 	$(TOXRUN) -e lint
-	$(TOXPAR) -e tf,modern,py313
+	$(TOXPAR) -e tf,modern,py313,llm
 	$(TOXRUN) -e coverage
 
 lint: $(TOX)

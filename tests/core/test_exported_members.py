@@ -1,7 +1,8 @@
 """The public surface, pinned: what each public module exports is listed here, so that a
 name is added, deprecated or removed on purpose (CHANGELOG.md), never by accident. The
 lists are the modules' ``__all__``; each name must exist. Modules that need a framework
-(``varsync.integrations.torchrl``) are read without being imported."""
+(``varsync.integrations.torchrl``, ``varsync.integrations.vllm``) are read without being
+imported."""
 
 from __future__ import annotations
 
@@ -132,11 +133,27 @@ PUBLIC = {
         "TRAIN_STEP_KEY",
     ],
     "varsync.integrations.torchrl": ["VarsyncTransport", "VarsyncWeightSyncScheme"],
+    "varsync.integrations.vllm": [
+        "BACKEND",
+        "VarsyncInitInfo",
+        "VarsyncUpdateInfo",
+        "VarsyncWeightTransferEngine",
+        "WeightPublisher",
+        "WeightUpdateError",
+        "last_update",
+        "register",
+        "served_version",
+        "update_llm",
+    ],
     "varsync.cli": ["load_spec_file", "main", "parse_size", "signature_tree"],
 }
 
 #: Modules whose import needs a framework: their ``__all__`` is read from the source.
-READ_ONLY = {"varsync.compat.tf_agents", "varsync.integrations.torchrl"}
+READ_ONLY = {
+    "varsync.compat.tf_agents",
+    "varsync.integrations.torchrl",
+    "varsync.integrations.vllm",
+}
 
 
 def declared_all(module: str) -> List[str]:
