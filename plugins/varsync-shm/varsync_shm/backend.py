@@ -101,6 +101,10 @@ class ShmBackend(Backend, SupportsBlockingWait, SupportsElementDeltas, SupportsR
 
     shared_across_processes = True
     persistent = False  # tables outlive processes, not a reboot (tmpfs)
+    #: Element deltas only where a table turns them on: on one host a whole leaf is one
+    #: copy into the segment, and finding its changed elements costs more than that
+    #: (docs/shm.md, "Element deltas").
+    element_deltas_default = False
     #: Segments hold raw bytes; their index names these by name (see :mod:`.segment`).
     supported_ml_dtypes = (
         "bfloat16",
