@@ -55,6 +55,10 @@ def _bits(dtype: np.dtype) -> type:
     return {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[dtype.itemsize]
 
 
+def _same_bits(got: np.ndarray, want: np.ndarray) -> None:
+    np.testing.assert_array_equal(got.view(_bits(got.dtype)), want.view(_bits(want.dtype)))
+
+
 def _first(specs: list[Any], seed: int) -> list[np.ndarray]:
     """Random bit patterns of every leaf: NaNs with payloads, infinities, -0.0 included."""
     rng = np.random.default_rng(seed)
@@ -114,6 +118,18 @@ class ElementDeltaTests(_Base):
         for _ in range(STEPS):
             values.append(_step(values[-1], rng, SHARE))
         return values
+
+    def _pushed(
+        self, weights: Any, seed: int, whole_at: int = 0
+    ) -> tuple[Any, list[Any], list[list[np.ndarray]]]:
+        """The backend, the specs and the values of :meth:`_history`, every version pushed
+        (version ``whole_at`` with element deltas off)."""
+        signature = weights.signature("weights")
+        values = self._history(weights, seed)
+        for number, arrays in enumerate(values, start=1):
+            nest = varsync.unflatten(signature, arrays)
+            weights.push(nest, "weights", element_deltas=number != whole_at)
+        return weights.backend, varsync.flatten(signature), values
 
     # -- every backend: the results -------------------------------------------------------
 
@@ -207,12 +223,7 @@ class ElementDeltaTests(_Base):
         self, weights: Any, backend_cls: type[Backend]
     ) -> None:
         self._needs_element_deltas(backend_cls)
-        backend = weights.backend
-        signature = weights.signature("weights")
-        specs = varsync.flatten(signature)
-        values = self._history(weights)
-        for arrays in values:
-            weights.push(varsync.unflatten(signature, arrays), "weights")
+        backend, specs, values = self._pushed(weights, seed=7)
         last = len(values)
         patchable = [i for i, s in enumerate(specs) if s.nbytes >= 1024]
         for newer_than in range(last):
@@ -230,9 +241,7 @@ class ElementDeltaTests(_Base):
                     got = rebuilt_leaf(leaf, held)
                 else:
                     got = np.asarray(leaf)
-                np.testing.assert_array_equal(
-                    got.view(_bits(got.dtype)), values[-1][index].view(_bits(got.dtype))
-                )
+                _same_bits(got, values[-1][index])
                 if newer_than and index in patchable:  # one version behind or more
                     assert isinstance(leaf, LeafChain) and leaf.anchor is None, (
                         f"leaf {index}: a reader at version {newer_than} of a chain of "
@@ -243,34 +252,22 @@ class ElementDeltaTests(_Base):
         self, weights: Any, backend_cls: type[Backend]
     ) -> None:
         self._needs_element_deltas(backend_cls)
-        backend = weights.backend
-        signature = weights.signature("weights")
-        specs = varsync.flatten(signature)
-        values = self._history(weights, seed=11)
-        for arrays in values:
-            weights.push(varsync.unflatten(signature, arrays), "weights")
+        backend, specs, values = self._pushed(weights, seed=11)
         head, arrays = backend.read("weights", 0, math.inf, specs)
         assert head.version == len(values) and arrays is not None
-        assert_bit_equal(
-            varsync.unflatten(signature, list(arrays)), varsync.unflatten(signature, values[-1])
-        )
+        for got, want in zip(arrays, values[-1]):
+            _same_bits(got, want)
         head, _, leaves = backend.read_leaves("weights", 2, math.inf, specs)
         assert leaves is not None
         for got, want in zip(leaves, values[-1]):
             assert isinstance(got, np.ndarray)
-            np.testing.assert_array_equal(got.view(_bits(got.dtype)), want.view(_bits(got.dtype)))
+            _same_bits(got, want)
 
     def test_a_whole_write_starts_a_leafs_chain_again(
         self, weights: Any, backend_cls: type[Backend]
     ) -> None:
         self._needs_element_deltas(backend_cls)
-        backend = weights.backend
-        signature = weights.signature("weights")
-        specs = varsync.flatten(signature)
-        values = self._history(weights, seed=13)
-        for number, arrays in enumerate(values, start=1):
-            whole = number == 4
-            weights.push(varsync.unflatten(signature, arrays), "weights", element_deltas=not whole)
+        backend, specs, values = self._pushed(weights, seed=13, whole_at=4)
         _, leaf_versions, leaves = backend.read_patches("weights", 2, math.inf, specs)
         assert leaves is not None and leaf_versions is not None
         for index, leaf in enumerate(leaves):
@@ -285,6 +282,4 @@ class ElementDeltaTests(_Base):
             else:
                 assert leaf is not None
                 got = np.asarray(leaf)
-            np.testing.assert_array_equal(
-                got.view(_bits(got.dtype)), values[-1][index].view(_bits(got.dtype))
-            )
+            _same_bits(got, values[-1][index])
