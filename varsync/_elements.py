@@ -281,18 +281,15 @@ def _unvarints(data: bytes, changed: int) -> np.ndarray:
         )
     if raw.size == changed:  # every gap under 128: one byte each
         return raw.astype(np.uint64)
-    starts = np.concatenate(([0], ends[:-1] + 1)) if changed else ends
-    lengths = ends - starts + 1
-    if changed and lengths.max() > 9:
+    starts = np.empty(changed, np.intp)
+    starts[0] = 0
+    starts[1:] = ends[:-1] + 1
+    if (ends - starts).max() > 8:
         raise CorruptDataError("element patch: a gap varint over 9 bytes; fetch the whole leaf")
-    gaps = (raw[starts] & np.uint8(0x7F)).astype(np.uint64)
-    rest = np.flatnonzero(lengths > 1)
-    byte = 1
-    while rest.size:
-        part = (raw[starts[rest] + byte] & np.uint8(0x7F)).astype(np.uint64)
-        gaps[rest] |= part << np.uint64(7 * byte)
-        rest = rest[lengths[rest] > byte + 1]
-        byte += 1
+    # each byte's place within its varint, then its 7 bits shifted there, summed per varint
+    place = np.arange(raw.size, dtype=np.intp) - np.repeat(starts, ends - starts + 1)
+    bits = (raw & np.uint8(0x7F)).astype(np.uint64) << (np.uint64(7) * place.astype(np.uint64))
+    gaps: np.ndarray = np.add.reduceat(bits, starts)
     return gaps
 
 

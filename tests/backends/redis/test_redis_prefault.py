@@ -1,5 +1,5 @@
 """A large Redis pull's arrays faulted in on a second thread while their bytes arrive
-(varsync/_backends/redis/prefault.py): the bytes received are never disturbed, the thread
+(varsync/_prefault.py): the bytes received are never disturbed, the thread
 never outlives the block, small pulls start none, and it faults every page in."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("redis")
 
-from varsync._backends.redis import prefault  # noqa: E402
-from varsync._backends.redis.prefault import PREFAULT_FROM, Prefaulted  # noqa: E402
+from varsync import _prefault as prefault  # noqa: E402
+from varsync._prefault import PREFAULT_FROM, Prefaulted  # noqa: E402
 
 linux_only = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE is Linux's")

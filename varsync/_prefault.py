@@ -1,4 +1,6 @@
-"""A large pull's new arrays faulted in on a second thread while their bytes arrive.
+"""A large pull's new arrays faulted in on a second thread while their bytes arrive (a
+Redis pull's receive buffers; the copies of held leaves a ``pull_if_newer(held=)``
+patches, ``varsync._patches``).
 
 A pull receives into arrays it has just allocated, and the kernel faults their pages in
 one by one as ``recv_into`` first writes them: the copy from the socket waits for every
