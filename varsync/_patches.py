@@ -335,7 +335,8 @@ def resolved(
     with Prefaulted(list(copies.values())):
         for index in chains:
             leaf, patches = leaves[index], parsed[index]
-            assert isinstance(leaf, LeafChain) and patches is not None
+            assert isinstance(leaf, LeafChain)
+            assert patches is not None
             base = leaf.anchor if leaf.anchor is not None else _numpy_of(held[index])
             np.copyto(copies[index], base)
             patch_into(copies[index], patches)

@@ -12,11 +12,11 @@ import numpy as np
 
 from varsync._backends.redis import wire
 from varsync._backends.redis.leaves import Link, Place, Segment, plan, token_of
-from varsync._prefault import Prefaulted
 from varsync._backends.redis.protocol import TableHead, parse_layout
 from varsync._backends.redis.pulled import PulledMemory
 from varsync._backends.redis.topology import Requests
 from varsync._elements import Patch, apply
+from varsync._prefault import Prefaulted
 from varsync.backend import CorruptDataError, LeafChain, PatchLink, Spec
 
 __all__ = ["Fetcher"]
