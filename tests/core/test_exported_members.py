@@ -29,6 +29,7 @@ PUBLIC = {
         "MissingSignatureError",
         "PluginWarning",
         "PullTimeoutError",
+        "ShardTimeoutError",
         "SignatureError",
         "SignatureMismatchError",
         "Spec",
