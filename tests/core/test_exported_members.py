@@ -47,6 +47,7 @@ PUBLIC = {
         "connect",
         "flatten",
         "hookimpl",
+        "parts_from_dtensors",
         "signature_of",
         "unflatten",
     ],
