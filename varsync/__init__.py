@@ -24,6 +24,7 @@ from varsync._errors import (
     MissingDependencyError,
     MissingSignatureError,
     PullTimeoutError,
+    ShardTimeoutError,
     SignatureError,
     SignatureMismatchError,
     TableConfigurationError,
@@ -37,6 +38,7 @@ from varsync._errors import (
 from varsync._hookspecs import hookimpl
 from varsync._nest import flatten, unflatten
 from varsync._registry import BackendEntry, PluginWarning, available_backends
+from varsync._sharded_torch import parts_from_dtensors
 from varsync._signature import Spec, signature_of
 
 __version__ = "0.3.0"
@@ -50,6 +52,7 @@ __all__ = [
     "signature_of",
     "flatten",
     "unflatten",
+    "parts_from_dtensors",
     "available_backends",
     "BackendEntry",
     "PluginWarning",
@@ -69,6 +72,7 @@ __all__ = [
     "ItemTooLargeError",
     "CorruptDataError",
     "PullTimeoutError",
+    "ShardTimeoutError",
     "UnsupportedError",
     "LeafPathError",
     "BackendConnectionError",

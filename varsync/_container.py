@@ -17,6 +17,7 @@ from varsync import _delta as delta
 from varsync import _nest as nest_lib
 from varsync import _patches as patches_lib
 from varsync import _readers as readers_lib
+from varsync import _sharded as sharded_lib
 from varsync import _signature as sig
 from varsync._backends.base import (
     Backend,
@@ -86,6 +87,7 @@ class VariableContainer:
         self._whole_pushes: dict[str, bool] = {}
         self._element_deltas: dict[str, bool] = {}
         self._reporter: readers_lib.Reporter | None = None
+        self._shards = sharded_lib.ShardedTables(backend, self.create_table, self.push)
 
     # -- tables ----------------------------------------------------------------------
 
@@ -113,7 +115,10 @@ class VariableContainer:
         return sorted(self._backend_call().tables())
 
     def signature(self, table: str = DEFAULT_TABLE) -> Any:
-        """The table's signature: a nest of :class:`~varsync.Spec`."""
+        """The table's signature: a nest of :class:`~varsync.Spec` (of a sharded table:
+        the full nest's)."""
+        if self._is_sharded(table):
+            return self._shards.meta(table).signature
         return self._table(table)[0]
 
     def table_info(self, name: str = DEFAULT_TABLE) -> TableInfo:
@@ -293,9 +298,11 @@ class VariableContainer:
     # -- fetching --------------------------------------------------------------------
 
     def version(self, table: str = DEFAULT_TABLE) -> int:
-        """The table's current version: 0 while empty, then 1, 2, ... per push."""
+        """The table's current version: 0 while empty, then 1, 2, ... per push (of a
+        sharded table: per published step)."""
         self._table(table)
-        return self._head(table).version
+        version = self._head(table).version
+        return max(version - 1, 0) if self._is_sharded(table) else version
 
     def pull(self, table: str = DEFAULT_TABLE, *, timeout: Any = None, like: Any = None) -> Any:
         """The table's latest value as a nest of numpy arrays in its signature's
@@ -306,6 +313,10 @@ class VariableContainer:
         torch module or ``state_dict``: an ``OrderedDict`` of tensors on its devices; a
         JAX pytree: the same pytree type with ``jax.Array`` leaves; numpy leaves: numpy).
         It is checked before anything is fetched and never modified."""
+        if self._is_sharded(table):
+            pulled = self._pull_sharded(table, 0, timeout, like, wait=True)
+            assert pulled is not None  # waited for a first version, or raised
+            return pulled[1]
         shaped = None if like is None else self._like(table, like)
         return self._nest(table, self._pull_flat(table, timeout)[1], like, shaped)
 
@@ -330,6 +341,8 @@ class VariableContainer:
         copies. Without it (or for a ``version`` this container did not hand out) every
         leaf is fetched."""
         version = checks.version(version)
+        if self._is_sharded(table):
+            return self._pull_sharded(table, version, timeout, like, wait=False)
         signature, specs = self._table(table)
         shaped = None if like is None else self._like(table, like)
         transfer = self._deadlines(timeout)[2]
@@ -398,6 +411,11 @@ class VariableContainer:
         container's timeout; ``math.inf`` to wait without bound)."""
         version = checks.version(version)
         self._table(table)
+        if self._is_sharded(table):  # the manifest's version is one more
+            limit, deadline, transfer = self._deadlines(timeout)
+            backend = self._backend_call()
+            head = wait_for_change(backend, table, version + 1, UNKNOWN, deadline, transfer, limit)
+            return max(head.version - 1, 0)
         head = self._wait(table, version, timeout)
         self._histories.check(table, version, head)
         return head.version
@@ -420,6 +438,14 @@ class VariableContainer:
         leaves changed since (none if nothing did): it assumes they still hold what it
         assigned. ``delta_only=False`` fetches and assigns every leaf, e.g. after
         changing the variables some other way."""
+        if self._is_sharded(table):
+            targets = sig.flatten_targets(self.signature(table), variables)
+            limit, deadline, transfer = self._deadlines(timeout)
+            read = self._shards.read(table, None, 0, transfer, limit, wait_until=deadline)
+            assert read is not None  # waited for a first version, or raised
+            manifest, blocks = read
+            sig.assign_all(targets, [blocks[i] for i in range(len(targets))])
+            return manifest.version
         signature, specs = self._table(table)
         targets = sig.flatten_targets(signature, variables)
         backend = self._backend_call()
@@ -454,6 +480,83 @@ class VariableContainer:
             sig.assign_all(targets, arrays)
         self._assigned.assigned(table, targets, head)
         return head.version
+
+    # -- sharded tables (docs/sharded.md) -----------------------------------------------
+
+    def create_sharded_table(
+        self, name: str, signature: Any, world: int, *, timeout: Any = None
+    ) -> Any:
+        """Create table ``name`` to be pushed by ``world`` ranks, each its own part of
+        each version (:meth:`push_shard`); return its signature (the full nest's). Any
+        rank, or all, may call it: one creates, the others wait for it (bounded by
+        ``timeout``) and check that they asked for the same signature and world, else
+        :class:`TableExistsError`. Needs a backend with leaf versions."""
+        checks.table_name(name)
+        deadline = deadline_after(self._timeout(timeout))
+        return self._shards.create(name, signature, world, deadline)
+
+    def push_shard(
+        self, table: str, parts: Mapping[Any, Any], *, rank: int, step: int, timeout: Any = None
+    ) -> int:
+        """Push rank ``rank``'s part of training step ``step``; return the version the
+        step was published as, once every rank's part of it has arrived.
+
+        ``parts``: ``{path: value}`` for whole leaves this rank holds, ``{path:
+        (index_ranges, value)}`` for a block of a leaf (one ``(start, stop)`` per
+        dimension); together, the ranks' parts must hold every element of every leaf
+        exactly once. ``step`` names the version the ranks build, with no collective
+        of their own: it must be greater than the last published step. Raises
+        :class:`ShardTimeoutError` naming the missing ranks if the step is not complete
+        within ``timeout`` (default: the container's); nothing is published then and
+        readers keep the previous version. A retry of a step already published returns
+        its version."""
+        limit, deadline, _ = self._deadlines(timeout)
+        self._require_sharded(table)
+        return self._shards.push(table, parts, rank, step, deadline, limit)
+
+    def pull_slices(
+        self, table: str, slices: Mapping[Any, Any], *, timeout: Any = None
+    ) -> tuple[int, dict[Any, np.ndarray]]:
+        """``(version, {path: array})``: the blocks ``slices`` names (``{path:
+        index_ranges}``, one ``(start, stop)`` per dimension) of a sharded table's latest
+        version, all of that one version, fetching only the ranks' parts that hold some
+        of them. Waits for a first version as :meth:`pull` does."""
+        self._require_sharded(table)
+        wanted = self._shards.wanted_blocks(table, slices)
+        limit, deadline, transfer = self._deadlines(timeout)
+        read = self._shards.read(table, wanted, 0, transfer, limit, wait_until=deadline)
+        assert read is not None  # newer than 0: waited for, or raised
+        manifest, blocks = read
+        paths = dict(zip(wanted, slices))
+        return manifest.version, {paths[leaf]: array for leaf, array in blocks.items()}
+
+    def _is_sharded(self, table: str) -> bool:
+        return sharded_lib.is_manifest(self._table(table)[0])
+
+    def _require_sharded(self, table: str) -> None:
+        if not self._is_sharded(table):
+            raise ConfigurationError(
+                f"table {table!r} is not sharded; create it with create_sharded_table, or "
+                "use push and pull"
+            )
+
+    def _pull_sharded(
+        self, table: str, newer_than: int, timeout: Any, like: Any, *, wait: bool
+    ) -> tuple[int, Any] | None:
+        limit, deadline, transfer = self._deadlines(timeout)
+        read = self._shards.read(
+            table, None, newer_than, transfer, limit, wait_until=deadline if wait else None
+        )
+        if read is None:
+            return None
+        manifest, blocks = read
+        signature = self.signature(table)
+        arrays = [blocks[i] for i in range(len(blocks))]
+        if like is None:
+            return manifest.version, nest_lib.unflatten(signature, arrays)
+        plain, like_leaves = sig.flatten_like(signature, like)
+        leaves = adapters.from_numpy_all(arrays, like_leaves)
+        return manifest.version, adapters.rebuild(like, plain, leaves)
 
     # -- who holds which version -------------------------------------------------------
 

@@ -16,6 +16,7 @@
     ├── TableResetError (RuntimeError)         the table's history restarted (data lost)
     ├── ConcurrentPushError (RuntimeError)     published, but its version is unknown (two writers)
     ├── PullTimeoutError (TimeoutError)        a bounded wait ran out
+    │   └── ShardTimeoutError                  a sharded version not complete in time
     ├── UnsupportedError (NotImplementedError) the backend lacks an optional ability
     └── BackendConnectionError (ConnectionError)   the engine cannot be reached
         └── AuthenticationError                    the engine refused the credentials
@@ -49,6 +50,7 @@ __all__ = [
     "TableResetError",
     "ConcurrentPushError",
     "PullTimeoutError",
+    "ShardTimeoutError",
     "UnsupportedError",
     "BackendConnectionError",
     "AuthenticationError",
@@ -143,6 +145,20 @@ class PullTimeoutError(VarsyncError, TimeoutError):
     #: True when the pull found the table empty and its wait for a first push ran out
     #: (nothing was there to transfer), not when a transfer was too slow.
     still_empty: bool = False
+
+
+class ShardTimeoutError(PullTimeoutError):
+    """``push_shard``: the version of a training step did not get every rank's part within
+    the timeout. Nothing was published: readers keep the previous whole version, and the
+    step's parts are overwritten by the next step's. ``missing`` names the ranks whose
+    part of ``step`` had not arrived."""
+
+    def __init__(self, message: str, *, step: int, missing: list[int]) -> None:
+        super().__init__(message)
+        #: The training step that was abandoned.
+        self.step = step
+        #: The ranks whose part of it had not arrived.
+        self.missing = missing
 
 
 class UnsupportedError(VarsyncError, NotImplementedError):

@@ -1,0 +1,374 @@
+"""Sharded tables (docs/sharded.md): many writer ranks, one version; readers that fetch
+only their blocks. Threads stand in for ranks, on memory://, a real redis-server and
+shm:// alike; a killed writer is a real child process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Dict, List
+
+import numpy as np
+import pytest
+
+import varsync
+from varsync import ShardTimeoutError
+
+ROOT = Path(__file__).resolve().parents[2]
+BOUND = 30.0  # seconds: every wait of a step that must complete
+
+
+@pytest.fixture(params=["memory", "redis", "shm"])
+def url(request: pytest.FixtureRequest) -> Any:
+    if request.param == "memory":
+        yield f"memory://sharded-{uuid.uuid4().hex}"
+    elif request.param == "redis":
+        yield request.getfixturevalue("redis_namespace")()
+    else:
+        varsync_shm = pytest.importorskip("varsync_shm")
+        name = f"test-sharded-{uuid.uuid4().hex}"
+        yield f"shm://{name}"
+        varsync_shm.remove_store(name)
+
+
+def model(seed: int) -> Dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    return {
+        "w": rng.standard_normal((8, 6)).astype(np.float32),
+        "b": rng.standard_normal(6).astype(np.float32),
+        "step": np.int64(seed),
+    }
+
+
+def rows(world: int) -> Callable[[int, Dict[str, Any]], Dict[Any, Any]]:
+    """Rank r holds rows r*8/world.. of w; rank 0 also b and step (whole)."""
+
+    def parts(rank: int, values: Dict[str, Any]) -> Dict[Any, Any]:
+        n = 8 // world
+        out: Dict[Any, Any] = {"w": (((rank * n, (rank + 1) * n), (0, 6)), values["w"][rank * n : (rank + 1) * n])}
+        if rank == 0:
+            out.update(b=values["b"], step=values["step"])
+        return out
+
+    return parts
+
+
+def columns(world: int) -> Callable[[int, Dict[str, Any]], Dict[Any, Any]]:
+    """Rank r holds columns of w and of b; the last rank holds step."""
+
+    def parts(rank: int, values: Dict[str, Any]) -> Dict[Any, Any]:
+        cut = [round(i * 6 / world) for i in range(world + 1)]
+        a, z = cut[rank], cut[rank + 1]
+        out: Dict[Any, Any] = {
+            "w": (((0, 8), (a, z)), values["w"][:, a:z]),
+            "b": (((a, z),), values["b"][a:z]),
+        }
+        if rank == world - 1:
+            out["step"] = values["step"]
+        return out
+
+    return parts
+
+
+def whole_leaves(world: int) -> Callable[[int, Dict[str, Any]], Dict[Any, Any]]:
+    owners = {"w": 0, "b": 1 % world, "step": (world - 1)}
+
+    def parts(rank: int, values: Dict[str, Any]) -> Dict[Any, Any]:
+        return {k: v for k, v in values.items() if owners[k] == rank}
+
+    return parts
+
+
+def push_all(
+    url: str, table: str, world: int, step: int, parts: Dict[int, Dict[Any, Any]], timeout: float
+) -> Dict[int, Any]:
+    """Each rank of ``parts`` pushes from a thread of its own container; rank -> the
+    version returned or the exception raised."""
+    answers: Dict[int, Any] = {}
+
+    def rank_main(rank: int) -> None:
+        with varsync.connect(url, timeout=BOUND) as store:
+            try:
+                answers[rank] = store.push_shard(
+                    table, parts[rank], rank=rank, step=step, timeout=timeout
+                )
+            except Exception as exc:  # handed to the test, which asserts on it
+                answers[rank] = exc
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in parts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout + 2 * BOUND)
+    assert not any(t.is_alive() for t in threads)
+    return answers
+
+
+def assert_bit_equal(got: Dict[str, Any], want: Dict[str, Any]) -> None:
+    for key in want:
+        assert np.asarray(got[key]).tobytes() == np.asarray(want[key]).tobytes(), key
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("layout", [rows, columns, whole_leaves])
+def test_every_step_is_published_whole_once_every_rank_pushed(url: str, world: int, layout: Any) -> None:
+    split = layout(world)
+    with varsync.connect(url, timeout=BOUND) as reader:
+        reader.create_sharded_table("model", model(0), world)
+        assert reader.version("model") == 0
+        for step in (1, 2, 3):
+            values = model(step)
+            answers = push_all(url, "model", world, step, {r: split(r, values) for r in range(world)}, BOUND)
+            assert answers == {r: step for r in range(world)}
+            assert reader.version("model") == step
+            assert_bit_equal(reader.pull("model"), values)
+            version, sliced = reader.pull_slices("model", {"w": ((1, 7), (2, 5)), "step": ()})
+            assert version == step
+            assert sliced["w"].tobytes() == values["w"][1:7, 2:5].tobytes()
+            assert int(sliced["step"]) == step
+            newer = reader.pull_if_newer(step - 1, "model")
+            assert newer is not None and newer[0] == step
+            assert reader.pull_if_newer(step, "model") is None
+            into = {k: np.zeros_like(v) for k, v in model(0).items() if k != "step"}
+            into["step"] = np.zeros((), np.int64)
+            assert reader.update(into, "model") == step
+            assert_bit_equal(into, values)
+
+
+def test_a_rank_that_never_pushes_is_named_and_readers_keep_the_last_version(url: str) -> None:
+    split = rows(4)
+    with varsync.connect(url, timeout=BOUND) as reader:
+        reader.create_sharded_table("model", model(0), 4)
+        first = model(1)
+        assert push_all(url, "model", 4, 1, {r: split(r, first) for r in range(4)}, BOUND) == {
+            r: 1 for r in range(4)
+        }
+        second = model(2)
+        answers = push_all(url, "model", 4, 2, {r: split(r, second) for r in (0, 1, 3)}, 1.0)
+        for rank in (0, 1, 3):
+            error = answers[rank]
+            assert isinstance(error, ShardTimeoutError), error
+            assert error.missing == [2] and error.step == 2
+            assert "rank(s) [2]" in str(error)
+        assert reader.version("model") == 1
+        assert_bit_equal(reader.pull("model"), first)
+        # the next step overwrites the abandoned one's parts; its number is the next one
+        third = model(3)
+        assert push_all(url, "model", 4, 3, {r: split(r, third) for r in range(4)}, BOUND) == {
+            r: 2 for r in range(4)
+        }
+        assert_bit_equal(reader.pull("model"), third)
+
+
+def test_a_published_step_pushed_again_returns_its_version_and_older_steps_are_refused(
+    url: str,
+) -> None:
+    split = whole_leaves(2)
+    with varsync.connect(url, timeout=BOUND) as store:
+        store.create_sharded_table("model", model(0), 2)
+        values = model(5)
+        assert push_all(url, "model", 2, 5, {r: split(r, values) for r in range(2)}, BOUND) == {0: 1, 1: 1}
+        # a retry after a lost reply
+        assert store.push_shard("model", split(1, values), rank=1, step=5, timeout=BOUND) == 1
+        with pytest.raises(varsync.ConfigurationError, match="not after the published step 5"):
+            store.push_shard("model", split(0, values), rank=0, step=4, timeout=BOUND)
+        assert store.version("model") == 1
+
+
+def test_a_rank_that_moves_on_withdraws_its_part_of_the_step_left_unfinished(url: str) -> None:
+    split = rows(2)
+    with varsync.connect(url, timeout=BOUND) as store:
+        store.create_sharded_table("model", model(0), 2)
+        assert push_all(url, "model", 2, 1, {0: split(0, model(1)), 1: split(1, model(1))}, BOUND)[0] == 1
+        # rank 0 builds step 2 alone and gives up; rank 1 then arrives with step 2 late,
+        # while rank 0 has moved on to step 3: step 2 can never mix rank 0's and rank 1's
+        lone = push_all(url, "model", 2, 2, {0: split(0, model(2))}, 0.5)
+        assert isinstance(lone[0], ShardTimeoutError) and lone[0].missing == [1]
+        answers: Dict[int, Any] = {}
+
+        def rank0_step3() -> None:
+            with varsync.connect(url, timeout=BOUND) as own:
+                answers[0] = own.push_shard("model", split(0, model(3)), rank=0, step=3, timeout=BOUND)
+
+        mover = threading.Thread(target=rank0_step3)
+        mover.start()
+        try:
+            with varsync.connect(url, timeout=BOUND) as own:
+                with pytest.raises(ShardTimeoutError) as late:
+                    own.push_shard("model", split(1, model(2)), rank=1, step=2, timeout=1.0)
+                assert late.value.missing == [0]
+                assert store.version("model") == 1
+                assert own.push_shard("model", split(1, model(3)), rank=1, step=3, timeout=BOUND) == 2
+        finally:
+            mover.join(2 * BOUND)
+        assert answers == {0: 2}
+        assert_bit_equal(store.pull("model"), model(3))
+
+
+def test_a_second_push_of_one_rank_waits_for_the_first_then_says_so(url: str) -> None:
+    split = rows(2)
+    with varsync.connect(url, timeout=BOUND) as store:
+        store.create_sharded_table("model", model(0), 2)
+        first: List[Any] = []
+        started = threading.Event()
+
+        def slow() -> None:
+            started.set()
+            try:
+                store.push_shard("model", split(0, model(1)), rank=0, step=1, timeout=3.0)
+            except ShardTimeoutError as exc:
+                first.append(exc)
+
+        thread = threading.Thread(target=slow)
+        thread.start()
+        try:
+            started.wait(BOUND)
+            deadline = time.monotonic() + BOUND
+            while store.backend.head("model/stage/0", deadline).version < 2:  # rank 0 staged
+                time.sleep(0.01)
+            with pytest.raises(ShardTimeoutError, match="still pushing an earlier step"):
+                store.push_shard("model", split(0, model(2)), rank=0, step=2, timeout=0.2)
+        finally:
+            thread.join(2 * BOUND)
+        assert len(first) == 1 and first[0].missing == [1]
+        assert store.version("model") == 0
+
+
+def test_parts_that_do_not_cover_a_leaf_are_refused_before_anything_is_published(url: str) -> None:
+    with varsync.connect(url, timeout=BOUND) as store:
+        store.create_sharded_table("model", model(0), 2)
+        values = model(1)
+        parts = {
+            0: {"w": (((0, 4), (0, 6)), values["w"][:4]), "b": values["b"], "step": values["step"]},
+            1: {"w": (((4, 7), (0, 6)), values["w"][4:7])},  # row 7 is nobody's
+        }
+        answers = push_all(url, "model", 2, 1, parts, 2.0)
+        assert all(isinstance(a, varsync.ConfigurationError) for a in answers.values()), answers
+        assert "hold 42 of the 48 elements" in str(answers[0])
+        assert store.version("model") == 0
+
+
+def test_create_checks_world_and_signature(url: str) -> None:
+    with varsync.connect(url, timeout=BOUND) as store:
+        store.create_sharded_table("model", model(0), 2)
+        assert store.create_sharded_table("model", model(0), 2) is not None
+        with pytest.raises(varsync.TableExistsError):
+            store.create_sharded_table("model", model(0), 3)
+        with pytest.raises(varsync.ConfigurationError, match="not sharded"):
+            store.create_table("plain", model(0))
+            store.push_shard("plain", {"w": model(0)["w"]}, rank=0, step=1)
+        with pytest.raises(varsync.PullTimeoutError) as empty:
+            store.pull("model", timeout=0.05)
+        assert empty.value.still_empty
+
+
+def test_a_reader_of_a_slice_moves_only_the_parts_that_hold_it(redis_servers: Any) -> None:
+    server = redis_servers()
+    url = server.url
+    world = 4
+    big = {"w": np.arange(4096 * 64, dtype=np.float32).reshape(4096, 64)}
+    n = 4096 // world
+    with varsync.connect(url, timeout=BOUND) as store:
+        store.create_sharded_table("big", big, world)
+        parts = {r: {"w": (((r * n, (r + 1) * n), (0, 64)), big["w"][r * n : (r + 1) * n])} for r in range(world)}
+        assert push_all(url, "big", world, 1, parts, BOUND) == {r: 1 for r in range(world)}
+        store.pull("big")  # the part tables' signatures, cached: only data moves below
+        store.pull_slices("big", {"w": ((0, 1), (0, 1))})
+        with server.client() as admin:
+
+            def sent() -> int:
+                return int(admin.info("stats")["total_net_output_bytes"])
+
+            before = sent()
+            whole = store.pull("big")["w"]
+            whole_bytes = sent() - before
+            before = sent()
+            _, half = store.pull_slices("big", {"w": ((0, 2 * n), (0, 64))})
+            half_bytes = sent() - before
+            before = sent()
+            _, quarter = store.pull_slices("big", {"w": ((n + 3, n + 9), (5, 60))})
+            quarter_bytes = sent() - before
+    assert whole.tobytes() == big["w"].tobytes()
+    assert half["w"].tobytes() == big["w"][: 2 * n].tobytes()
+    assert quarter["w"].tobytes() == big["w"][n + 3 : n + 9, 5:60].tobytes()
+    nbytes = big["w"].nbytes
+    assert nbytes <= whole_bytes < nbytes * 1.05
+    assert nbytes / 2 <= half_bytes < nbytes / 2 * 1.05
+    assert nbytes / 4 <= quarter_bytes < nbytes / 4 * 1.05
+
+
+KILLED_RANK = textwrap.dedent(
+    """
+    import sys, numpy as np, varsync
+    url, step = sys.argv[1], int(sys.argv[2])
+    w = np.full((4, 6), step, np.float32)
+    with varsync.connect(url, timeout=60) as store:
+        store.push_shard("model", {"w": (((2, 4), (0, 6)), w[2:])}, rank=1, step=step, timeout=60)
+    """
+)
+
+
+@pytest.mark.parametrize("kind", ["redis", "shm"])
+def test_a_writer_killed_between_its_part_and_the_commit_publishes_nothing(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    if kind == "redis":
+        url = request.getfixturevalue("redis_namespace")()
+    else:
+        varsync_shm = pytest.importorskip("varsync_shm")
+        name = f"test-sharded-{uuid.uuid4().hex}"
+        request.addfinalizer(lambda: varsync_shm.remove_store(name))
+        url = f"shm://{name}"
+    w1 = np.full((4, 6), 1, np.float32)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    with varsync.connect(url, timeout=BOUND) as store:
+        store.create_sharded_table("model", {"w": w1}, 2)
+        child = subprocess.Popen([sys.executable, "-c", KILLED_RANK, url, "1"], env=env)
+        try:
+            assert store.push_shard("model", {"w": (((0, 2), (0, 6)), w1[:2])}, rank=0, step=1, timeout=BOUND) == 1
+            assert child.wait(BOUND) == 0
+            # step 2: rank 1 stages its part, then dies before rank 0 arrives
+            child = subprocess.Popen([sys.executable, "-c", KILLED_RANK, url, "2"], env=env)
+            deadline = time.monotonic() + BOUND
+            while store.backend.read("model/stage/1", 0, deadline, _stage_specs(2)).arrays[1][0] != 2:
+                assert time.monotonic() < deadline, "rank 1 never staged step 2"
+                time.sleep(0.01)
+            child.send_signal(signal.SIGKILL)
+            child.wait(BOUND)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait(BOUND)
+        assert store.version("model") == 1
+        assert store.pull("model")["w"].tobytes() == w1.tobytes()
+        # rank 0 comes with step 2, rank 1 is gone: nothing published, and rank 1 named
+        w2 = np.full((4, 6), 2, np.float32)
+        with pytest.raises(ShardTimeoutError) as error:
+            # rank 1's staged entry shows step 2: with rank 0's, step 2 would be complete,
+            # but the killed rank's part is there, whole: a commit of it would be right too
+            store.push_shard("model", {"w": (((0, 2), (0, 6)), w2[:2])}, rank=0, step=3, timeout=0.5)
+        assert error.value.missing == [1]
+        assert store.version("model") == 1
+        assert store.pull("model")["w"].tobytes() == w1.tobytes()
+        # a restarted rank 1 and rank 0 publish step 4 as version 2
+        child = subprocess.Popen([sys.executable, "-c", KILLED_RANK, url, "4"], env=env)
+        try:
+            w4 = np.full((4, 6), 4, np.float32)
+            assert store.push_shard("model", {"w": (((0, 2), (0, 6)), w4[:2])}, rank=0, step=4, timeout=BOUND) == 2
+            assert child.wait(BOUND) == 0
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait(BOUND)
+        assert store.pull("model")["w"].tobytes() == w4.tobytes()
+
+
+def _stage_specs(world: int) -> List[Any]:
+    return [varsync.Spec([2], np.int64)] * world + [varsync.Spec([1 + world], np.int64)]

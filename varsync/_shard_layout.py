@@ -1,0 +1,195 @@
+"""Where each rank's part of a sharded table lies (``docs/sharded.md``): blocks of leaves
+given as index ranges, checked, named, and put together again.
+
+A part is one block of one leaf of the table's full signature: the leaf's flat index and
+a ``(start, stop)`` range per dimension (a whole leaf: its full ranges; a scalar: none).
+A rank's parts are stored as one table whose signature's keys *are* the blocks
+(``"L000003[0:4,0:8]"``), so a reader learns every rank's layout from the part tables'
+signatures alone, and the layout cannot change under a table without
+:class:`~varsync.TableExistsError`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from varsync import _delta as delta
+from varsync import _nest as nest_lib
+from varsync import _signature as sig
+from varsync._errors import ConfigurationError, CorruptDataError, SignatureMismatchError
+from varsync._signature import Spec
+
+__all__ = [
+    "Block",
+    "Ranges",
+    "block_key",
+    "parse_key",
+    "part_blocks",
+    "layout_of",
+    "check_cover",
+    "intersection",
+    "copy_block",
+    "volume",
+    "full_ranges",
+    "checked_ranges",
+]
+
+Ranges = tuple[tuple[int, int], ...]
+
+_KEY = re.compile(r"^L(\d+)\[([0-9:,]*)\]$")
+
+
+class Block(NamedTuple):
+    """One block: leaf ``leaf`` (flat index in the full signature), ``ranges`` of it."""
+
+    leaf: int
+    ranges: Ranges
+
+
+def full_ranges(spec: Spec) -> Ranges:
+    return tuple((0, int(n)) for n in spec.shape)
+
+
+def volume(ranges: Ranges) -> int:
+    return math.prod(stop - start for start, stop in ranges)
+
+
+def block_key(block: Block) -> str:
+    """The key naming ``block`` in a part table's signature (sorts by leaf, then ranges)."""
+    inner = ",".join(f"{start}:{stop}" for start, stop in block.ranges)
+    return f"L{block.leaf:06d}[{inner}]"
+
+
+def parse_key(key: Any, where: str) -> Block:
+    found = _KEY.match(key) if isinstance(key, str) else None
+    if found is None:
+        raise CorruptDataError(f"{where}: {key!r} does not name a block of a leaf")
+    inner = found.group(2)
+    ranges = tuple(
+        (int(a), int(b)) for a, b in (item.split(":") for item in inner.split(",") if item)
+    )
+    return Block(int(found.group(1)), ranges)
+
+
+def checked_ranges(given: Any, spec: Spec, path: Any) -> Ranges:
+    """``given`` as ranges within ``spec``'s shape, else :class:`ConfigurationError`."""
+    try:
+        ranges = tuple((int(start), int(stop)) for start, stop in given)
+    except (TypeError, ValueError):
+        ranges = None
+    if ranges is None or len(ranges) != len(spec.shape):
+        raise ConfigurationError(
+            f"part {path!r}: index ranges {given!r} must be one (start, stop) per dimension "
+            f"of the leaf's shape {spec.shape}"
+        )
+    for (start, stop), size in zip(ranges, spec.shape):
+        if not 0 <= start < stop <= size and not (start == stop == 0 == size):
+            raise ConfigurationError(
+                f"part {path!r}: index ranges {given!r} are not a non-empty block of the "
+                f"leaf's shape {spec.shape}"
+            )
+    return ranges
+
+
+def part_blocks(signature: Any, parts: Mapping[Any, Any]) -> dict[Block, np.ndarray]:
+    """A ``push_shard``'s ``parts`` (``{path: value}`` for a whole leaf, ``{path:
+    (index_ranges, value)}`` for a block of one) as checked arrays by block. A path
+    names one leaf of ``signature``; each value must have the leaf's dtype and the
+    block's shape. Blocks of one rank must not overlap."""
+    if not isinstance(parts, Mapping) or not parts:
+        raise ConfigurationError(
+            f"push_shard takes a non-empty mapping of leaf paths to parts, got {parts!r:.80}"
+        )
+    paths = delta.LeafPaths(signature)
+    blocks: dict[Block, np.ndarray] = {}
+    for path, given in parts.items():
+        node, indices, walked = paths.leaf_indices(path)
+        if len(indices) != 1:
+            raise ConfigurationError(
+                f"part {path!r} names an inner node of {len(indices)} leaves; a part is "
+                "one leaf or a block of one (give each leaf its own path)"
+            )
+        spec: Spec = node
+        if isinstance(given, tuple) and len(given) == 2 and not isinstance(given[0], np.ndarray):
+            ranges, value = checked_ranges(given[0], spec, path), given[1]
+        else:
+            ranges, value = full_ranges(spec), given
+        block_spec = Spec([stop - start for start, stop in ranges], spec.dtype)
+        try:
+            array = sig.flatten_values(block_spec, value)[0]
+        except SignatureMismatchError as exc:
+            raise SignatureMismatchError(
+                f"push_shard, part {nest_lib.format_path(walked)} {list(ranges)}: {exc}"
+            ) from None
+        block = Block(indices[0], ranges)
+        for other in blocks:
+            if other.leaf == block.leaf and intersection(other.ranges, ranges) is not None:
+                raise ConfigurationError(
+                    f"push_shard: parts {list(other.ranges)} and {list(ranges)} of "
+                    f"{nest_lib.format_path(walked)} overlap"
+                )
+        blocks[block] = array
+    return blocks
+
+
+def layout_of(part_signature: Any, where: str) -> list[Block]:
+    """The blocks a part table holds, in its flat order (its signature's sorted keys)."""
+    if not isinstance(part_signature, Mapping):
+        raise CorruptDataError(f"{where}: a part table's signature must be a mapping of blocks")
+    return [parse_key(key, where) for key in nest_lib.sorted_keys(part_signature)]
+
+
+def check_cover(table: str, specs: Sequence[Spec], layouts: Mapping[int, list[Block]]) -> None:
+    """Raise :class:`ConfigurationError` unless the ranks' blocks cover every element of
+    every leaf exactly once (inside its shape, no overlap, nothing missing)."""
+    by_leaf: dict[int, list[tuple[int, Ranges]]] = {}
+    for rank, blocks in layouts.items():
+        for block in blocks:
+            if not 0 <= block.leaf < len(specs):
+                raise ConfigurationError(
+                    f"sharded table {table!r}: rank {rank} holds leaf {block.leaf}, and the "
+                    f"signature has {len(specs)} leaves"
+                )
+            by_leaf.setdefault(block.leaf, []).append((rank, block.ranges))
+    for leaf, spec in enumerate(specs):
+        held = by_leaf.get(leaf, [])
+        for i, (rank_a, a) in enumerate(held):
+            for rank_b, b in held[i + 1 :]:
+                if intersection(a, b) is not None:
+                    raise ConfigurationError(
+                        f"sharded table {table!r}: leaf {leaf} {spec}: ranks {rank_a} and "
+                        f"{rank_b} both hold elements of it ({list(a)} and {list(b)}); give "
+                        "each element to one rank (a replicated leaf: one rank pushes it)"
+                    )
+        covered = sum(volume(ranges) for _, ranges in held)
+        if covered != spec.size:
+            raise ConfigurationError(
+                f"sharded table {table!r}: the ranks' parts hold {covered} of the "
+                f"{spec.size} elements of leaf {leaf} {spec}; every element must be pushed "
+                "by exactly one rank"
+            )
+
+
+def intersection(a: Ranges, b: Ranges) -> Ranges | None:
+    """The block common to ``a`` and ``b`` (same rank), or ``None`` if they are apart."""
+    common = tuple((max(x0, y0), min(x1, y1)) for (x0, x1), (y0, y1) in zip(a, b))
+    if any(start >= stop for start, stop in common):
+        return None
+    return common
+
+
+def copy_block(dest: np.ndarray, dest_at: Ranges, source: np.ndarray, source_at: Ranges) -> int:
+    """Copy the elements common to ``dest`` (which holds the block ``dest_at``) and
+    ``source`` (the block ``source_at``); return how many were copied."""
+    common = intersection(dest_at, source_at)
+    if common is None:
+        return 0
+    into = tuple(slice(s - d0, e - d0) for (s, e), (d0, _) in zip(common, dest_at))
+    out_of = tuple(slice(s - s0, e - s0) for (s, e), (s0, _) in zip(common, source_at))
+    dest[into] = source[out_of]
+    return volume(common)
