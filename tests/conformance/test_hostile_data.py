@@ -277,7 +277,7 @@ def _with_index(data: bytes, index: Any) -> bytes:
 
 SHM_DAMAGE: Dict[str, Tuple[Callable[[Path, bytes], None], str]] = {
     "segment truncated": (lambda p, d: p.write_bytes(d[: len(d) // 2]), "the file has"),
-    "segment of a newer layout": (lambda p, d: p.write_bytes(_with_header(d, layout=2)), "layout 2"),
+    "segment of a newer layout": (lambda p, d: p.write_bytes(_with_header(d, layout=3)), "layout 3"),
     "header claiming a larger file": (
         lambda p, d: p.write_bytes(_with_header(d, total=2**63)), "the file has"),
     "header claiming a huge index": (
