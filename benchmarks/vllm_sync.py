@@ -112,7 +112,7 @@ def serve_engine(connection: Any, folder: str, varsync_engine: bool) -> None:
     try:
         from vllm import LLM, SamplingParams
 
-        from varsync.integrations.vllm import update_llm
+        from varsync.integrations.vllm import last_update, update_llm
 
         llm = LLM(
             model=folder,
@@ -151,6 +151,7 @@ def serve_engine(connection: Any, folder: str, varsync_engine: bool) -> None:
             answer = {"seconds": seconds, **served()}
             if varsync_engine and command != "reload":
                 answer["store_bytes"] = llm.collective_rpc(_store_bytes)[0]
+                answer["last_update"] = llm.collective_rpc(last_update)[0]
             connection.send(answer)
     except BaseException:
         connection.send({"error": traceback.format_exc()})
@@ -212,7 +213,10 @@ class Trainer:
 
         self.model = LlamaForCausalLM.from_pretrained(folder, dtype=torch.float32)
         self.vocab, self.tokens = int(self.model.config.vocab_size), tokens
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.01)
+        # foreach=False: no full-size temporaries beside 8 bytes of state per parameter
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=lr, weight_decay=0.01, foreach=False
+        )
         self.generator = torch.Generator().manual_seed(1)
 
     def step(self) -> None:
@@ -264,16 +268,18 @@ def _timed(call: Callable[[], Any]) -> tuple[float, Any]:
 
 
 class VarsyncSync:
-    """Push to the store, then the varsync engine's update."""
+    """Push to the store, then the varsync engine's update. ``element_deltas`` ``False``:
+    changed leaves go whole (``configure_table``), else the elements that changed."""
 
     name = "varsync"
 
-    def __init__(self, engine: Engine, url: str, server: Any) -> None:
+    def __init__(self, engine: Engine, url: str, server: Any, element_deltas: bool) -> None:
         import torch
 
         from varsync.integrations.vllm import WeightPublisher
 
         self.engine, self.server = engine, server
+        self.element_deltas = element_deltas
         self.publisher = WeightPublisher(url, TABLE, timeout=ENGINE_CALL, dtype=torch.bfloat16)
         engine.call("init", url=url, reader="bench-engine")
 
@@ -285,6 +291,8 @@ class VarsyncSync:
         before = self.server.reading() if self.server else self._pushed_bytes()
         read_before = (self.engine.state or {}).get("store_bytes", 0)
         push_s, version = _timed(lambda: self.publisher.push(trainer.model))
+        if not self.element_deltas and version == 1:  # the table exists from the first push
+            self.publisher.store.configure_table(TABLE, element_deltas=False)
         middle = self.server.reading() if self.server else self._pushed_bytes()
         answer = self.engine.call("update", version=version)
         if self.server:
@@ -292,7 +300,14 @@ class VarsyncSync:
             serve_b = self.server.since(middle)
         else:
             push_b, serve_b = middle - before, answer["store_bytes"] - read_before
-        return {"push_s": push_s, "serve_s": answer["seconds"], "bytes": push_b + serve_b}
+        inside = answer["last_update"]  # the engine's own fetch and load seconds
+        return {
+            "push_s": push_s,
+            "serve_s": answer["seconds"],
+            "bytes": push_b + serve_b,
+            "fetch_s": inside["fetch_s"],
+            "load_s": inside["load_s"],
+        }
 
     def close(self) -> None:
         self.publisher.close()
@@ -343,6 +358,7 @@ def run_model(
     plan: ModelPlan,
     backends: list[str],
     lr: float,
+    element_deltas: bool,
     note: Callable[[str], None],
     log: Callable[[str], None],
 ) -> list[dict[str, Any]]:
@@ -370,7 +386,9 @@ def run_model(
         for backend in backends:
             with store(backend) as (url, server), ExitStack() as syncs:
                 contenders: list[Any] = [
-                    syncs.enter_context(_closing(VarsyncSync(engines[0], url, server))),
+                    syncs.enter_context(
+                        _closing(VarsyncSync(engines[0], url, server, element_deltas))
+                    ),
                     syncs.enter_context(_closing(ReloadSync(engines[1], saved))),
                 ]
                 for contender in contenders:  # untimed: the engines take a first version whole
@@ -405,9 +423,12 @@ def _closing(contender: Any) -> Iterator[Any]:
 
 
 def row_text(row: dict[str, Any]) -> str:
+    inside = ""
+    if "fetch_s" in row:
+        inside = f" (fetch {row['fetch_s'] * 1e3:.0f} + load {row['load_s'] * 1e3:.0f})"
     return (
         f"| {row['model']} | {row['store']} | {row['step']} | {row['who']} | "
-        f"{row['push_s'] * 1e3:.0f} ms | {row['serve_s'] * 1e3:.0f} ms | "
+        f"{row['push_s'] * 1e3:.0f} ms | {row['serve_s'] * 1e3:.0f} ms{inside} | "
         f"**{row['serving_s'] * 1e3:.0f} ms** | {row['bytes'] / MB:.1f} MB |"
     )
 
@@ -438,6 +459,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backends", default="shm,redis")
     parser.add_argument("--lr", type=float, default=1e-5, help="AdamW's learning rate")
     parser.add_argument("--steps", type=int, default=None, help="steps per model and store")
+    parser.add_argument(
+        "--whole-leaves", action="store_true", help="varsync pushes changed leaves whole"
+    )
     parser.add_argument("--smoke", action="store_true", help="the tiny model, 2 steps")
     args = parser.parse_args(argv)
     import torch
@@ -452,14 +476,18 @@ def main(argv: list[str] | None = None) -> None:
         chosen = [ModelPlan(**{**p.__dict__, "steps": steps}) for p in chosen]
     about = machine()
     print(f"machine: {about['cpu']}, {about['cores']} cores, load {about['load_average']}")
-    print(f"commit {about['tree']['commit']}, AdamW lr {args.lr:g}, engines in bf16 on CPU\n")
+    pushes = "changed leaves whole" if args.whole_leaves else "element deltas (the default)"
+    print(f"commit {about['tree']['commit']}, AdamW lr {args.lr:g}, engines in bf16 on CPU")
+    print(f"varsync pushes: {pushes}\n")
     print(
         "| model | store | step | contender | push / save | update / reload | to serving | bytes |"
     )
     print("|---|---|---|---|---|---|---|---|")
     rows: list[dict[str, Any]] = []
     for plan in chosen:
-        rows += run_model(plan, args.backends.split(","), args.lr, progress, row_printer)
+        rows += run_model(
+            plan, args.backends.split(","), args.lr, not args.whole_leaves, progress, row_printer
+        )
     print()
     print("\n".join(summary_lines(rows)))
     print(f"\nload average at the end: {os.getloadavg()}")
