@@ -18,7 +18,7 @@ TOXRUN      := $(TOXENV_DIR)/bin/tox run -x testenv.base_python=$(PYTHON)
 TOXPAR      := $(TOXENV_DIR)/bin/tox run-parallel --parallel all --parallel-no-spinner -x testenv.base_python=$(PYTHON) \
 	$(if $(PYTHON_NEWEST),--discover $(PYTHON_NEWEST))
 
-.PHONY: demo test lint tf-env bench bench-elements soak stress clean
+.PHONY: demo test lint tf-env bench bench-elements bench-vllm soak stress clean
 
 $(TOX):
 	$(PYTHON) -m venv $(TOXENV_DIR)
@@ -96,6 +96,16 @@ bench: tf-env
 bench-elements: $(TOX)
 	$(TOXRUN) -e modern --notest
 	scripts/loopback-only .tox/modern/bin/python -m benchmarks.element_sync
+
+# Trainer push -> vLLM serving the new version (benchmarks/vllm_sync.py, tox's llm
+# environment): the tiny model of examples/llm_rl and a ~1 GB bf16 Llama, an AdamW step
+# before each sync, over shm:// and redis:// against vLLM's own reload_weights from a
+# safetensors file; two vLLM engines on CPU, one process each (10-15 minutes on 2
+# cores). Figures: docs/vllm.md.
+bench-vllm: $(TOX)
+	$(TOXRUN) -e llm --notest
+	VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 \
+		scripts/loopback-only .tox/llm/bin/python -m benchmarks.vllm_sync
 
 # A bounded soak (tools/soak/), outside `make test`: per backend, a writer and three
 # readers for SOAK_SECONDS, every pulled value checked, then the same with faults; pushes,
