@@ -41,7 +41,10 @@ CHUNK_SLACK = 64
 # Chunk requests in flight per reader. The next chunk is asked for as soon as one is
 # received, so the server works while the reader checks it; the server buffers at most
 # one chunk per reader. Measured on loopback (Redis 6.2 and 7.0), two 4 MiB requests in
-# flight pulled 1.8x slower than one.
+# flight pulled 1.8x slower than one; again for issue 40 (1 GB, Redis 6.2 with libc
+# malloc, benchmarks/redis_pull.py): 28 % of raw TCP against 72 %, the server faulting in
+# 169,000 pages per pull: with two reply buffers of a chunk alive, glibc hands the top of
+# its heap back to the kernel when they are freed, and takes it again for the next ones.
 READ_AHEAD = 1
 WRITE_AHEAD = 8  # chunk writes in flight before their replies are read
 DIRECT = 64 << 10  # buffers this big go to and from the socket without a copy
