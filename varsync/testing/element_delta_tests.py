@@ -14,6 +14,7 @@ another base), a whole write starts a leaf's chain again, and ``read`` and
 from __future__ import annotations
 
 import math
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -31,6 +32,8 @@ __all__ = ["ElementDeltaTests", "patch_table"]
 STEPS = 6
 #: Elements changed per leaf and push, as a share.
 SHARE = 0.01
+#: Rounds of an interrupted push and an interrupted update.
+INTERRUPTED_ROUNDS = 24
 
 
 def patch_table(backend_cls: type[Backend]) -> dict[str, Any]:
@@ -53,6 +56,10 @@ def patch_table(backend_cls: type[Backend]) -> dict[str, Any]:
 
 def _bits(dtype: np.dtype) -> type:
     return {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[dtype.itemsize]
+
+
+def _bits_equal(got: list[Any], want: list[np.ndarray]) -> bool:
+    return all(np.asarray(g).tobytes() == w.tobytes() for g, w in zip(got, want))
 
 
 def _same_bits(got: np.ndarray, want: np.ndarray) -> None:
@@ -186,6 +193,51 @@ class ElementDeltaTests(_Base):
         assert reader.update(targets, "weights") == 4
         assert_bit_equal(targets, varsync.unflatten(signature, values[2]))
         assert_bit_equal(reader.pull("weights"), varsync.unflatten(signature, values[2]))
+
+    def test_interrupted_patched_pushes_and_updates_end_on_whole_versions(
+        self, weights: Any, connect: Callable[..., Any], patch_url: str
+    ) -> None:
+        """A push or an ``update`` interrupted (Ctrl-C) at a random point: the table holds
+        one pushed value whole, and the next ``update`` ends bit-exact on it."""
+        from varsync.testing.faults import Interrupter
+
+        signature = weights.signature("weights")
+        specs = varsync.flatten(signature)
+        rng = np.random.default_rng(21)
+        current = _first(specs, 21)
+        reader = connect(patch_url)
+        targets = varsync.unflatten(signature, [np.zeros_like(a) for a in current])
+        pushes, updates = [], []
+        for _ in range(3):  # the typical durations, and copies and chains under way
+            current = _step(current, rng, SHARE)
+            started = time.perf_counter()
+            weights.push(varsync.unflatten(signature, current), "weights")
+            pushes.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            reader.update(targets, "weights")
+            updates.append(time.perf_counter() - started)
+        with Interrupter(seed=23) as interrupter:
+            for _ in range(INTERRUPTED_ROUNDS):
+                new = _step(current, rng, SHARE)
+                nest = varsync.unflatten(signature, new)
+                interrupter.call(
+                    lambda: weights.push(nest, "weights"),  # noqa: B023 - called at once
+                    interrupter.random.uniform(0, 1.2 * max(pushes)),
+                )
+                held = reader.pull("weights")  # published or not, never a mix
+                landed = _bits_equal(varsync.flatten(held), new)
+                assert landed or _bits_equal(varsync.flatten(held), current), (
+                    "after an interrupted push the table holds neither the value pushed "
+                    "nor the one before"
+                )
+                current = new if landed else current
+                interrupter.call(
+                    lambda: reader.update(targets, "weights"),
+                    interrupter.random.uniform(0, 1.2 * max(updates)),
+                )
+                reader.update(targets, "weights")
+                assert_bit_equal(targets, varsync.unflatten(signature, current))
+        assert interrupter.fired >= INTERRUPTED_ROUNDS // 4, "too few calls were interrupted"
 
     # -- backends with the ability ------------------------------------------------------------
 
