@@ -79,28 +79,44 @@ def wrap_writes(backend: Backend, hook: Callable[[str, str, Callable[[], Any]], 
         setattr(backend, method, wrapped)
 
 
-def staged_event(store: Any) -> threading.Event:
-    """An event set once ``store``'s rank has written its stage entry (its part is in)."""
-    staged = threading.Event()
+def stage_events(
+    store: Any, hold_until: threading.Event | None = None, hold_publication: bool = False
+) -> tuple[threading.Event, threading.Event]:
+    """Events set once ``store``'s rank has written its stage entry (its part is in) and
+    once it has written a second stage value (the seal). With ``hold_until``, the rank's
+    stage writes after its entry (its attempts to seal) wait for that event, and with
+    ``hold_publication`` its writes of the manifest too: the other rank seals (and
+    publishes) the step."""
+    staged, sealed = threading.Event(), threading.Event()
+    count = [0]
 
     def hook(method: str, table: str, call: Callable[[], Any]) -> Any:
+        stage = "/stage/" in table and method == "write_leaves"
+        if hold_until is not None and (
+            (stage and count[0] >= 1) or (hold_publication and table == "model")
+        ):
+            assert hold_until.wait(BOUND), "the rank held back was never let go"
         result = call()
-        if "/stage/" in table and method == "write_leaves":
-            staged.set()
+        if stage:
+            count[0] += 1
+            (staged if count[0] == 1 else sealed).set()
         return result
 
     wrap_writes(store.backend, hook)
-    return staged
+    return staged, sealed
 
 
 class _Rank(threading.Thread):
     """A rank pushing one step from a thread; ``answer`` is its version or exception."""
 
-    def __init__(self, store: Any, rank: int, step: int, timeout: float) -> None:
+    def __init__(
+        self, store: Any, rank: int, step: int, timeout: float,
+        hold_until: threading.Event | None = None, hold_publication: bool = False,
+    ) -> None:  # fmt: skip
         super().__init__(daemon=True)
         self.store, self.rank, self.step, self.timeout = store, rank, step, timeout
         self.answer: Any = None
-        self.staged = staged_event(store)
+        self.staged, _ = stage_events(store, hold_until, hold_publication)
 
     def start_first(self) -> None:
         """Start, and return once this rank's part is staged (the other rank is last)."""
@@ -201,11 +217,13 @@ class ShardedTests(_Base):
     def test_two_ranks_publishing_one_sealed_step_publish_it_once(
         self, sharded: Callable[[], Any]
     ) -> None:
-        """Rank 1 completes the step, and is held before it publishes it until rank 0
-        has published it: its publication must then find the manifest moved on and
-        publish nothing (a compare-and-swap on the manifest's head)."""
+        """Rank 1 seals the step (rank 0 is held back from sealing it), and is held
+        before it publishes it until rank 0 has published it: its publication must then
+        find the manifest moved on and publish nothing (a compare-and-swap on the
+        manifest's head)."""
         rank0, rank1 = sharded(), sharded()
-        first = _Rank(rank0, 0, 1, BOUND)
+        _, rank1_sealed = stage_events(rank1)
+        first = _Rank(rank0, 0, 1, BOUND, hold_until=rank1_sealed)
 
         def hook(method: str, table: str, call: Callable[[], Any]) -> Any:
             if table == "model" and method == "write_leaves":
@@ -222,10 +240,13 @@ class ShardedTests(_Base):
     def test_a_lost_reply_is_answered_by_pushing_the_step_again(
         self, sharded: Callable[[], Any]
     ) -> None:
-        """The last rank's reply is lost after its part, then after its publication:
-        pushing the same step again gives the version every rank got."""
+        """The last rank's reply is lost after its part, then after its publication
+        (the other rank held back from sealing and publishing until the end): pushing
+        the same step again gives the version every rank got."""
         for number, lost_after in enumerate(("/parts/", "model"), start=1):
-            other, last = _Rank(sharded(), 0, number, BOUND), sharded()
+            done = threading.Event()
+            other = _Rank(sharded(), 0, number, BOUND, hold_until=done, hold_publication=True)
+            last = sharded()
             lost: list[str] = []
 
             def hook(
@@ -243,7 +264,10 @@ class ShardedTests(_Base):
             other.start_first()
             with pytest.raises(varsync.BackendConnectionError):
                 last.push_shard("model", rank_parts(1, number), rank=1, step=number)
-            again = last.push_shard("model", rank_parts(1, number), rank=1, step=number)
+            try:
+                again = last.push_shard("model", rank_parts(1, number), rank=1, step=number)
+            finally:
+                done.set()
             assert again == number == other.result()
             assert step_of(latest(last)[1]) == number
 
