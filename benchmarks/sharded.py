@@ -2,7 +2,9 @@
 ``docs/sharded.md``, "Measured").
 
 N trainer ranks, each a process holding its rows of every leaf of a bf16 model, publish
-one version per round over ``redis://`` in two ways that take turns in the same rounds:
+one version per round over ``redis://`` in two ways that take turns in the same rounds
+(both with ``keep=0`` and no recycling of a retired version's chunks, so that the server
+holds one version per table and fits this machine; a redis-server per N):
 
 - **sharded**: every rank ``push_shard``-s its own rows (``varsync.push_shard``);
 - **gather**: the ranks ``torch.distributed.gather`` (gloo, over loopback) their rows into
@@ -13,13 +15,15 @@ Before each round every rank changes each of its elements (the optimizer step, u
 so each push sends the whole model. Per round: the time from the ranks' common start
 until the version is visible (``push_shard`` and ``push`` return only then), every rank's
 peak resident memory over the round (``VmHWM``, reset through ``/proc/self/clear_refs``
-before it) above what it held before its shard was made, and the bytes Redis received
+before it) above what it held before its shard was made, and above what it held when the
+round started (what the round itself added: one process runs both contenders, so memory
+one of them leaves allocated counts in the other's first figure), the bytes Redis received
 (``INFO stats``). Then readers: ``pull_slices`` of 1/2 and 1/4 of every leaf's rows
 against a ``pull`` of the whole plain table (a reader of a plain table fetches all of
 it), with the bytes Redis sent. Medians and interquartile ranges; ratios round by round.
 
 ``python -m benchmarks.sharded`` (1 GiB, N = 2 and 4, 5 rounds); ``--smoke``: tiny, N = 2,
-one round (after two untimed), for ``make test``. Needs torch (gloo) and a redis-server
+one round, for ``make test``. Needs torch (gloo) and a redis-server
 (``benchmarks.servers``).
 """
 
@@ -42,10 +46,10 @@ from benchmarks.servers import running_redis_server, stop_children
 MiB = 1 << 20
 ROUND_TIMEOUT = 600.0  # seconds any one round, or a rank's start, may take
 WARMUP = 2  # untimed rounds first: a sharded table's two slots are written once each
-#: Memory a run needs, in models: Redis holds the sharded table's two slots and the plain
-#: table (and a push's new chunks beside the old ones), rank 0 of the baseline a whole
-#: model, the reader one.
-MODELS_OF_MEMORY = 8
+#: Memory a run needs, in models: Redis holds one version per table (a model per slot of
+#: the sharded table, one for the plain table) and a push's new chunks beside the old
+#: ones; rank 0 of the baseline holds a whole model, the reader one.
+MODELS_OF_MEMORY = 6
 
 
 def leaf_shape(nbytes: int, leaves: int) -> tuple[int, int]:
@@ -101,6 +105,7 @@ def _rank_main(
             for leaf in mine:  # the optimizer step: every element changes
                 leaf.view(np.uint16)[...] += 1
             _reset_peak()
+            at_start = _memory()["VmRSS"]
             barrier.wait(ROUND_TIMEOUT)
             started = time.monotonic()
             if command == "sharded":
@@ -109,8 +114,8 @@ def _rank_main(
             else:
                 _gather_and_push(store, dist, rank, world, names, mine, rows, cols, bf16)
             done = time.monotonic()
-            peak = _memory()["VmHWM"] - base
-            results.put(("round", (command, rank, started, done, peak)))
+            peak = _memory()["VmHWM"]
+            results.put(("round", (command, rank, started, done, peak - base, peak - at_start)))
     finally:
         store.close()
         dist.destroy_process_group()
@@ -142,7 +147,7 @@ def _gather_and_push(
 
 def measure_world(
     url: str, admin: Any, world: int, shape: tuple[int, int], leaves: int, rounds: int,
-    log: Any,
+    log: Any, warmup: int = WARMUP,
 ) -> dict[str, Any]:  # fmt: skip
     """Two untimed rounds, then ``rounds`` rounds of both contenders taking turns."""
     import ml_dtypes
@@ -170,7 +175,7 @@ def measure_world(
         for r in range(world)
     ]
     samples: dict[str, dict[str, list[float]]] = {
-        c: {"seconds": [], "peak0": [], "peak_max": [], "in_bytes": []}
+        c: {"seconds": [], "peak0": [], "growth0": [], "peak_max": [], "in_bytes": []}
         for c in ("sharded", "gather")
     }
     try:
@@ -179,7 +184,7 @@ def measure_world(
         for _ in range(world):
             next_message(results, children, "a rank's start")
         step = 0
-        for index in range(1 - WARMUP, rounds + 1):
+        for index in range(1 - warmup, rounds + 1):
             order = ("sharded", "gather") if index % 2 else ("gather", "sharded")
             for command in order:
                 step += 1
@@ -196,6 +201,7 @@ def measure_world(
                 record = samples[command]
                 record["seconds"].append(seconds - start)
                 record["peak0"].append(peaks[0])
+                record["growth0"].append(got_rank0(got)[5])
                 record["peak_max"].append(max(peaks.values()))
                 record["in_bytes"].append(received)
             if index > 0:
@@ -271,8 +277,9 @@ def measure_readers(
 def report(results: dict[int, dict[str, Any]], model_bytes: int) -> str:
     lines = [
         "| N | contender | time to a visible version | ratio sharded / gather | rank 0 peak "
-        "above its start | rank 0 peak / (model/N) | largest rank peak | Redis in, per round |",
-        "|---|---|---|---|---|---|---|---|",
+        "above its start | rank 0 peak / (model/N) | rank 0 growth in the round | largest "
+        "rank peak | Redis in, per round |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for world, result in results.items():
         trainers = result["trainers"]
@@ -286,6 +293,7 @@ def report(results: dict[int, dict[str, Any]], model_bytes: int) -> str:
                 f"| {peak0['median'] / MiB:.0f} MiB "
                 f"({peak0['q1'] / MiB:.0f}–{peak0['q3'] / MiB:.0f}) "
                 f"| {peak0['median'] / (model_bytes / world):.2f} "
+                f"| {harness.summary(record['growth0'])['median'] / MiB:.0f} MiB "
                 f"| {harness.summary(record['peak_max'])['median'] / MiB:.0f} MiB "
                 f"| {harness.summary(record['in_bytes'])['median'] / MiB:.0f} MiB |"
             )
@@ -320,21 +328,23 @@ def main(argv: list[str] | None = None) -> dict[int, dict[str, Any]]:
         f"model: {args.leaves} bf16 leaves of {shape[0]}x{shape[1]}, "
         f"{model_bytes / MiB:.0f} MiB; N = {args.worlds}; {args.rounds} rounds"
     )
-    if available_memory() < MODELS_OF_MEMORY * model_bytes:
-        raise SystemExit(
-            f"this run needs about {MODELS_OF_MEMORY * model_bytes / 2**30:.1f} GiB of free "
-            f"memory ({MODELS_OF_MEMORY} models), the machine has "
-            f"{available_memory() / 2**30:.1f} GiB available: wait, or pass a smaller --mib"
-        )
-    results: dict[int, dict[str, Any]] = {}
-    with running_redis_server() as server:
-        import redis
+    import redis
 
-        with redis.Redis(port=server.port) as admin:
-            for world in args.worlds:
-                results[world] = measure_world(
-                    server.url, admin, world, shape, args.leaves, args.rounds, harness.log
-                )
+    results: dict[int, dict[str, Any]] = {}
+    for world in args.worlds:
+        if available_memory() < MODELS_OF_MEMORY * model_bytes:
+            raise SystemExit(
+                f"N={world} needs about {MODELS_OF_MEMORY * model_bytes / 2**30:.1f} GiB of "
+                f"free memory ({MODELS_OF_MEMORY} models), the machine has "
+                f"{available_memory() / 2**30:.1f} GiB available: wait, or pass a smaller --mib"
+            )
+        # a server per N: what one run's allocator kept is not the next one's
+        with running_redis_server() as server, redis.Redis(port=server.port) as admin:
+            url = f"{server.url}?keep=0&recycle_from={2 * model_bytes}"
+            results[world] = measure_world(
+                url, admin, world, shape, args.leaves, args.rounds, harness.log,
+                warmup=0 if args.smoke else WARMUP,
+            )  # fmt: skip
     print(report(results, model_bytes))
     return results
 
