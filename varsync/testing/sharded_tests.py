@@ -159,12 +159,13 @@ class ShardedTests(_Base):
     """Many writer ranks, one version; faults that publish nothing partial."""
 
     @pytest.fixture
-    def sharded(self, url: str, connect: Any, backend_cls: type[Backend]) -> Callable[[], Any]:
+    def sharded(self, url: str, connect: Any) -> Callable[[], Any]:
         """``sharded()``: a new container on a store holding the sharded table ``model``
         of :data:`WORLD` ranks (one container per rank: ranks share none)."""
-        if not issubclass(backend_cls, SupportsLeafVersions):
+        creator = connect(url, timeout=BOUND)
+        if not isinstance(creator.backend, SupportsLeafVersions):
             pytest.skip("backend has no leaf versions, which sharded tables need")
-        connect(url, timeout=BOUND).create_sharded_table("model", SHARDED, WORLD)
+        creator.create_sharded_table("model", SHARDED, WORLD)
         return lambda: connect(url, timeout=BOUND)
 
     def _publish(self, sharded: Callable[[], Any], step: int) -> int:
