@@ -18,7 +18,7 @@ TOXRUN      := $(TOXENV_DIR)/bin/tox run -x testenv.base_python=$(PYTHON)
 TOXPAR      := $(TOXENV_DIR)/bin/tox run-parallel --parallel all --parallel-no-spinner -x testenv.base_python=$(PYTHON) \
 	$(if $(PYTHON_NEWEST),--discover $(PYTHON_NEWEST))
 
-.PHONY: demo test lint tf-env bench bench-elements bench-vllm soak stress clean
+.PHONY: demo test lint tf-env bench bench-elements bench-vllm bench-sharded soak stress clean
 
 $(TOX):
 	$(PYTHON) -m venv $(TOXENV_DIR)
@@ -106,6 +106,14 @@ bench-vllm: $(TOX)
 	$(TOXRUN) -e llm --notest
 	VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 \
 		scripts/loopback-only .tox/llm/bin/python -m benchmarks.vllm_sync
+
+# Sharded pushes (benchmarks/sharded.py, issue 41): N = 2 and 4 rank processes pushing a
+# 1 GiB bf16 model over redis://, each its own rows, against a gloo gather to rank 0 then
+# one push, in the same rounds; readers of 1/2 and 1/4. Needs about 8 GiB free (it says
+# so and stops otherwise); 3-6 minutes. Figures: docs/sharded.md ("Measured").
+bench-sharded: $(TOX)
+	$(TOXRUN) -e modern --notest
+	scripts/loopback-only .tox/modern/bin/python -m benchmarks.sharded
 
 # A bounded soak (tools/soak/), outside `make test`: per backend, a writer and three
 # readers for SOAK_SECONDS, every pulled value checked, then the same with faults; pushes,

@@ -124,6 +124,7 @@ PUBLIC = {
         "ElementDeltaTests",
         "ReaderRegistryTests",
         "RoundTripTests",
+        "ShardedTests",
         "TableTests",
         "ValidationTests",
         "VersionTests",

@@ -1,6 +1,8 @@
 """Sharded tables (docs/sharded.md): many writer ranks, one version; readers that fetch
 only their blocks. Threads stand in for ranks, on memory://, a real redis-server and
-shm:// alike; a killed writer is a real child process."""
+shm:// alike; a killed writer is a real child process. Last, mutants of the core (publishing
+before the last part, mixing parts of two steps, reusing a number after an abandon) that
+these tests and the conformance suite's ShardedTests must catch."""
 
 from __future__ import annotations
 
@@ -372,3 +374,103 @@ def test_a_writer_killed_between_its_part_and_the_commit_publishes_nothing(
 
 def _stage_specs(world: int) -> List[Any]:
     return [varsync.Spec([2], np.int64)] * world + [varsync.Spec([1 + world], np.int64)]
+
+
+# -- mutants of the core: the sharded tests must catch each -------------------------------
+
+
+@pytest.fixture
+def on_memory() -> Any:
+    """``make()``: a new container on a memory:// store holding the conformance suite's
+    sharded table (``varsync.testing.sharded_tests``); the suite's tests take it."""
+    from varsync.testing.sharded_tests import SHARDED, WORLD
+
+    url = f"memory://sharded-mutant-{uuid.uuid4().hex}"
+    made: List[Any] = []
+
+    def make() -> Any:
+        made.append(varsync.connect(url, timeout=BOUND))
+        return made[-1]
+
+    make().create_sharded_table("model", SHARDED, WORLD)
+    yield make
+    for container in made:
+        container.close()
+
+
+def _stage_lie(monkeypatch: pytest.MonkeyPatch, counts: Callable[[int, int, int], bool]) -> None:
+    """A mutant core whose commit (only) takes a rank's stage entry ``(s, v)`` as staged
+    for the step it builds when ``counts(s, v, published step)``."""
+    import sys
+
+    from varsync import _sharded as sharded_lib
+
+    real = sharded_lib.ShardedTables._stage
+
+    def lying(self: Any, name: str, slot: int, world: int, deadline: float) -> Any:
+        stage = real(self, name, slot, world, deadline)
+        if sys._getframe(1).f_code.co_name != "_commit":
+            return stage
+        step = max(s for s, _ in stage.entries)
+        published = self.manifest(name, deadline).step
+        entries = [(step, v) if counts(s, v, published) else (s, v) for s, v in stage.entries]
+        return stage._replace(entries=entries)
+
+    monkeypatch.setattr(sharded_lib.ShardedTables, "_stage", lying)
+
+
+def test_the_sharded_tests_catch_a_core_that_publishes_before_the_last_part(
+    monkeypatch: pytest.MonkeyPatch, on_memory: Any
+) -> None:
+    """A rank alone commits its step, with the absent rank's stale entry: the abandon
+    test catches it (here the cover check refuses the stale part, before any reader
+    could see it, and the rank gets a ConfigurationError, not a ShardTimeoutError)."""
+    from varsync.testing.sharded_tests import ShardedTests
+
+    _stage_lie(monkeypatch, lambda s, v, published: True)  # every rank counted as in
+    with pytest.raises(AssertionError):
+        ShardedTests().test_numbers_are_never_reused_after_an_abandon(on_memory)
+
+
+def test_the_sharded_tests_catch_a_core_that_mixes_parts_of_two_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a part staged for any step not yet published counts for the step being built
+    _stage_lie(monkeypatch, lambda s, v, published: s > published and v >= 0)
+    with pytest.raises(AssertionError):
+        test_a_rank_that_moves_on_withdraws_its_part_of_the_step_left_unfinished(
+            f"memory://sharded-mutant-{uuid.uuid4().hex}"
+        )
+
+
+def test_the_sharded_tests_catch_a_core_that_reuses_a_number_after_an_abandon(
+    on_memory: Any,
+) -> None:
+    """The mutant numbers a step as soon as a part of it is staged (its readers see that
+    number, on the last version's values) and hands the number back when the step is
+    abandoned: the next step published takes it again."""
+    from varsync.testing.sharded_tests import ShardedTests
+
+    made: List[Any] = []
+
+    def make() -> Any:
+        container = on_memory()
+        if not made:  # the suite's first container is its reader
+            shards = container._shards
+            real = shards.manifest
+
+            def numbered_when_staged(name: str, deadline: float) -> Any:
+                manifest = real(name, deadline)
+                stage = shards._stage(name, 1 - manifest.slot, 2, deadline)
+                if any(s > manifest.step and v >= 0 for s, v in stage.entries):
+                    return manifest._replace(
+                        head=manifest.head._replace(version=manifest.head.version + 1)
+                    )
+                return manifest
+
+            shards.manifest = numbered_when_staged
+        made.append(container)
+        return container
+
+    with pytest.raises(AssertionError, match="version 2 named step 1"):
+        ShardedTests().test_numbers_are_never_reused_after_an_abandon(make)

@@ -1,8 +1,9 @@
 """A real torch.distributed trainer (gloo, CPU, 2 processes) sharded with FSDP2's
 ``fully_shard``: every rank pushes its local shards (``parts_from_dtensors``, no
 all-gather) after each optimizer step, and an unsharded reader in this process ends
-bit-exact on the trainer's full state dict; a rank killed mid-version leaves readers on
-the last whole version."""
+bit-exact on the trainer's full state dict, as does a reader group sharded another way
+(two readers, each ``pull_slices`` of half of every leaf's columns); a rank killed
+mid-version leaves readers on the last whole version."""
 
 from __future__ import annotations
 
@@ -127,6 +128,38 @@ def _watch(url: str, stop: threading.Event, seen: List[Tuple[int, Dict[str, np.n
                 seen.append(got)
 
 
+def _half(spec: Any, which: int) -> Tuple[Tuple[int, int], ...]:
+    """Half ``which`` (0 or 1) of a leaf along its last dimension, the rest whole: the
+    trainer shards rows (FSDP2, dim 0), this reader group columns."""
+    ranges = [(0, int(n)) for n in spec.shape]
+    n = ranges[-1][1]
+    ranges[-1] = (0, n // 2) if which == 0 else (n // 2, n)
+    return tuple(ranges)
+
+
+def _reshard_watch(
+    url: str, which: int, stop: threading.Event, seen: List[Tuple[int, Dict[str, np.ndarray]]]
+) -> None:
+    """Reader ``which`` of a group of two sharded by columns: its half of every leaf of
+    every version it can get (``pull_slices``), while the trainers run."""
+    with varsync.connect(url, timeout=BOUND) as reader:
+        version = 0
+        while not stop.is_set():
+            if "model" not in reader.tables() or reader.version("model") == 0:
+                stop.wait(0.01)
+                continue
+            try:
+                reader.wait_for(version, "model", timeout=0.2)
+            except varsync.PullTimeoutError:
+                continue
+            signature = reader.signature("model")
+            halves = {key: _half(spec, which) for key, spec in signature.items()}
+            got = reader.pull_slices("model", halves)
+            if got[0] > version:
+                version = got[0]
+                seen.append(got)
+
+
 @pytest.mark.parametrize("mode", ["train", "kill"])
 def test_fsdp_ranks_push_local_shards_and_a_reader_gets_the_full_state(
     mode: str, redis_namespace: Any, tmp_path: Path
@@ -134,13 +167,20 @@ def test_fsdp_ranks_push_local_shards_and_a_reader_gets_the_full_state(
     url = redis_namespace()
     stop = threading.Event()
     seen: List[Tuple[int, Dict[str, np.ndarray]]] = []
-    watcher = threading.Thread(target=_watch, args=(url, stop, seen))
-    watcher.start()
+    halves: List[List[Tuple[int, Dict[str, np.ndarray]]]] = [[], []]
+    watchers = [threading.Thread(target=_watch, args=(url, stop, seen))] + [
+        threading.Thread(target=_reshard_watch, args=(url, which, stop, halves[which]))
+        for which in (0, 1)
+    ]
+    for watcher in watchers:
+        watcher.start()
     try:
         results = _run_trainers(url, mode, tmp_path)
     finally:
         stop.set()
-        watcher.join(BOUND)
+        for watcher in watchers:
+            watcher.join(BOUND)
+        assert not any(w.is_alive() for w in watchers)
     assert all(code == 0 for code, _ in results), results
     last = 2 if mode == "kill" else 3
     assert f"PUBLISHED {last} {last}" in results[0][1], results
@@ -156,3 +196,21 @@ def test_fsdp_ranks_push_local_shards_and_a_reader_gets_the_full_state(
     for version, nest in seen:  # every version a reader saw is one whole step
         for key, array in wanted[version].items():
             assert nest[key].tobytes() == array.tobytes(), (version, key)
+    # the column-sharded reader group: each half of one step, and the last whole
+    with varsync.connect(url, timeout=BOUND) as reader:
+        signature = reader.signature("model")
+        ends = []
+        for which in (0, 1):
+            assert halves[which], f"reader {which} of the group got no version"
+            for version, blocks in halves[which]:
+                for key, array in wanted[version].items():
+                    ranges = _half(signature[key], which)
+                    want = array[tuple(slice(a, b) for a, b in ranges)]
+                    assert blocks[key].tobytes() == want.tobytes(), (which, version, key)
+            mine = {key: _half(spec, which) for key, spec in signature.items()}
+            version, blocks = reader.pull_slices("model", mine)
+            assert version == last
+            ends.append(blocks)
+    for key, array in wanted[last].items():
+        joined = np.concatenate([ends[0][key], ends[1][key]], axis=-1)
+        assert joined.tobytes() == array.tobytes(), key

@@ -39,6 +39,7 @@ from varsync.testing.fault_tests import FaultTests
 from varsync.testing.leaf_version_tests import LeafVersionTests
 from varsync.testing.reader_tests import ReaderRegistryTests
 from varsync.testing.roundtrip_tests import RoundTripTests
+from varsync.testing.sharded_tests import ShardedTests
 from varsync.testing.table_tests import TableTests
 from varsync.testing.validation_tests import ValidationTests
 from varsync.testing.version_tests import VersionTests
@@ -55,5 +56,6 @@ __all__ = [
     "FaultTests",
     "LeafVersionTests",
     "ElementDeltaTests",
+    "ShardedTests",
     "ReaderRegistryTests",
 ]

@@ -26,6 +26,7 @@ from varsync.testing import (
     LeafVersionTests,
     ReaderRegistryTests,
     RoundTripTests,
+    ShardedTests,
     TableTests,
     ValidationTests,
     VersionTests,
@@ -77,7 +78,7 @@ def _keys_of_table(cluster: LocalCluster, head: str) -> Dict[int, List[bytes]]:
 
 class TestConformanceOnACluster(
     TableTests, RoundTripTests, ValidationTests, VersionTests, ConcurrencyTests,
-    ContractTests, CapabilityTests, LeafVersionTests, ReaderRegistryTests,
+    ContractTests, CapabilityTests, LeafVersionTests, ReaderRegistryTests, ShardedTests,
 ):
     """The suite but for its fault mixin, whose proxy fronts the URL's one address: in a
     cluster the slot map names every node's own, and requests go around a proxy."""

@@ -25,6 +25,7 @@ from varsync.testing import (
     ContractTests,
     LeafVersionTests,
     RoundTripTests,
+    ShardedTests,
     VersionTests,
 )
 from fixtures.redis import RedisServer, command_calls, find_redis_server
@@ -404,13 +405,15 @@ def shared_group(binary: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 class TestConformanceReadingFromAReplica(
     RoundTripTests, VersionTests, ConcurrencyTests, ContractTests, LeafVersionTests,
+    ShardedTests,
 ):
     """The suite's mixins about reads with every read of every container on a replica
     (writes on the primary): read-your-writes and monotonic reads hold within a container
     (a replica behind what the container saw or wrote is read through the primary). The
     mixins about writes, tables, faults and the reader registry, which all go to the
     primary, run in TestRedisConformance (the fault tests' proxy fronts the primary only,
-    and reads would go around it)."""
+    and reads would go around it). Sharded tables run here too: their ranks read the
+    manifest and the stage, their readers the manifest and the parts, on a replica."""
 
     @pytest.fixture
     def url(self, shared_group: List[RedisServer]) -> str:
