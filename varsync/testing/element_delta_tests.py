@@ -194,12 +194,21 @@ class ElementDeltaTests(_Base):
         assert_bit_equal(targets, varsync.unflatten(signature, values[2]))
         assert_bit_equal(reader.pull("weights"), varsync.unflatten(signature, values[2]))
 
+    # -- backends with the ability ------------------------------------------------------------
+
     def test_interrupted_patched_pushes_and_updates_end_on_whole_versions(
-        self, weights: Any, connect: Callable[..., Any], patch_url: str
+        self,
+        weights: Any,
+        connect: Callable[..., Any],
+        patch_url: str,
+        backend_cls: type[Backend],
     ) -> None:
         """A push or an ``update`` interrupted (Ctrl-C) at a random point: the table holds
-        one pushed value whole, and the next ``update`` ends bit-exact on it."""
+        one pushed value whole, and the next ``update`` ends bit-exact on it. (Backends
+        without the ability: ``FaultTests`` interrupt their pushes and pulls.)"""
         from varsync.testing.faults import Interrupter
+
+        self._needs_element_deltas(backend_cls)
 
         signature = weights.signature("weights")
         specs = varsync.flatten(signature)
@@ -238,8 +247,6 @@ class ElementDeltaTests(_Base):
                 reader.update(targets, "weights")
                 assert_bit_equal(targets, varsync.unflatten(signature, current))
         assert interrupter.fired >= INTERRUPTED_ROUNDS // 4, "too few calls were interrupted"
-
-    # -- backends with the ability ------------------------------------------------------------
 
     def test_a_patch_is_written_only_onto_exactly_its_base(
         self, weights: Any, backend_cls: type[Backend]
