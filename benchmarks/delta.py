@@ -33,8 +33,8 @@ import os
 import statistics
 import time
 import uuid
-from collections.abc import Sequence
-from contextlib import ExitStack
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any, Callable
@@ -168,6 +168,34 @@ class ServerBytes:
 
     def close(self) -> None:
         self.client.close()
+
+
+@contextmanager
+def fresh_store(name: str, prefix: str) -> Iterator[tuple[str, ServerBytes | None]]:
+    """A fresh store of backend ``name`` (``memory``, ``redis``, ``shm``), named from
+    ``prefix``: its URL and, for redis://, the byte counter of its own server, which is
+    stopped on the way out (an shm:// store is removed)."""
+    if name == "redis":
+        from .servers import running_redis_server
+
+        with running_redis_server() as server:
+            counter = ServerBytes(server.url)
+            try:
+                yield server.url, counter
+            finally:
+                counter.close()
+    elif name == "shm":
+        import varsync_shm
+
+        shm = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        try:
+            yield f"shm://{shm}", None
+        finally:
+            varsync_shm.remove_store(shm)
+    elif name == "memory":
+        yield f"memory://{prefix}-{uuid.uuid4().hex[:8]}", None
+    else:
+        raise SystemExit(f"no store {name!r}: expected memory, redis or shm")
 
 
 SHM_COUNTERS = ("leaf_bytes_written", "leaf_bytes_read")

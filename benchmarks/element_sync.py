@@ -25,9 +25,7 @@ import argparse
 import os
 import statistics
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -35,34 +33,11 @@ import numpy as np
 
 from varsync import _elements as elements
 
-from .delta import Meter, ServerBytes
+from .delta import Meter, ServerBytes, fresh_store
 from .elements import Config, bf16_leaves, build_model
 from .harness import MB, machine
 
 TABLES = ("patched", "whole")
-
-
-@contextmanager
-def store(name: str, servers: ExitStack) -> Iterator[tuple[str, ServerBytes | None]]:
-    """The URL of a fresh store of backend ``name`` and, for redis://, its byte counter."""
-    if name == "redis":
-        from .servers import running_redis_server
-
-        server = ServerBytes(servers.enter_context(running_redis_server()).url)
-        try:
-            yield server.url, server
-        finally:
-            server.close()
-    elif name == "shm":
-        import varsync_shm
-
-        shm = f"bench-elements-{uuid.uuid4().hex[:6]}"
-        try:
-            yield f"shm://{shm}", None
-        finally:
-            varsync_shm.remove_store(shm)
-    else:
-        yield f"memory://bench-elements-{uuid.uuid4().hex[:6]}", None
 
 
 class Moved:
@@ -244,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"machine: {about['cpu']}, {about['cores']} cores, load {about['load_average']}")
     print(f"model: {config}, {params / 1e6:.0f} M parameters, {2 * params / MB:.0f} MB in bf16")
     for name in args.backends.split(","):
-        with ExitStack() as servers, store(name, servers) as (url, server):
+        with fresh_store(name, "bench-elements") as (url, server):
             print(f"\n### {name} ({'server INFO stats' if server else 'protocol bytes'})\n")
             print("| lr | step | table | changed | push | pull_if_newer | update | 1.3x |")
             print("|---|---|---|---|---|---|---|---|")

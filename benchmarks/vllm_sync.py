@@ -33,7 +33,6 @@ import sys
 import tempfile
 import time
 import traceback
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
@@ -238,27 +237,14 @@ class Trainer:
 
 @contextmanager
 def store(name: str) -> Iterator[tuple[str, Any]]:
-    """A fresh store's URL and, for redis://, its server's byte counter."""
-    if name == "redis":
-        from .delta import ServerBytes
-        from .servers import running_redis_server
-
-        with running_redis_server() as server:
-            counter = ServerBytes(server.url)
-            try:
-                yield server.url, counter
-            finally:
-                counter.close()
-    elif name == "shm":
-        import varsync_shm
-
-        shm = f"bench-vllm-{uuid.uuid4().hex[:8]}"
-        try:
-            yield f"shm://{shm}", None
-        finally:
-            varsync_shm.remove_store(shm)
-    else:
+    """A fresh store's URL and, for redis://, its server's byte counter (shm and redis:
+    the engine runs in its own process)."""
+    if name not in ("shm", "redis"):
         raise SystemExit(f"--backends: {name!r} is not one of shm, redis")
+    from .delta import fresh_store
+
+    with fresh_store(name, "bench-vllm") as found:
+        yield found
 
 
 def _timed(call: Callable[[], Any]) -> tuple[float, Any]:
