@@ -154,7 +154,8 @@ class VariableContainer:
         changed leaf is sent as the elements that changed when that is smaller
         (``docs/delta.md``); ``element_deltas=False`` sends changed leaves whole and
         drops this container's copies of the table's values (default: the table's
-        setting; on, except on ``memory://``, where a whole leaf is one copy)."""
+        setting: on for ``redis://``, off on ``memory://`` and ``shm://``, where a whole
+        leaf is one copy)."""
         backend, arrays, specs, whole = self._to_push(values, table, skip_unchanged)
         last = self._written.pop(table, None)
         if whole:
@@ -253,8 +254,9 @@ class VariableContainer:
         ``True``, skips leaves bit-identical to this container's last push, on a backend
         with leaf versions); ``element_deltas`` ``False`` sends changed leaves whole and
         keeps no copy of the values pushed (``True`` sends the elements that changed
-        where that is smaller, on a backend with element deltas: the default, except on
-        ``memory://``)."""
+        where that is smaller, on a backend with element deltas: the default on
+        ``redis://``, not on ``memory://`` and ``shm://``, where a whole leaf is one
+        copy)."""
         self._table(table)
         if skip_unchanged is None and element_deltas is None:
             raise ConfigurationError(
