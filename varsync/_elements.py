@@ -23,8 +23,8 @@ the patch: on a mismatch it restores what it overwrote and raises
 :class:`~varsync._errors.CorruptDataError`, so the base is never changed by a failed
 apply and the caller can fetch the whole leaf instead. :meth:`Patch.to_bytes` and
 :meth:`Patch.from_bytes` are its wire form: a fixed header, then the two sections; every
-field is checked on parsing. Integration into push and pull is not done yet
-(``docs/delta.md``).
+field is checked on parsing. Push, pull and ``update`` use it
+through :mod:`varsync._patches` (``docs/delta.md``, "Element deltas").
 """
 
 from __future__ import annotations

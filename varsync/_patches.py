@@ -4,8 +4,9 @@ reader's checks and in-place application (``docs/delta.md``, "Element deltas").
 Writer (:func:`push_patched`): on a backend with
 :class:`~varsync.backend.SupportsElementDeltas` a push finds the changed leaves as
 ``varsync._delta`` does, then diffs each against this container's copy of the value it
-last pushed (:class:`Bases`) and sends a patch where it is at most
-:data:`~varsync._elements.MAX_SHARE` of the leaf, the whole leaf otherwise. Per leaf:
+last pushed (:class:`Bases`) and sends a patch where it fits the room left in the
+leaf's chain (:data:`CHAIN_SHARE` of the leaf at most), the whole leaf otherwise. Per
+leaf:
 
 - the copy costs the leaf's bytes in the writer's memory; a leaf whose patch gave up
   (it changed nearly everywhere) keeps no copy for 2, 4, 8, ... up to
