@@ -201,6 +201,39 @@ def test_a_killed_trainer_leaves_the_engine_on_a_whole_version(
     assert llm.llm_engine.get_weight_version() == str(version)
 
 
+def _fail_the_next_load(worker: Any) -> None:
+    """In the worker: its model's next ``load_weights`` loads a few weights, then raises
+    (an out-of-memory in the middle of a load); the one after is the model's own."""
+    model = worker.weight_transfer_engine.model
+    own = model.load_weights
+
+    def failing(weights: Any) -> Any:
+        del model.load_weights  # once
+        own([next(weights) for _ in range(3)])
+        raise RuntimeError("injected: out of memory in the middle of a load")
+
+    model.load_weights = failing
+
+
+def test_a_load_that_fails_midway_puts_the_served_version_back(
+    llm: Any, model_dir: Path, shm_url: str, trainers: list[Trainer]
+) -> None:
+    trainer = Trainer(model_dir, shm_url)
+    trainers.append(trainer)
+    init_engine(llm, shm_url, "rollout-fail")
+    version, expected = trainer.step()
+    assert engine_lib.update_llm(llm, min_version=version, timeout=30) == version
+    newer, moved = trainer.step()
+    llm.collective_rpc(_fail_the_next_load)
+    with pytest.raises(engine_lib.WeightUpdateError, match=f"still serves version {version}"):
+        engine_lib.update_llm(llm, min_version=newer, timeout=30)
+    assert _served(llm) == version
+    served = served_logprobs(llm)
+    assert largest_difference(served, expected) < FLOAT32_TOLERANCE  # no layer of the new one
+    assert engine_lib.update_llm(llm, min_version=newer, timeout=30) == newer
+    assert largest_difference(served_logprobs(llm), moved) < FLOAT32_TOLERANCE
+
+
 def _served(llm: Any) -> int:
     return int(llm.collective_rpc(engine_lib.served_version)[0])
 

@@ -111,8 +111,10 @@ class VarsyncUpdateInfo(WeightTransferUpdateInfo):
 
 
 class WeightUpdateError(VarsyncError, RuntimeError):
-    """An update failed before anything was loaded: the engine serves its previous
-    version, whole. The cause is chained (``__cause__``)."""
+    """An update failed: the engine serves its previous version, whole (nothing of the
+    new one was loaded, or what was is put back), unless the message says putting it back
+    failed too, when the next update loads a whole version. The cause is chained
+    (``__cause__``)."""
 
 
 class VarsyncWeightTransferEngine(WeightTransferEngine[VarsyncInitInfo, VarsyncUpdateInfo]):
@@ -180,6 +182,8 @@ class VarsyncWeightTransferEngine(WeightTransferEngine[VarsyncInitInfo, VarsyncU
             )
             fetched = time.perf_counter()
             loaded = self._load(nest, changed)
+        except WeightUpdateError:
+            raise  # from _put_back: it says what the engine serves
         except VarsyncError as exc:
             raise WeightUpdateError(
                 f"varsync engine ({redact(info.url)}, table {info.table!r}): no new weights "
@@ -288,8 +292,10 @@ class VarsyncWeightTransferEngine(WeightTransferEngine[VarsyncInitInfo, VarsyncU
         brings its decoder layer's other leaves along (vLLM's ``layerwise_groups``).
 
         On the first load (of a history) the parameters are saved first and restored
-        if ``load_weights`` fails or leaves a parameter unloaded; later loads are of
-        the same signature, whose every name this model has taken."""
+        if ``load_weights`` fails or leaves a parameter unloaded. A later load that
+        fails (out of memory, an interrupt) puts the served version's values of the same
+        layers back through the same path (:meth:`_put_back`): the engine keeps that
+        version's arrays for deltas anyway, so this costs no memory."""
         if not changed:
             return 0
         if len(changed) < len(nest):
@@ -299,18 +305,11 @@ class VarsyncWeightTransferEngine(WeightTransferEngine[VarsyncInitInfo, VarsyncU
             ]
         else:
             names = list(nest)
-        with warnings.catch_warnings():
-            # shm:// and memory:// hand out read-only views; load_weights only reads them
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writ")
-            weights = [(name, _tensor_of(nest[name])) for name in names]
+        weights = _tensors(nest, names)
         first = not self._loaded_whole
         saved = [(p, p.detach().clone()) for p in self.model.parameters()] if first else []
         try:
-            initialize_layerwise_reload(self.model)
-            try:
-                loaded = self.model.load_weights(iter(weights))
-            finally:
-                finalize_layerwise_reload(self.model, self.model_config)
+            loaded = self._reload(weights)
             if first and loaded is not None:
                 # a whole version must cover the model, or it would serve a mix
                 missing = sorted(set(dict(self.model.named_parameters())) - set(loaded))
@@ -320,12 +319,51 @@ class VarsyncWeightTransferEngine(WeightTransferEngine[VarsyncInitInfo, VarsyncU
                         f"its parameters got nothing ({', '.join(missing[:4])}, ...). Push "
                         "the whole model's state_dict (WeightPublisher.push(model))"
                     )
-        except BaseException:
+        except BaseException as error:
+            if not first:
+                self._put_back(names, error)
             with torch.no_grad():  # a first load is undone: the previous weights stay whole
                 for parameter, value in saved:
                     parameter.copy_(value)
             raise
         return sum(nest[name].nbytes for name in names)
+
+    def _reload(self, weights: list[tuple[str, Any]]) -> Any:
+        """``weights`` into the model through vLLM's layerwise reload and its
+        ``load_weights``; what ``load_weights`` answers (the names it loaded)."""
+        initialize_layerwise_reload(self.model)
+        try:
+            return self.model.load_weights(iter(weights))
+        finally:
+            finalize_layerwise_reload(self.model, self.model_config)
+
+    def _put_back(self, names: list[str], error: BaseException) -> None:
+        """A load of ``names`` failed with ``error``: load the served version's values
+        of them again, then raise :class:`WeightUpdateError` (an interrupt stays one).
+        If that fails too the engine holds no one version: say so, and load the next
+        version whole."""
+        try:
+            self._reload(_tensors(self._held, names))
+        except BaseException as again:
+            self._loaded_whole = False  # the next update fetches and loads a whole version
+            raise WeightUpdateError(
+                f"loading a new version failed ({error!r}), and putting version "
+                f"{self.weight_version} back failed too ({again!r}): the engine's weights "
+                "are not one version until the next update, which loads a whole one"
+            ) from error
+        if not isinstance(error, Exception):
+            raise error  # an interrupt, after the served version was put back
+        raise WeightUpdateError(
+            f"loading a new version failed ({error!r}); the engine still serves version "
+            f"{self.weight_version} whole (its layers were loaded again)"
+        ) from error
+
+
+def _tensors(nest: Mapping[str, np.ndarray], names: list[str]) -> list[tuple[str, Any]]:
+    with warnings.catch_warnings():
+        # shm:// and memory:// hand out read-only views; load_weights only reads them
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writ")
+        return [(name, _tensor_of(nest[name])) for name in names]
 
 
 def served_version(worker: Any) -> int:
