@@ -41,6 +41,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from varsync._metrics import leaf_bytes
+
 from .frameworks import _import_problem, _version
 from .harness import MB, machine, size_label
 
@@ -131,18 +133,7 @@ def _arrays_bytes(name: str, args: Sequence[Any], kwargs: dict[str, Any], result
             return sum(int(a.nbytes) for a in arrays) + sum(map(len, patches.values()))
     else:  # read: (head, arrays); read_leaves, read_patches: (head, leaf versions, leaves)
         arrays = result[-1] or ()
-    return sum(_leaf_bytes(a) for a in arrays)
-
-
-def _leaf_bytes(leaf: Any) -> int:
-    """An array's bytes, or a chain's: its anchor's and its patches'."""
-    if leaf is None:
-        return 0
-    links = getattr(leaf, "links", None)
-    if links is None:
-        return int(leaf.nbytes)
-    anchor = 0 if leaf.anchor is None else int(leaf.anchor.nbytes)
-    return anchor + sum(len(link.data) for link in links)
+    return sum(leaf_bytes(a) for a in arrays)
 
 
 class ServerBytes:

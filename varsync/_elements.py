@@ -394,9 +394,12 @@ def diff(
     *,
     limit: float | None = MAX_SHARE,
     compress: bool = False,
+    digest: bytes | None = None,
 ) -> Patch | None:
     """The smallest patch from ``old`` to ``new``, or ``None`` when it would be over
-    ``limit`` times the leaf's bytes (``limit=None``: always a patch)."""
+    ``limit`` times the leaf's bytes (``limit=None``: always a patch). ``digest``: the
+    :func:`leaf_hash` of ``new`` where the caller has it already (a push that hashed the
+    leaf to tell whether it changed), else it is computed here."""
     _check_pair(old, new)
     a, b = _lanes(old), _lanes(new)
     lanes = max(1, old.dtype.itemsize // 8)
@@ -405,7 +408,8 @@ def diff(
     positions = _changed_positions(a, b, lanes, most)
     if positions is None:
         return None
-    forms = _forms(a, b, lanes, positions, leaf_hash(new), compress, every=False)
+    digest = leaf_hash(new) if digest is None else digest
+    forms = _forms(a, b, lanes, positions, digest, compress, every=False)
     best = min(forms, key=lambda p: p.nbytes)
     if limit is not None and best.nbytes > limit * old.nbytes:
         return None

@@ -52,7 +52,7 @@ from varsync._signature import Spec
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-__all__ = ["MeteredBackend", "Meters", "meters_for", "metered"]
+__all__ = ["MeteredBackend", "Meters", "meters_for", "metered", "leaf_bytes"]
 
 LABELS = ("backend", "table")
 #: Seconds: from an in-process memory:// call (tens of µs) to a large transfer.
@@ -371,12 +371,14 @@ class _MeteredElements(_MeteredLeaves, SupportsElementDeltas):
         except BaseException:
             table.error("pull")
             raise
-        nbytes = None if answer.leaves is None else sum(map(_moved, answer.leaves))
+        nbytes = None if answer.leaves is None else sum(map(leaf_bytes, answer.leaves))
         table.pulled(time.perf_counter() - start, newer_than, answer.head.version, nbytes)
         return answer
 
 
-def _moved(leaf: np.ndarray | LeafChain | None) -> int:
+def leaf_bytes(leaf: np.ndarray | LeafChain | None) -> int:
+    """The bytes a read moved for one leaf: an array's, a chain's anchor and patches',
+    none for a leaf the caller holds."""
     if leaf is None:
         return 0
     if isinstance(leaf, LeafChain):

@@ -141,12 +141,19 @@ class Plan:
 
 
 def plan_patches(
-    bases: Bases, arrays: Sequence[np.ndarray], changed: Sequence[int], *, compress: bool = False
+    bases: Bases,
+    arrays: Sequence[np.ndarray],
+    changed: Sequence[int],
+    hashes: Sequence[bytes | None] = (),
+    *,
+    compress: bool = False,
 ) -> Plan:
     """For each changed leaf, a patch against ``bases``' copy where one is kept, the
-    chain has room and the patch is small enough; else the whole leaf. A leaf whose
-    patch gave up is marked so (:meth:`Bases.gave_up`); ``bases`` is otherwise left for
-    :func:`after_push` once the write landed."""
+    chain has room and the patch is small enough; else the whole leaf. ``hashes``: the
+    leaves' xxh3-128 where the push computed it already (``varsync._delta``'s, the
+    patch's own digest: not computed twice). A leaf whose patch gave up is marked so
+    (:meth:`Bases.gave_up`); ``bases`` is otherwise left for :func:`after_push` once
+    the write landed."""
     plan = Plan({}, {})
     for index in changed:
         array = arrays[index]
@@ -162,7 +169,12 @@ def plan_patches(
             continue
         room = CHAIN_SHARE * array.nbytes - bases.chain_bytes[index]
         limit = min(elements.MAX_SHARE, room / array.nbytes)
-        patch = elements.diff(kept, array, limit=limit, compress=compress) if limit > 0 else None
+        digest = hashes[index] if index < len(hashes) else None
+        patch = (
+            elements.diff(kept, array, limit=limit, compress=compress, digest=digest)
+            if limit > 0
+            else None
+        )
         if patch is None:
             if bases.links[index] == 0:  # too big alone, not for want of room in a chain
                 bases.gave_up(index)
@@ -203,7 +215,7 @@ def push_patched(
     bases = bases if bases is not None else Bases.empty(len(arrays))
     head: Head | None = None
     if last is not None:
-        plan = plan_patches(bases, arrays, changed)
+        plan = plan_patches(bases, arrays, changed, hashes)
         if plan.patches or len(plan.whole) < len(arrays):
             head = backend.write_patches(
                 table, plan.whole, plan.patches, specs, last.head, math.inf
@@ -314,6 +326,16 @@ def _checked(
     return parsed
 
 
+def _patched(
+    leaf: LeafChain, patches: Sequence[elements.Patch], held: Any, out: np.ndarray
+) -> np.ndarray:
+    """``out`` filled with the chain's anchor (or ``held``, the value the reader holds,
+    where it has none), then ``patches`` applied and verified."""
+    np.copyto(out, leaf.anchor if leaf.anchor is not None else _numpy_of(held))
+    patch_into(out, patches)
+    return out
+
+
 def resolved(
     table: str,
     version: int,
@@ -338,10 +360,7 @@ def resolved(
             leaf, patches = leaves[index], parsed[index]
             assert isinstance(leaf, LeafChain)
             assert patches is not None
-            base = leaf.anchor if leaf.anchor is not None else _numpy_of(held[index])
-            np.copyto(copies[index], base)
-            patch_into(copies[index], patches)
-            out[index] = copies[index]
+            out[index] = _patched(leaf, patches, held[index], copies[index])
     return out
 
 
@@ -378,9 +397,8 @@ def assign_changed(
         if view is not None and view.dtype == specs[index].dtype:
             in_place.append((targets[index], view, patches))
             continue
-        base = leaf.anchor if leaf.anchor is not None else _numpy_of(targets[index])
-        value = np.array(base, dtype=specs[index].dtype, copy=True, order="C")
-        patch_into(value, patches)
+        spec = specs[index]
+        value = _patched(leaf, patches, targets[index], np.empty(spec.shape, spec.dtype))
         if leaf.anchor is None and adapters.assign_elements_of(targets[index]) is not None:
             elementwise.append((targets[index], value, patches))
         else:

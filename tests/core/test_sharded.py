@@ -234,6 +234,7 @@ def test_a_second_push_of_one_rank_waits_for_the_first_then_says_so(url: str) ->
             started.wait(BOUND)
             deadline = time.monotonic() + BOUND
             while store.backend.head("model/stage/0", deadline).version < 2:  # rank 0 staged
+                assert time.monotonic() < deadline, "rank 0 never staged step 1"
                 time.sleep(0.01)
             with pytest.raises(ShardTimeoutError, match="still pushing an earlier step"):
                 store.push_shard("model", split(0, model(2)), rank=0, step=2, timeout=0.2)
