@@ -5,6 +5,7 @@ has seen a torn read. Bounded in pushes and in time (a few seconds)."""
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import queue
 import time
@@ -39,19 +40,25 @@ def numbers_in(values: Any) -> List[int]:
     return sorted({int(x) for leaf in varsync.flatten(values) for x in np.unique(leaf)})
 
 
-def write(url: str, nest: str, go: Any, last: Any) -> None:
+def write(url: str, nest: str, go: Any, last: Any, first_reads: Any, readers: int) -> None:
+    """Push up to PUSHES versions for WRITE_SECONDS, and on until every reader has read
+    once and three more versions are out (bounded): a reader process that a loaded
+    machine starts late still sees the writer move on, instead of finding the last
+    version at its first read."""
     with varsync.connect(url) as store:
         go.wait(30)
-        deadline = time.monotonic() + WRITE_SECONDS
-        version = 0
-        for number in range(1, PUSHES + 1):
+        started = time.monotonic()
+        version = after = 0
+        for number in itertools.count(1):
             version = store.push(filled(number, nest))
-            if time.monotonic() > deadline:
+            after = after + 1 if first_reads.value >= readers else 0
+            written = number >= PUSHES or time.monotonic() > started + WRITE_SECONDS
+            if (written and after >= 3) or time.monotonic() > started + WRITE_SECONDS + 10:
                 break
         last.value = version
 
 
-def read(url: str, mode: str, go: Any, last: Any, report: Any) -> None:
+def read(url: str, mode: str, go: Any, last: Any, report: Any, first_reads: Any) -> None:
     outcome: Dict[str, Any] = {"mode": mode, "reads": 0, "torn": [], "errors": [], "seen": 0}
     try:
         with varsync.connect(url, timeout=10) as store:
@@ -72,6 +79,9 @@ def read(url: str, mode: str, go: Any, last: Any, report: Any) -> None:
                 version, values = got
                 numbers = numbers_in(values)
                 outcome["reads"] += 1
+                if outcome["reads"] == 1:
+                    with first_reads.get_lock():
+                        first_reads.value += 1
                 if len(numbers) != 1 or numbers[0] != version:
                     outcome["torn"].append((version, numbers[:5]))
                 if version <= held:
@@ -100,9 +110,14 @@ def test_readers_in_other_processes_never_see_a_torn_nest(
 
     context = multiprocessing.get_context("spawn")
     go, last, report = context.Event(), context.Value("q", 0), context.Queue()
+    first_reads = context.Value("i", 0)
     modes = ["poll", "poll", "wait"]
-    processes = [context.Process(target=read, args=(url, m, go, last, report)) for m in modes]
-    processes.append(context.Process(target=write, args=(url, nest, go, last)))
+    processes = [
+        context.Process(target=read, args=(url, m, go, last, report, first_reads)) for m in modes
+    ]
+    processes.append(
+        context.Process(target=write, args=(url, nest, go, last, first_reads, len(modes)))
+    )
     outcomes: List[Dict[str, Any]] = []
     try:
         for process in processes:
