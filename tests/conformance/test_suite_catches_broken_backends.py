@@ -92,10 +92,9 @@ CAUGHT_BY: Dict[str, List[str]] = {
     "vsqlite-leaves-ignores-base": [
         "test_a_push_after_another_writers_sends_every_leaf",
         "test_write_leaves_refuses_a_base_that_is_not_current",
-        # a sharded step published by two ranks at once: the second publication must
-        # find the manifest moved on (its base is not current), else the step takes two
-        # numbers and the ranks disagree on its version
-        "test_two_ranks_publishing_one_sealed_step_publish_it_once",
+        # test_two_ranks_publishing_one_sealed_step_publish_it_once catches it only when
+        # the two ranks' publications meet: it passed against this variant in one fresh-clone CI run
+        # of three (2026-12-06), so it is not listed as a test that must catch it
     ],
     "vsqlite-leaves-ignores-epoch-of-base": [
         "test_write_leaves_refuses_a_base_that_is_not_current"
