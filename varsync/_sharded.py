@@ -134,7 +134,7 @@ class ShardedTables:
         self,
         backend: Backend,
         create_table: Callable[[str, Any], Any],
-        push: Callable[[Any, str], int],
+        push: Callable[..., int],
     ) -> None:
         self._backend = backend
         self._create_table = create_table
@@ -324,7 +324,11 @@ class ShardedTables:
             manifest, slot = self._claim(name, world, rank, step, deadline)
             if manifest.step == step:  # published already (a retry after a lost reply)
                 return manifest.version
-            version = self._push(values, part_name(name, slot, rank)) if blocks else NO_PART
+            part = part_name(name, slot, rank)
+            # whole elements: a slot's base is two steps old (twice the patch, a copy per
+            # slot in this rank's memory), and readers read part tables whole, where a
+            # patched leaf costs its anchor and its chain
+            version = self._push(values, part, element_deltas=False) if blocks else NO_PART
             self._mark(name, slot, world, rank, (step, version))
             return self._commit(name, meta, rank, step, slot, deadline, limit)
         finally:
