@@ -45,6 +45,8 @@ __all__ = [
     "leaf_hash",
     "positions_of",
     "changed_count",
+    "sample_of",
+    "changed_too_much",
     "MAX_SHARE",
     "SAMPLE",
     "BLOCK",
@@ -208,18 +210,55 @@ def changed_count(old: np.ndarray, new: np.ndarray) -> int:
     return int(np.count_nonzero(_element_mask(_lanes(old), _lanes(new), lanes)))
 
 
+def _picks(count: int, lanes: int) -> np.ndarray:
+    """The lanes of :data:`SAMPLE` elements evenly spread over ``count``."""
+    picks = np.linspace(0, count - 1, SAMPLE).astype(np.intp)
+    if lanes > 1:
+        picks = (picks[:, None] * lanes + np.arange(lanes)).reshape(-1)
+    return picks
+
+
+def _sample_over(sample_old: np.ndarray, sample_new: np.ndarray, lanes: int, share: float) -> bool:
+    """Whether the sampled elements' changed share is clearly over ``share``: by 0.05,
+    ~6 standard deviations of the sampled share at :data:`SAMPLE` elements."""
+    sampled = np.count_nonzero(_element_mask(sample_old, sample_new, lanes))
+    return bool(sampled / SAMPLE > share + 0.05)
+
+
+def sample_of(array: np.ndarray) -> np.ndarray | None:
+    """A copy of :data:`SAMPLE` of the array's elements, evenly spread (``None`` for an
+    array too small to sample): :func:`changed_too_much` later tells from it alone
+    whether a patch from this value could fit."""
+    a = _lanes(array)
+    lanes = max(1, array.dtype.itemsize // 8)
+    count = a.size // lanes
+    if count <= 4 * SAMPLE:
+        return None
+    return a[_picks(count, lanes)]
+
+
+def changed_too_much(sample: np.ndarray, new: np.ndarray, limit: float) -> bool:
+    """Whether ``new`` differs from the value ``sample`` (:func:`sample_of`) was taken
+    of in clearly too many elements for a patch within ``limit`` of the leaf's bytes,
+    as the sample shows (the test :func:`diff` makes before its exact scan)."""
+    b = _lanes(new)
+    lanes = max(1, new.dtype.itemsize // 8)
+    count = b.size // lanes
+    picks = _picks(count, lanes)
+    if sample.shape != picks.shape or sample.dtype != b.dtype:
+        raise ValueError("element patch: the sample is of another shape or dtype")
+    most = _bound(count, new.dtype.itemsize, limit)
+    return _sample_over(sample, b[picks], lanes, most / count)
+
+
 def _changed_positions(
     old: np.ndarray, new: np.ndarray, lanes: int, most: int | None
 ) -> np.ndarray | None:
     """Sorted positions of the changed elements, or ``None`` once more than ``most``."""
     count = old.size // lanes
     if most is not None and count > 4 * SAMPLE:
-        picks = np.linspace(0, count - 1, SAMPLE).astype(np.intp)
-        if lanes > 1:
-            picks = (picks[:, None] * lanes + np.arange(lanes)).reshape(-1)
-        sampled = np.count_nonzero(_element_mask(old[picks], new[picks], lanes))
-        # 0.05 is ~6 standard deviations of the sampled share at SAMPLE elements
-        if sampled / SAMPLE > most / count + 0.05:
+        picks = _picks(count, lanes)
+        if _sample_over(old[picks], new[picks], lanes, most / count):
             return None
     found = []
     total = 0

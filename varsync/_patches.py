@@ -10,8 +10,11 @@ leaf:
 
 - the copy costs the leaf's bytes in the writer's memory; a leaf whose patch gave up
   (it changed nearly everywhere) keeps no copy for 2, 4, 8, ... up to
-  :data:`BACKOFF_MAX` pushes, so a model that changes everywhere pays a copy only that
-  rarely, and a leaf under :data:`MIN_BYTES` is always sent whole;
+  :data:`BACKOFF_MAX` pushes, then a sample of it (:func:`varsync._elements.sample_of`)
+  instead of a copy: only once the next push's sample shows that a patch could fit is a
+  copy kept again, and the push after it patched. A model that changes everywhere thus
+  pays no copy at all after its first give-up, and a leaf under :data:`MIN_BYTES` is
+  always sent whole;
 - a chain of patches since the leaf's last whole value is at most :data:`MAX_CHAIN`
   links and :data:`CHAIN_SHARE` of the leaf's bytes; past either, the leaf goes whole,
   so a store that keeps an anchor and its links holds at most 1.5 times the leaf.
@@ -79,18 +82,30 @@ BACKOFF_MAX = 64
 @dataclass
 class Bases:
     """The writer's state per leaf: a copy of the value it last pushed (``None``: none
-    kept), the links and bytes of the leaf's chain since its last whole value, and the
-    pushes left before a copy is kept again after a patch gave up."""
+    kept), the links and bytes of the leaf's chain since its last whole value, the
+    pushes left before a copy is kept again after a patch gave up, the length of that
+    wait, and, once it is over, a sample of the last pushed value (``samples``) or the
+    sample's word that a patch could fit (``hopeful``: keep a copy)."""
 
     values: list[np.ndarray | None]
     links: list[int]
     chain_bytes: list[int]
     skip: list[int]
     backoff: list[int] = field(default_factory=list)
+    samples: list[np.ndarray | None] = field(default_factory=list)
+    hopeful: list[bool] = field(default_factory=list)
 
     @classmethod
     def empty(cls, count: int) -> Bases:
-        return cls([None] * count, [0] * count, [0] * count, [0] * count, [0] * count)
+        return cls(
+            [None] * count,
+            [0] * count,
+            [0] * count,
+            [0] * count,
+            [0] * count,
+            [None] * count,
+            [False] * count,
+        )
 
     @property
     def nbytes(self) -> int:
@@ -99,17 +114,23 @@ class Bases:
 
     def forget(self, index: int) -> None:
         """Leaf ``index`` was written another way: no copy, a fresh chain."""
-        self.values[index] = None
+        self.values[index] = self.samples[index] = None
         self.links[index] = self.chain_bytes[index] = 0
 
     def sent_whole(self, index: int, array: np.ndarray) -> None:
         """Leaf ``index`` went whole: its chain starts again, and a copy is kept unless
-        it is backing off."""
+        it is backing off (or, at the end of a wait, a sample first)."""
         self.links[index] = self.chain_bytes[index] = 0
+        self.samples[index] = None
         if array.nbytes < MIN_BYTES or self.skip[index] > 0:
             self.skip[index] = max(0, self.skip[index] - 1)
             self.values[index] = None
             return
+        if self.backoff[index] > 0 and not self.hopeful[index]:
+            self.samples[index] = elements.sample_of(array)
+            if self.samples[index] is not None:
+                self.values[index] = None
+                return  # too small to sample: a copy, as it costs little
         kept = self.values[index]
         if kept is None or kept.shape != array.shape or kept.dtype != array.dtype:
             self.values[index] = np.array(array, copy=True, order="C")
@@ -123,12 +144,14 @@ class Bases:
         self.links[index] += 1
         self.chain_bytes[index] += size
         self.backoff[index] = 0
+        self.hopeful[index] = False
 
     def gave_up(self, index: int) -> None:
         """Leaf ``index`` changed too much for a patch: keep no copy for a while."""
         self.backoff[index] = min(max(2, 2 * self.backoff[index]), BACKOFF_MAX)
         self.skip[index] = self.backoff[index] + 1  # this push's sent_whole counts one
-        self.values[index] = None
+        self.values[index] = self.samples[index] = None
+        self.hopeful[index] = False
         self.links[index] = self.chain_bytes[index] = 0
 
 
@@ -158,6 +181,15 @@ def plan_patches(
     for index in changed:
         array = arrays[index]
         kept = bases.values[index]
+        sample = bases.samples[index]
+        if kept is None and sample is not None:  # a wait is over: does it look sparse?
+            limit = min(elements.MAX_SHARE, CHAIN_SHARE)
+            if elements.changed_too_much(sample, array, limit):
+                bases.gave_up(index)
+            else:
+                bases.hopeful[index] = True  # this push keeps a copy, the next patches
+            plan.whole[index] = array
+            continue
         if (
             kept is None
             or array.nbytes < MIN_BYTES

@@ -79,6 +79,44 @@ def test_a_leaf_that_changes_everywhere_keeps_no_copy_for_a_while() -> None:
     assert not any(isinstance(leaf, LeafChain) for leaf in _chains(store, 12))
 
 
+def test_after_a_wait_a_sample_decides_whether_a_copy_is_kept_again() -> None:
+    """A large leaf that keeps changing everywhere keeps samples, never a copy, once its
+    first patch gave up; when its changes become few, the sample lets a copy be kept
+    and the push after that is a patch."""
+    store = varsync.connect(f"memory://patches-sample-{uuid.uuid4().hex}")
+    shape = (64, 1024)  # 65536 elements: over 4 x SAMPLE, so sampled
+    store.create_table("t", {"w": varsync.Spec(shape, "float32")})
+    store.configure_table("t", element_deltas=True)
+    rng = np.random.default_rng(5)
+
+    def fresh() -> dict[str, np.ndarray]:
+        return {"w": rng.standard_normal(shape).astype(np.float32)}
+
+    store.push(fresh(), "t")
+    copies, samples = [], []
+    for _ in range(20):
+        store.push(fresh(), "t")
+        bases = store._written["t"].bases
+        copies.append(bases.values[0] is not None)
+        samples.append(bases.samples[0] is not None)
+    assert not any(copies), copies  # no copy after the give-up
+    assert samples.count(True) >= 2, samples  # a sample at the end of each wait
+    values = fresh()
+    kinds = []
+    for _ in range(40):
+        values = {"w": values["w"].copy()}
+        values["w"].reshape(-1)[rng.choice(values["w"].size, 50, replace=False)] += 1
+        store.push(values, "t")
+        leaf = _chains(store, store.version("t") - 1)[0]
+        kinds.append("patch" if isinstance(leaf, LeafChain) else "whole")
+    first = kinds.index("patch")
+    # the rest of a wait (16 pushes at most by now), the sample's push, the copy's push
+    assert first <= 20, kinds
+    assert kinds[first : first + 5] == ["patch"] * 5, kinds  # patches from then on
+    pulled = varsync.connect(store.backend.url).pull("t")
+    assert np.array_equal(pulled["w"].view(np.uint32), values["w"].view(np.uint32))
+
+
 def test_a_chain_is_bounded_then_the_leaf_goes_whole() -> None:
     store = _store()
     values = _values()
