@@ -234,7 +234,8 @@ def sample_of(array: np.ndarray) -> np.ndarray | None:
     count = a.size // lanes
     if count <= 4 * SAMPLE:
         return None
-    return a[_picks(count, lanes)]
+    sample: np.ndarray = a[_picks(count, lanes)]
+    return sample
 
 
 def changed_too_much(sample: np.ndarray, new: np.ndarray, limit: float) -> bool:
