@@ -229,7 +229,7 @@ def plan(
                 offset, target = wanted[position]
                 lo, hi = max(offset, at), min(offset + len(target), stop)
                 if lo > at:
-                    scratch = scratch or _scratch(segment.payload)
+                    scratch = scratch or _scratch(segment)
                     parts.append(scratch[at - start : lo - start])
                 if hi > lo:
                     parts.append(target[lo - offset : hi - offset])
@@ -239,16 +239,18 @@ def plan(
                 else:
                     break
             if at < stop:
-                scratch = scratch or _scratch(segment.payload)
+                scratch = scratch or _scratch(segment)
                 parts.append(scratch[at - start : stop - start])
             indices.append(chunk)
             parts_of.append(parts)
     return indices, parts_of
 
 
-def _scratch(size: int) -> memoryview:
-    """Memory for the bytes of fetched chunks that no wanted leaf takes (not zeroed)."""
-    return np.empty(size, np.uint8).data
+def _scratch(segment: Segment) -> memoryview:
+    """Memory for the bytes of a fetched chunk of ``segment`` that no wanted leaf takes
+    (not zeroed): a chunk's payload, or the whole segment if it is smaller (a sharded
+    push's stage reads fetch segments of a few dozen bytes)."""
+    return np.empty(min(segment.payload, segment.total), np.uint8).data
 
 
 def _spans(payload: int, wanted: list[tuple[int, memoryview]]) -> list[tuple[int, int]]:
