@@ -62,27 +62,27 @@ def parts(world: int, rank: int, values: Dict[str, Any]) -> Dict[Any, Any]:
     return out
 
 
-def blocks(world: int, step: int) -> Dict[Any, bytes]:
+def blocks(world: int, step: int, cols: int = 64) -> Dict[Any, bytes]:
     """Every rank's blocks of ``step``: (rank, leaf) -> their bytes."""
     out = {}
     for rank in range(world):
-        for key, given in parts(world, rank, model(world, step)).items():
+        for key, given in parts(world, rank, model(world, step, cols)).items():
             out[(rank, key)] = np.asarray(given[1] if isinstance(given, tuple) else given).tobytes()
     return out
 
 
-def changed_bytes(world: int, step: int, *since: int) -> int:
+def changed_bytes(world: int, step: int, *since: int, cols: int = 64) -> int:
     """Bytes of the blocks of ``step`` that differ from those of any step ``since``."""
-    now = blocks(world, step)
-    then = [blocks(world, s) for s in since]
+    now = blocks(world, step, cols)
+    then = [blocks(world, s, cols) for s in since]
     return sum(len(v) for k, v in now.items() if any(t[k] != v for t in then))
 
 
 class Ranks:
     """``world`` rank containers, kept across steps as rank processes keep theirs."""
 
-    def __init__(self, url: str, world: int) -> None:
-        self.url, self.world = url, world
+    def __init__(self, url: str, world: int, cols: int = 64) -> None:
+        self.url, self.world, self.cols = url, world, cols
         self.stores = [varsync.connect(url, timeout=BOUND) for _ in range(world)]
 
     def restart(self, rank: int) -> None:
@@ -91,7 +91,7 @@ class Ranks:
 
     def push(self, step: int) -> int:
         """Every rank pushes ``step`` (a rank whose reply is lost pushes it again)."""
-        values = model(self.world, step)
+        values = model(self.world, step, self.cols)
         answers: Dict[int, Any] = {}
 
         def rank_main(rank: int) -> None:
@@ -246,4 +246,65 @@ def test_delta_reads_stay_bit_exact_through_reverts_skips_restarts_and_retries(
     finally:
         for reader in readers:
             reader.close()
+        ranks.close()
+
+
+def test_a_reader_reports_the_sharded_version_it_holds(url: str) -> None:
+    ranks = Ranks(url, 2)
+    try:
+        ranks.stores[0].create_sharded_table("model", model(2, 0), 2)
+        with (
+            varsync.connect(url, timeout=BOUND) as reader,
+            varsync.connect(url, timeout=BOUND) as learner,
+        ):
+            reader.report_as("actor-0", ttl=BOUND)
+            for step in (4, 9):
+                version = ranks.push(step)
+                got = reader.pull_if_newer(version - 1, "model")
+                assert got is not None and got[0] == version
+                (info,) = learner.wait_for_readers(version, 1, "model", timeout=BOUND)
+                assert (info.reader, info.version) == ("actor-0", version)
+            assert learner.readers("model")[0].lag(learner.version("model")) == 0
+    finally:
+        ranks.close()
+
+
+def test_on_redis_a_delta_read_moves_the_changed_blocks_over_the_wire(redis_servers: Any) -> None:
+    """The server's own count (``INFO stats``): after a first read, step 6 changes ``w``,
+    ``step`` and rank 0's rows of ``head``: a delta read moves those blocks (2.5 KiB of a
+    1 MiB model here) and a few KiB of requests, where a whole read moves the model."""
+    server = redis_servers()
+    world, cols = 4, 4096
+    ranks = Ranks(server.url, world, cols)
+    try:
+        ranks.stores[0].create_sharded_table("model", model(world, 0, cols), world)
+        with varsync.connect(server.url, timeout=BOUND) as reader, server.client() as admin:
+
+            def sent() -> int:
+                return int(admin.info("stats")["total_net_output_bytes"])
+
+            version, held = 0, None
+            for step in (1, 2, 3, 4, 5):  # every slot read once
+                ranks.push(step)
+                version, held = reader.pull_if_newer(version, "model", held=held)
+            ranks.push(6)
+            before = sent()
+            version, held = reader.pull_if_newer(version, "model", held=held)
+            delta_bytes = sent() - before
+            before = sent()
+            whole = reader.pull("model")
+            whole_bytes = sent() - before
+        values = model(world, 6, cols)
+        assert_bit_equal(held, values)
+        assert_bit_equal(whole, values)
+        nbytes = sum(np.asarray(v).nbytes for v in values.values())
+        needed = changed_bytes(world, 6, 5, cols=cols)
+        print(
+            f"\nredis, {world} ranks: a delta read sent {delta_bytes} B for {needed} B of "
+            f"changed blocks; a whole read {whole_bytes} B of a {nbytes} B model"
+        )
+        assert nbytes <= whole_bytes < nbytes * 1.05
+        assert needed <= delta_bytes < needed + 8192  # + requests' framing, ~changed
+        assert delta_bytes < nbytes / 100
+    finally:
         ranks.close()
