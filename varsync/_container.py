@@ -18,6 +18,7 @@ from varsync import _nest as nest_lib
 from varsync import _patches as patches_lib
 from varsync import _readers as readers_lib
 from varsync import _sharded as sharded_lib
+from varsync import _sharded_reads as shard_reads_lib
 from varsync import _signature as sig
 from varsync._backends.base import (
     Backend,
@@ -88,6 +89,7 @@ class VariableContainer:
         self._element_deltas: dict[str, bool] = {}
         self._reporter: readers_lib.Reporter | None = None
         self._shards = sharded_lib.ShardedTables(backend, self.create_table, self.push)
+        self._shard_reads = shard_reads_lib.ShardedReads(self._shards, backend)
 
     # -- tables ----------------------------------------------------------------------
 
@@ -344,7 +346,7 @@ class VariableContainer:
         leaf is fetched."""
         version = checks.version(version)
         if self._is_sharded(table):
-            return self._pull_sharded(table, version, timeout, like, wait=False)
+            return self._pull_sharded(table, version, timeout, like, wait=False, held=held)
         signature, specs = self._table(table)
         shaped = None if like is None else self._like(table, like)
         transfer = self._deadlines(timeout)[2]
@@ -441,13 +443,7 @@ class VariableContainer:
         assigned. ``delta_only=False`` fetches and assigns every leaf, e.g. after
         changing the variables some other way."""
         if self._is_sharded(table):
-            targets = sig.flatten_targets(self.signature(table), variables)
-            limit, deadline, transfer = self._deadlines(timeout)
-            read = self._shards.read(table, None, 0, transfer, limit, wait_until=deadline)
-            assert read is not None  # waited for a first version, or raised
-            manifest, blocks = read
-            sig.assign_all(targets, [blocks[i] for i in range(len(targets))])
-            return manifest.version
+            return self._update_sharded(table, variables, timeout, delta_only)
         signature, specs = self._table(table)
         targets = sig.flatten_targets(signature, variables)
         backend = self._backend_call()
@@ -524,11 +520,13 @@ class VariableContainer:
         version, all of that one version, fetching only the ranks' parts that hold some
         of them. Waits for a first version as :meth:`pull` does."""
         self._require_sharded(table)
-        wanted = self._shards.wanted_blocks(table, slices)
+        wanted = self._shard_reads.wanted_blocks(table, slices)
         limit, deadline, transfer = self._deadlines(timeout)
-        read = self._shards.read(table, wanted, 0, transfer, limit, wait_until=deadline)
-        assert read is not None  # newer than 0: waited for, or raised
-        manifest, blocks = read
+        manifest, blocks = self._shard_reads.read(
+            table, wanted, 0, transfer, limit, wait_until=deadline
+        )
+        assert blocks is not None  # newer than 0: waited for, or raised
+        self._handed(table, self._shard_reads.handed(table, manifest))
         paths = dict(zip(wanted, slices))
         return manifest.version, {paths[leaf]: array for leaf, array in blocks.items()}
 
@@ -543,22 +541,72 @@ class VariableContainer:
             )
 
     def _pull_sharded(
-        self, table: str, newer_than: int, timeout: Any, like: Any, *, wait: bool
+        self, table: str, newer_than: int, timeout: Any, like: Any, *, wait: bool, held: Any = None
     ) -> tuple[int, Any] | None:
+        """``pull`` and ``pull_if_newer`` of a sharded table: with ``held`` (the nest this
+        container handed out with ``newer_than``), only the blocks changed since."""
         limit, deadline, transfer = self._deadlines(timeout)
-        read = self._shards.read(
-            table, None, newer_than, transfer, limit, wait_until=deadline if wait else None
-        )
-        if read is None:
-            return None
-        manifest, blocks = read
-        signature = self.signature(table)
-        arrays = [blocks[i] for i in range(len(blocks))]
-        if like is None:
-            return manifest.version, nest_lib.unflatten(signature, arrays)
-        plain, like_leaves = sig.flatten_like(signature, like)
-        leaves = adapters.from_numpy_all(arrays, like_leaves)
+        signature, specs = self.signature(table), self._shards.meta(table).specs
+        plain, like_leaves = (None, None) if like is None else sig.flatten_like(signature, like)
+        holds = None if held is None else self._shard_reads.held(table, newer_than)
+        changed: dict[int, np.ndarray] | None = None
+        if holds is not None:
+            held_leaves = sig.flatten_like(signature, held)[1]
+            manifest, pieces = self._shard_reads.read_changed(table, holds, transfer, limit)
+            self._histories.check(
+                table, newer_than, Head(manifest.version, manifest.head.epoch), epoch=holds.epoch
+            )
+            if pieces is None:
+                return None
+            changed = shard_reads_lib.patched_leaves(specs, pieces, held_leaves)
+        if changed is None:  # no held value, or one not of its specs: whole
+            manifest, blocks = self._shard_reads.read(
+                table, None, newer_than, transfer, limit, wait_until=deadline if wait else None
+            )
+            self._histories.check(table, newer_than, Head(manifest.version, manifest.head.epoch))
+            if blocks is None:
+                return None
+            changed, held_leaves = blocks, []
+        self._handed(table, self._shard_reads.handed(table, manifest))
+        if like_leaves is not None:
+            made = adapters.from_numpy_all(
+                list(changed.values()), [like_leaves[i] for i in changed]
+            )
+            changed = dict(zip(changed, made))
+        leaves = [changed[i] if i in changed else held_leaves[i] for i in range(len(specs))]
+        if plain is None:
+            return manifest.version, nest_lib.unflatten(signature, leaves)
         return manifest.version, adapters.rebuild(like, plain, leaves)
+
+    def _update_sharded(self, table: str, variables: Any, timeout: Any, delta_only: bool) -> int:
+        """``update`` of a sharded table: into the variables this container's last update
+        of it assigned, only the blocks changed since."""
+        targets = sig.flatten_targets(self.signature(table), variables)
+        specs = self._shards.meta(table).specs
+        limit, deadline, transfer = self._deadlines(timeout)
+        holds = self._assigned.head_of(table, targets) if delta_only else None
+        self._assigned.forget(table, targets)  # until this assignment is complete
+        held = None if holds is None else self._shard_reads.held(table, *holds)
+        if held is not None:
+            manifest, pieces = self._shard_reads.read_changed(table, held, transfer, limit)
+            if pieces is None:  # nothing newer: nothing to do
+                self._assigned.assigned(table, targets, Head(held.version, held.epoch))
+                return held.version
+            if pieces is not shard_reads_lib.OTHER_HISTORY:
+                shard_reads_lib.assign_pieces(specs, pieces, targets)
+                head = self._shard_reads.handed(table, manifest)
+                self._handed(table, head)
+                self._assigned.assigned(table, targets, head)
+                return head.version
+        manifest, blocks = self._shard_reads.read(
+            table, None, 0, transfer, limit, wait_until=deadline
+        )
+        assert blocks is not None  # waited for a first version, or raised
+        sig.assign_all(targets, [blocks[i] for i in range(len(targets))])
+        head = self._shard_reads.handed(table, manifest)
+        self._handed(table, head)
+        self._assigned.assigned(table, targets, head)
+        return head.version
 
     # -- who holds which version -------------------------------------------------------
 

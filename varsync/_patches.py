@@ -321,13 +321,6 @@ def rebuilt_leaf(chain: LeafChain, held: np.ndarray | None = None) -> np.ndarray
     return out
 
 
-def _numpy_of(value: Any) -> np.ndarray:
-    if isinstance(value, np.ndarray):
-        return value
-    adapter = adapters.adapter_for(value)
-    return np.asarray(value if adapter is None else adapter.to_numpy(value))
-
-
 def _checked(
     table: str,
     version: int,
@@ -363,7 +356,7 @@ def _patched(
 ) -> np.ndarray:
     """``out`` filled with the chain's anchor (or ``held``, the value the reader holds,
     where it has none), then ``patches`` applied and verified."""
-    np.copyto(out, leaf.anchor if leaf.anchor is not None else _numpy_of(held))
+    np.copyto(out, leaf.anchor if leaf.anchor is not None else adapters.to_numpy(held))
     patch_into(out, patches)
     return out
 

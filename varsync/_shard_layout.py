@@ -6,7 +6,9 @@ a ``(start, stop)`` range per dimension (a whole leaf: its full ranges; a scalar
 A rank's parts are stored as one table whose signature's keys *are* the blocks
 (``"L000003[0:4,0:8]"``), so a reader learns every rank's layout from the part tables'
 signatures alone, and the layout cannot change under a table without
-:class:`~varsync.TableExistsError`.
+:class:`~varsync.TableExistsError`. One more key, :data:`CHANGES_KEY` (sorting after
+every block's), holds per block the training step at which its content last changed
+(``varsync._sharded``), for readers that fetch only what changed (``varsync._sharded_reads``).
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ from varsync._signature import Spec
 __all__ = [
     "Block",
     "Ranges",
+    "CHANGES_KEY",
     "block_key",
     "parse_key",
+    "part_signature",
+    "changes_index",
     "part_blocks",
     "layout_of",
     "check_cover",
@@ -42,6 +47,9 @@ __all__ = [
 Ranges = tuple[tuple[int, int], ...]
 
 _KEY = re.compile(r"^L(\d+)\[([0-9:,]*)\]$")
+#: A part table's key of the steps at which its blocks last changed (int64, one per
+#: block in flat order); ``~`` sorts after the blocks' ``L``, so it is the last leaf.
+CHANGES_KEY = "~changed"
 
 
 class Block(NamedTuple):
@@ -137,11 +145,42 @@ def part_blocks(signature: Any, parts: Mapping[Any, Any]) -> dict[Block, np.ndar
     return blocks
 
 
+def part_signature(blocks: Mapping[Block, np.ndarray]) -> dict[str, Spec]:
+    """The signature of a part table holding ``blocks``: one key per block, and
+    :data:`CHANGES_KEY`."""
+    out = {block_key(b): Spec(a.shape, a.dtype) for b, a in blocks.items()}
+    out[CHANGES_KEY] = Spec([len(blocks)], np.int64)
+    return out
+
+
 def layout_of(part_signature: Any, where: str) -> list[Block]:
-    """The blocks a part table holds, in its flat order (its signature's sorted keys)."""
+    """The blocks a part table holds, in its flat order (its signature's sorted keys,
+    :data:`CHANGES_KEY` left out)."""
     if not isinstance(part_signature, Mapping):
         raise CorruptDataError(f"{where}: a part table's signature must be a mapping of blocks")
-    return [parse_key(key, where) for key in nest_lib.sorted_keys(part_signature)]
+    keys = nest_lib.sorted_keys(part_signature)
+    return [parse_key(key, where) for key in keys if key != CHANGES_KEY]
+
+
+def changes_index(part_signature: Mapping[Any, Any]) -> int | None:
+    """The flat index of a part table's :data:`CHANGES_KEY` leaf (after its blocks), or
+    ``None`` for a part table without one: a reader then reads it whole."""
+    if CHANGES_KEY not in part_signature:
+        return None
+    keys = nest_lib.sorted_keys(part_signature)
+    index = keys.index(CHANGES_KEY)
+    spec = part_signature[CHANGES_KEY]
+    if (
+        index != len(keys) - 1
+        or not isinstance(spec, Spec)
+        or spec.shape != (index,)
+        or spec.dtype != np.int64
+    ):
+        raise CorruptDataError(
+            f"a part table's {CHANGES_KEY!r} must be its last leaf, int64 of one element "
+            f"per block ({index}), got {spec!r}"
+        )
+    return index
 
 
 def check_cover(table: str, specs: Sequence[Spec], layouts: Mapping[int, list[Block]]) -> None:

@@ -11,7 +11,10 @@ Tables, in the store, for a sharded table ``name`` of ``world`` ranks:
   "nothing yet", so that every commit after it is a compare-and-swap).
 - ``name/meta``: the full nest's signature and ``world``, written once by the one
   process whose ``create_table`` of it stored its own nonce.
-- ``name/parts/{slot}/{rank}``: rank ``rank``'s blocks (``varsync._shard_layout``).
+- ``name/parts/{slot}/{rank}``: rank ``rank``'s blocks (``varsync._shard_layout``), and
+  per block the step at which its content last changed across this rank's pushes
+  (:class:`BlockChanges`), for readers that fetch only changed blocks
+  (``varsync._sharded_reads``).
 - ``name/stage/{slot}``: per rank, ``(step, part version)`` its part of ``step`` is at in
   that slot (part version ``-1``: withdrawn), and the *seal* ``(step, part versions...)``.
 
@@ -22,11 +25,12 @@ its part between the look and the seal. Anyone who sees a seal newer than the ma
 copies it into the manifest (compare-and-swap on the manifest's head): a committer that
 dies after sealing delays the version, never loses or splits it. A rank overwrites its
 part of a slot only after withdrawing its entry there and finding no seal for it.
+
+Reading is in ``varsync._sharded_reads``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import threading
@@ -36,8 +40,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from varsync import _delta as delta
-from varsync import _nest as nest_lib
+from varsync import _elements as elements
 from varsync import _shard_layout as layout_lib
 from varsync import _signature as sig
 from varsync._backends.base import (
@@ -58,16 +61,28 @@ from varsync._errors import (
     UnsupportedError,
 )
 from varsync._history import UNKNOWN
-from varsync._shard_layout import Block, Ranges
+from varsync._shard_layout import Block
 from varsync._signature import Spec
 from varsync._waiting import wait_for_change
 
-__all__ = ["ShardedTables", "is_manifest", "MARKER"]
+__all__ = [
+    "ShardedTables",
+    "BlockChanges",
+    "Manifest",
+    "Meta",
+    "PartLayout",
+    "is_manifest",
+    "part_name",
+    "MARKER",
+    "NO_PART",
+    "NOTHING",
+]
 
 #: The manifest signature's one top-level key: what marks a table as sharded.
 MARKER = "varsync.sharded"
 _I64 = np.dtype(np.int64)
-_NOTHING = -1  # the step of a manifest, stage entry or seal that holds none
+#: The step of a manifest, stage entry or seal that holds none.
+NOTHING = -1
 #: The part version of a rank that holds no block of any leaf (a stage entry's -1:
 #: withdrawn).
 NO_PART = 0
@@ -115,6 +130,15 @@ class Manifest(NamedTuple):
         return max(self.head.version - 1, 0)
 
 
+class PartLayout(NamedTuple):
+    """A part table's blocks, its flat specs, and the flat index of its
+    :data:`~varsync._shard_layout.CHANGES_KEY` leaf (``None``: it has none)."""
+
+    blocks: list[Block]
+    specs: list[Spec]
+    changes: int | None
+
+
 class Stage(NamedTuple):
     head: Head
     entries: list[tuple[int, int]]  # per rank (step, part version)
@@ -123,6 +147,47 @@ class Stage(NamedTuple):
 
 def _i64(*values: int) -> np.ndarray:
     return np.array(values, dtype=_I64)
+
+
+class _Pushed(NamedTuple):
+    step: int
+    keys: list[str]
+    hashes: list[bytes]
+    changed: np.ndarray
+
+
+class BlockChanges:
+    """Per table and rank of this process, the xxh3-128 of each block of its last push
+    and the step at which each block's content last changed: the part table's
+    ``CHANGES_KEY`` leaf. Only hashes are kept, never copies.
+
+    ``changed[b] <= s`` promises that block ``b`` holds what it held at step ``s``, for
+    every step ``s`` this rank pushed in this process; so the record is taken before
+    the part is written (a write whose reply was lost counts as landed), and a process
+    that pushes for the first time, a new layout or a step below the last says every
+    block changed now."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, int], _Pushed] = {}
+
+    def of(self, name: str, rank: int, step: int, blocks: Mapping[Block, np.ndarray]) -> _Pushed:
+        """The record of a push of ``blocks`` at ``step``: its ``changed`` is the leaf."""
+        ordered = sorted(blocks.items(), key=lambda item: layout_lib.block_key(item[0]))
+        keys = [layout_lib.block_key(b) for b, _ in ordered]
+        hashes = [elements.leaf_hash(np.ascontiguousarray(a)) for _, a in ordered]
+        last = self._last.get((name, rank))
+        if last is None or last.keys != keys or last.step > step:
+            changed = np.full(len(keys), step, _I64)
+        else:
+            changed = np.array(
+                [c if h == old else step for h, old, c in zip(hashes, last.hashes, last.changed)],
+                _I64,
+            )
+        return _Pushed(step, keys, hashes, changed)
+
+    def pushing(self, name: str, rank: int, pushed: _Pushed) -> None:
+        """The part of ``pushed`` is about to be written: later pushes compare with it."""
+        self._last[(name, rank)] = pushed
 
 
 class ShardedTables:
@@ -140,7 +205,8 @@ class ShardedTables:
         self._create_table = create_table
         self._push = push
         self._metas: dict[str, Meta] = {}
-        self._layouts: dict[str, tuple[list[Block], list[Spec]]] = {}
+        self._layouts: dict[str, PartLayout] = {}
+        self._changes = BlockChanges()
         self._locks: dict[tuple[str, int], threading.Lock] = {}
         self._locks_lock = threading.Lock()
 
@@ -176,13 +242,13 @@ class ShardedTables:
                 for slot in (0, 1):
                     stage_sig = _stage_signature(world)
                     self._create_table(stage_name(name, slot), stage_sig)
-                    empty = [_i64(_NOTHING, 0)] * world + [_i64(_NOTHING, *[0] * world)]
+                    empty = [_i64(NOTHING, 0)] * world + [_i64(NOTHING, *[0] * world)]
                     backend.write(
                         stage_name(name, slot), empty, sig.flat_specs(stage_sig), deadline
                     )
                 manifest_sig = _manifest_signature(world)
                 self._create_table(name, manifest_sig)
-                first = [_i64(*[0] * world), _i64(1)[0], _i64(_NOTHING)[0]]
+                first = [_i64(*[0] * world), _i64(1)[0], _i64(NOTHING)[0]]
                 backend.write(
                     name, [np.asarray(v) for v in first], sig.flat_specs(manifest_sig), deadline
                 )
@@ -234,14 +300,19 @@ class ShardedTables:
         self._metas[name] = meta
         return meta
 
-    def _layout(self, part: str) -> tuple[list[Block], list[Spec]]:
+    def layout(self, part: str) -> PartLayout:
+        """Part table ``part``'s layout, from its signature (asked once)."""
         known = self._layouts.get(part)
         if known is None:
             text = self._backend.signature(part)
             if text is None:
                 raise CorruptDataError(f"sharded table: part table {part!r} does not exist")
             signature = sig.from_json(text)
-            known = (layout_lib.layout_of(signature, part), sig.flat_specs(signature))
+            known = PartLayout(
+                layout_lib.layout_of(signature, part),
+                sig.flat_specs(signature),
+                layout_lib.changes_index(signature) if isinstance(signature, Mapping) else None,
+            )
             self._layouts[part] = known
         return known
 
@@ -252,7 +323,7 @@ class ShardedTables:
         specs = sig.flat_specs(_manifest_signature(world))
         head, arrays = self._backend.read(name, 0, deadline, specs)
         if arrays is None:
-            return Manifest(head, _NOTHING, 1, [0] * world)
+            return Manifest(head, NOTHING, 1, [0] * world)
         parts, slot, step = (np.asarray(a) for a in arrays)
         return Manifest(head, int(step), int(slot), [int(p) for p in parts])
 
@@ -307,8 +378,8 @@ class ShardedTables:
             raise ConfigurationError(f"step must be an int >= 0 (the training step), got {step!r}")
         step = int(step)
         blocks = layout_lib.part_blocks(meta.signature, parts) if parts else {}
-        part_sig = {layout_lib.block_key(b): Spec(a.shape, a.dtype) for b, a in blocks.items()}
-        values = {layout_lib.block_key(b): a for b, a in blocks.items()}
+        part_sig = layout_lib.part_signature(blocks)
+        values: dict[str, Any] = {layout_lib.block_key(b): a for b, a in blocks.items()}
         lock = self._rank_lock(name, rank)
         if not lock.acquire(timeout=max(min(remaining(deadline), threading.TIMEOUT_MAX), 0)):
             raise ShardTimeoutError(
@@ -325,6 +396,10 @@ class ShardedTables:
             if manifest.step == step:  # published already (a retry after a lost reply)
                 return manifest.version
             part = part_name(name, slot, rank)
+            if blocks:
+                pushed = self._changes.of(name, rank, step, blocks)
+                values[layout_lib.CHANGES_KEY] = pushed.changed
+                self._changes.pushing(name, rank, pushed)
             # whole elements: a slot's base is two steps old (twice the patch, a copy per
             # slot in this rank's memory), and readers read part tables whole, where a
             # patched leaf costs its anchor and its chain
@@ -430,126 +505,7 @@ class ShardedTables:
         self, name: str, meta: Meta, slot: int, entries: list[tuple[int, int]]
     ) -> None:
         layouts = {
-            r: self._layout(part_name(name, slot, r))[0] if version != NO_PART else []
+            r: self.layout(part_name(name, slot, r)).blocks if version != NO_PART else []
             for r, (_, version) in enumerate(entries)
         }
         layout_lib.check_cover(name, meta.specs, layouts)
-
-    # -- reading -------------------------------------------------------------------------
-
-    def read(
-        self,
-        name: str,
-        wanted: Mapping[int, Ranges] | None,
-        newer_than: int,
-        deadline: float,
-        limit: float | None,
-        *,
-        wait_until: float | None,
-    ) -> tuple[Manifest, dict[int, np.ndarray]] | None:
-        """The blocks ``wanted`` (flat leaf index -> ranges; ``None``: every leaf whole)
-        of the latest published version, if it is newer than ``newer_than`` (else
-        ``None``; before a first version, wait until ``wait_until`` if given, else
-        ``None``), fetching only the part tables that hold some of them. Every block
-        comes from the one version the manifest read names: a part table found at another
-        version than the manifest says (a later step overwrote the slot) means reading
-        the manifest again."""
-        meta = self._meta(name, deadline)
-        if wanted is None:
-            wanted = {i: layout_lib.full_ranges(s) for i, s in enumerate(meta.specs)}
-        backend = self._backend
-        while True:
-            manifest = self.manifest(name, deadline)
-            if manifest.step == _NOTHING:
-                if wait_until is None:
-                    return None
-                self._wait_for_first(name, manifest, wait_until, limit)
-                continue
-            if manifest.version <= newer_than:
-                return None
-            out = {
-                leaf: np.empty([b - a for a, b in ranges], meta.specs[leaf].dtype)
-                for leaf, ranges in wanted.items()
-            }
-            copied = dict.fromkeys(wanted, 0)
-            stale = None
-            for rank in range(meta.world):
-                if manifest.parts[rank] == NO_PART:
-                    continue
-                part = part_name(name, manifest.slot, rank)
-                blocks, specs = self._layout(part)
-                needed = any(
-                    b.leaf in wanted
-                    and layout_lib.intersection(b.ranges, wanted[b.leaf]) is not None
-                    for b in blocks
-                )
-                if not needed:
-                    continue
-                head, arrays = backend.read(part, 0, deadline, specs)
-                if head.version != manifest.parts[rank] or arrays is None:
-                    stale = (part, head.version, manifest.parts[rank])
-                    break
-                for block, array in zip(blocks, arrays):
-                    if block.leaf in wanted:
-                        copied[block.leaf] += layout_lib.copy_block(
-                            out[block.leaf], wanted[block.leaf], np.asarray(array), block.ranges
-                        )
-            if stale is None:
-                for leaf, count in copied.items():
-                    if count != layout_lib.volume(wanted[leaf]):
-                        raise CorruptDataError(
-                            f"sharded table {name!r} version {manifest.version}: its parts "
-                            f"hold {count} of the {layout_lib.volume(wanted[leaf])} elements "
-                            f"asked for of leaf {leaf}"
-                        )
-                return manifest, out
-            if remaining(deadline) <= 0:
-                raise PullTimeoutError(
-                    f"sharded table {name!r}: part table {stale[0]!r} was at version "
-                    f"{stale[1]}, not the {stale[2]} of the manifest, until the timeout "
-                    f"({limit:g} s): newer steps kept overwriting the slot being read"
-                )
-            # a part behind the manifest (a replica that lags): wait for the part; one
-            # ahead of it (a later step overwrote the slot): for the manifest to move on
-            table, version = (
-                (stale[0], stale[1]) if stale[1] < stale[2] else (name, manifest.head.version)
-            )
-            with contextlib.suppress(PullTimeoutError):  # the loop raises it
-                wait_for_change(backend, table, version, UNKNOWN, deadline, deadline, limit)
-
-    def _wait_for_first(
-        self, name: str, manifest: Manifest, deadline: float, limit: float | None
-    ) -> None:
-        try:
-            if remaining(deadline) <= 0:
-                raise PullTimeoutError("no time left")
-            wait_for_change(
-                self._backend, name, manifest.head.version, UNKNOWN, deadline, deadline, limit
-            )
-        except PullTimeoutError:
-            empty = PullTimeoutError(
-                f"sharded table {name!r} at {self._backend.url} has no published version "
-                f"after {limit:g} s; every rank must push_shard a step first"
-            )
-            empty.still_empty = True
-            raise empty from None
-
-    def wanted_blocks(self, name: str, slices: Mapping[Any, Any]) -> dict[int, Ranges]:
-        """``pull_slices``' ``{path: index_ranges}`` as flat leaf index -> checked ranges."""
-        meta = self.meta(name)
-        if not isinstance(slices, Mapping) or not slices:
-            raise ConfigurationError(
-                f"pull_slices takes a non-empty mapping of leaf paths to index ranges, "
-                f"got {slices!r:.80}"
-            )
-        paths = delta.LeafPaths(meta.signature)
-        wanted: dict[int, Ranges] = {}
-        for path, ranges in slices.items():
-            node, indices, walked = paths.leaf_indices(path)
-            if len(indices) != 1:
-                raise ConfigurationError(
-                    f"pull_slices: {nest_lib.format_path(walked)} names an inner node of "
-                    f"{len(indices)} leaves; name each leaf"
-                )
-            wanted[indices[0]] = layout_lib.checked_ranges(ranges, node, path)
-        return wanted

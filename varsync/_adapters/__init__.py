@@ -42,6 +42,7 @@ __all__ = [
     "rebuild",
     "reset_adapter_registry",
     "structure",
+    "to_numpy",
 ]
 
 
@@ -336,6 +337,15 @@ def patched(target: Any) -> None:
     )
     if hook is not None:
         hook(target)
+
+
+def to_numpy(value: Any) -> np.ndarray:
+    """``value`` (a framework's array or variable, or numpy) as a numpy array on the
+    host: itself where it is numpy, a view where its adapter gives one, else a copy."""
+    if isinstance(value, np.ndarray):
+        return value
+    adapter = adapter_for(value)
+    return np.asarray(value if adapter is None else adapter.to_numpy(value))
 
 
 def from_numpy(array: np.ndarray, like: Any) -> Any:

@@ -348,6 +348,60 @@ class ShardedTests(_Base):
         newer = reader.pull_if_newer(1, "model")
         assert newer is not None and newer[0] == 2 and step_of(newer[1]) == 3
 
+    def test_delta_reads_are_bit_exact_through_frozen_changing_and_reverting_blocks(
+        self, sharded: Callable[[], Any]
+    ) -> None:
+        """Ranks keep their containers across steps; rank 0's rows of ``w`` never change,
+        rank 1's go 0, 1, 0, 0, 1, 1, 1, 0, 1 (changed, the same, changed back to what
+        the slot held two steps before), ``b`` every third step, ``step`` every step.
+        Readers by ``pull_if_newer(held=)`` (every step and every other one) and by
+        ``update`` hold exactly each published step."""
+
+        def values(step: int) -> dict[str, Any]:
+            w = np.ones((8, 6), np.float32)
+            w[4:] = (0, 1, 0, 0, 1, 1, 1, 0, 1)[step - 1]
+            return {"b": np.full(6, step // 3, np.float32), "step": np.int64(step), "w": w}
+
+        def part(rank: int, step: int) -> dict[Any, Any]:
+            v = values(step)
+            if rank == 0:
+                return {"w": (((0, 4), (0, 6)), v["w"][:4]), "step": v["step"]}
+            return {"w": (((4, 8), (0, 6)), v["w"][4:]), "b": v["b"]}
+
+        ranks = [sharded() for _ in range(WORLD)]
+        every, sparse, updater = sharded(), sharded(), sharded()
+        into = {"b": np.zeros(6, np.float32), "step": np.zeros((), np.int64)}
+        into["w"] = np.zeros((8, 6), np.float32)
+        held: dict[Any, Any] = {every: (0, None), sparse: (0, None)}
+        for step in range(1, 10):
+            answers: dict[int, Any] = {}
+
+            def push(rank: int, _step: int = step, _answers: dict[int, Any] = answers) -> None:
+                try:
+                    _answers[rank] = ranks[rank].push_shard(
+                        "model", part(rank, _step), rank=rank, step=_step, timeout=BOUND
+                    )
+                except BaseException as exc:  # handed to the test, which asserts on it
+                    _answers[rank] = exc
+
+            threads = [threading.Thread(target=push, args=(r,), daemon=True) for r in (0, 1)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(2 * BOUND)
+            assert answers.get(0) == answers.get(1) == step, answers
+            want = values(step)
+            for reader in (every, sparse) if step % 2 else (every,):
+                got = reader.pull_if_newer(held[reader][0], "model", held=held[reader][1])
+                assert got is not None and got[0] == step, got
+                held[reader] = got
+                for key, value in want.items():
+                    same = np.asarray(got[1][key]).tobytes() == np.asarray(value).tobytes()
+                    assert same, (step, key)
+            assert updater.update(into, "model") == step
+            for key, value in want.items():
+                assert np.asarray(into[key]).tobytes() == np.asarray(value).tobytes(), (step, key)
+
     def test_a_rank_killed_between_its_part_and_the_commit_publishes_nothing(
         self,
         sharded: Callable[[], Any],

@@ -1,0 +1,405 @@
+"""Reading sharded tables (``docs/sharded.md``): the latest version whole, or the blocks
+a caller asks for, all of the one version a manifest read names; and the delta reads of
+``pull_if_newer(held=)`` and ``update``, which fetch only the blocks changed since the
+version the caller holds.
+
+Delta reads. Each part table holds, beside its blocks, the step at which each block's
+content last changed (``~changed``, written by ``varsync._sharded.BlockChanges``). A
+caller holding step ``h`` needs block ``b`` only where ``changed[b] > h``. A part
+table's own leaf versions cannot tell that: the two slots alternate, so its previous
+version is two steps old. They serve to fetch few leaves: per part table, this
+container remembers the version it last read and that version's ``~changed``, and asks
+(``read_leaves``) for the leaves changed since. What comes back and is not needed is
+dropped (blocks changed since this reader last read *that slot*, not since the step it
+holds); a block needed that does not come back (it changed and changed back) is asked
+for again with a lower ``newer_than``, at worst the whole part table.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, NamedTuple, TypeVar
+
+import numpy as np
+
+from varsync import _adapters as adapters
+from varsync import _checks as checks
+from varsync import _delta as delta
+from varsync import _nest as nest_lib
+from varsync import _shard_layout as layout_lib
+from varsync._backends.base import Backend, Head, SupportsLeafVersions, remaining
+from varsync._errors import ConfigurationError, CorruptDataError, PullTimeoutError
+from varsync._history import UNKNOWN
+from varsync._shard_layout import Block, Ranges
+from varsync._sharded import NO_PART, NOTHING, Manifest, ShardedTables, part_name
+from varsync._signature import Spec
+from varsync._waiting import wait_for_change
+
+__all__ = ["ShardedReads", "Held", "Piece", "OTHER_HISTORY", "patched_leaves", "assign_pieces"]
+
+#: One changed block of a leaf: its index ranges and its values.
+Piece = tuple[Ranges, np.ndarray]
+#: :meth:`ShardedReads.read_changed`'s answer for a version of another history than the
+#: table's now: nothing was fetched.
+OTHER_HISTORY: Any = object()
+_T = TypeVar("_T")
+
+
+class Held(NamedTuple):
+    """A version of a sharded table a caller holds: as users see it, its history (the
+    manifest's epoch), and the training step it was published for."""
+
+    version: int
+    epoch: Hashable
+    step: int
+
+
+class _Seen(NamedTuple):
+    head: Head  # a part table's version (and history) this container last read
+    changed: np.ndarray  # its ~changed leaf at that version
+
+
+class _Stale(NamedTuple):
+    part: str
+    found: int
+    expected: int
+
+
+class ShardedReads:
+    """The reads of one container's sharded tables. It keeps, per table, the steps of
+    the versions it handed out (the last :attr:`KEEP`), and per part table the version
+    it last read with its ``~changed`` leaf: a few integers per block, no values."""
+
+    KEEP = 64
+
+    def __init__(self, tables: ShardedTables, backend: Backend) -> None:
+        self._tables = tables
+        self._backend = backend
+        self._lock = threading.Lock()
+        self._steps: dict[str, collections.OrderedDict[int, tuple[Hashable, int]]] = {}
+        self._seen: dict[str, _Seen] = {}
+
+    # -- what callers hold ---------------------------------------------------------------
+
+    def handed(self, name: str, manifest: Manifest) -> Head:
+        """The container hands out ``manifest``'s version: its head as users see it."""
+        with self._lock:
+            steps = self._steps.setdefault(name, collections.OrderedDict())
+            steps[manifest.version] = (manifest.head.epoch, manifest.step)
+            steps.move_to_end(manifest.version)
+            while len(steps) > self.KEEP:
+                steps.popitem(last=False)
+        return Head(manifest.version, manifest.head.epoch)
+
+    def held(self, name: str, version: int, epoch: Any = UNKNOWN) -> Held | None:
+        """What a caller holding ``version`` (of history ``epoch``, if given) holds, if
+        this container handed it out (recently); else ``None``: read whole."""
+        with self._lock:
+            steps = self._steps.get(name)
+            known = None if steps is None else steps.get(version)
+        if known is None or (epoch is not UNKNOWN and known[0] != epoch):
+            return None
+        return Held(version, known[0], known[1])
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def read(
+        self,
+        name: str,
+        wanted: Mapping[int, Ranges] | None,
+        newer_than: int,
+        deadline: float,
+        limit: float | None,
+        *,
+        wait_until: float | None,
+    ) -> tuple[Manifest, dict[int, np.ndarray] | None]:
+        """The manifest, and the blocks ``wanted`` (flat leaf index -> ranges; ``None``:
+        every leaf whole) of its version if it is newer than ``newer_than`` (else
+        ``None``; before a first version, wait until ``wait_until`` if given, else
+        ``None``), fetching only the part tables that hold some of them."""
+        meta = self._tables.meta(name)
+        if wanted is None:
+            wanted = {i: layout_lib.full_ranges(s) for i, s in enumerate(meta.specs)}
+        chosen = wanted
+
+        def attempt(manifest: Manifest) -> dict[int, np.ndarray] | _Stale:
+            out = {
+                leaf: np.empty([b - a for a, b in ranges], meta.specs[leaf].dtype)
+                for leaf, ranges in chosen.items()
+            }
+            copied = dict.fromkeys(chosen, 0)
+            for rank in range(meta.world):
+                expected = manifest.parts[rank]
+                if expected == NO_PART:
+                    continue
+                part = part_name(name, manifest.slot, rank)
+                layout = self._tables.layout(part)
+                if not any(
+                    b.leaf in chosen
+                    and layout_lib.intersection(b.ranges, chosen[b.leaf]) is not None
+                    for b in layout.blocks
+                ):
+                    continue
+                head, arrays = self._backend.read(part, 0, deadline, layout.specs)
+                if head.version != expected or arrays is None:
+                    return _Stale(part, head.version, expected)
+                checks.read_leaves(part, head.version, arrays, layout.specs, whole=True)
+                if layout.changes is not None:
+                    self._remember(part, head, arrays[layout.changes])
+                for block, array in zip(layout.blocks, arrays):
+                    if block.leaf in chosen:
+                        copied[block.leaf] += layout_lib.copy_block(
+                            out[block.leaf], chosen[block.leaf], np.asarray(array), block.ranges
+                        )
+            for leaf, count in copied.items():
+                if count != layout_lib.volume(chosen[leaf]):
+                    raise CorruptDataError(
+                        f"sharded table {name!r} version {manifest.version}: its parts "
+                        f"hold {count} of the {layout_lib.volume(chosen[leaf])} elements "
+                        f"asked for of leaf {leaf}"
+                    )
+            return out
+
+        return self._consistent(name, newer_than, deadline, limit, wait_until, attempt)
+
+    def read_changed(
+        self, name: str, held: Held, deadline: float, limit: float | None
+    ) -> tuple[Manifest, Any]:
+        """The manifest, and per flat leaf the blocks that changed since ``held`` (a
+        ``dict[int, list[Piece]]``; leaves absent: unchanged), if it is newer; ``None``
+        if not; :data:`OTHER_HISTORY` if the table's history is not ``held``'s."""
+        world = self._tables.meta(name).world
+
+        def attempt(manifest: Manifest) -> Any:
+            if manifest.head.epoch != held.epoch:
+                return OTHER_HISTORY
+            pieces: dict[int, list[Piece]] = {}
+            for rank in range(world):
+                expected = manifest.parts[rank]
+                if expected == NO_PART:
+                    continue
+                part = part_name(name, manifest.slot, rank)
+                got = self._changed_blocks(part, expected, held.step, deadline)
+                if isinstance(got, _Stale):
+                    return got
+                for block, array in got:
+                    pieces.setdefault(block.leaf, []).append((block.ranges, array))
+            return pieces
+
+        manifest, answer = self._consistent(name, held.version, deadline, limit, None, attempt)
+        if manifest.head.epoch != held.epoch or manifest.version < held.version:
+            return manifest, OTHER_HISTORY
+        return manifest, answer
+
+    def _changed_blocks(
+        self, part: str, expected: int, held_step: int, deadline: float
+    ) -> list[tuple[Block, np.ndarray]] | _Stale:
+        """Part table ``part``'s blocks that changed after step ``held_step``, at its
+        version ``expected`` (else :class:`_Stale`)."""
+        layout = self._tables.layout(part)
+        if layout.changes is None:  # no ~changed: every block, whole
+            head, whole = self._backend.read(part, 0, deadline, layout.specs)
+            if head.version != expected or whole is None:
+                return _Stale(part, head.version, expected)
+            checks.read_leaves(part, head.version, whole, layout.specs, whole=True)
+            return list(zip(layout.blocks, whole))
+        backend = self._backend
+        assert isinstance(backend, SupportsLeafVersions)  # sharded tables need it
+        with self._lock:
+            seen = self._seen.get(part)
+        newer_than = expected - 1 if seen is None else min(seen.head.version, expected - 1)
+        answer: dict[int, np.ndarray] = {}
+        while True:
+            head, leaf_versions, arrays = backend.read_leaves(
+                part, max(newer_than, 0), deadline, layout.specs
+            )
+            if head.version != expected or arrays is None or leaf_versions is None:
+                return _Stale(part, head.version, expected)
+            checks.read_leaves(part, head.version, arrays, layout.specs)
+            if len(leaf_versions) != len(layout.specs):
+                raise CorruptDataError(
+                    f"part table {part!r} version {head.version}: {len(leaf_versions)} leaf "
+                    f"versions for {len(layout.specs)} leaves"
+                )
+            answer.update((i, a) for i, a in enumerate(arrays) if a is not None)
+            if seen is not None and seen.head.epoch != head.epoch:
+                seen = None  # another history: its numbers and its ~changed mean nothing
+            changed = answer.get(layout.changes)
+            if (
+                changed is None
+                and seen is not None
+                and leaf_versions[layout.changes] <= seen.head.version  # the same since
+            ):
+                changed = seen.changed
+            if changed is None:
+                needed: list[int] = []
+                missing = [layout.changes]
+            else:
+                needed = [i for i, step in enumerate(changed.tolist()) if step > held_step]
+                missing = [i for i in needed if i not in answer]
+            if not missing:
+                assert changed is not None
+                self._remember(part, head, changed)
+                return [(layout.blocks[i], answer[i]) for i in needed]
+            lowest = min(int(leaf_versions[i]) for i in missing)
+            if lowest > newer_than:
+                raise CorruptDataError(
+                    f"part table {part!r} version {head.version}: leaf versions "
+                    f"{[int(leaf_versions[i]) for i in missing]} are newer than {newer_than}, "
+                    "and those leaves did not come"
+                )
+            newer_than = lowest - 1  # rare: a block that changed and changed back
+
+    def _remember(self, part: str, head: Head, changed: Any) -> None:
+        array = np.array(changed, dtype=np.int64)  # a copy: a store's buffer may be reused
+        with self._lock:
+            self._seen[part] = _Seen(head, array)
+
+    def _consistent(
+        self,
+        name: str,
+        newer_than: int,
+        deadline: float,
+        limit: float | None,
+        wait_until: float | None,
+        attempt: Callable[[Manifest], _T | _Stale],
+    ) -> tuple[Manifest, _T | None]:
+        """The manifest, and ``attempt(manifest)`` if its version is newer than
+        ``newer_than``; a part table found at another version than the manifest says
+        (a later step overwrote the slot, a replica lags) means reading the manifest
+        again, bounded by ``deadline``."""
+        backend = self._backend
+        while True:
+            manifest = self._tables.manifest(name, deadline)
+            if manifest.step == NOTHING:
+                if wait_until is None:
+                    return manifest, None
+                self._wait_for_first(name, manifest, wait_until, limit)
+                continue
+            if manifest.version <= newer_than:
+                return manifest, None
+            result = attempt(manifest)
+            if not isinstance(result, _Stale):
+                return manifest, result
+            if remaining(deadline) <= 0:
+                raise PullTimeoutError(
+                    f"sharded table {name!r}: part table {result.part!r} was at version "
+                    f"{result.found}, not the {result.expected} of the manifest, until the "
+                    f"timeout ({limit:g} s): newer steps kept overwriting the slot being read"
+                )
+            # a part behind the manifest (a replica that lags): wait for the part; one
+            # ahead of it (a later step overwrote the slot): for the manifest to move on
+            table, version = (
+                (result.part, result.found)
+                if result.found < result.expected
+                else (name, manifest.head.version)
+            )
+            with contextlib.suppress(PullTimeoutError):  # the loop raises it
+                wait_for_change(backend, table, version, UNKNOWN, deadline, deadline, limit)
+
+    def _wait_for_first(
+        self, name: str, manifest: Manifest, deadline: float, limit: float | None
+    ) -> None:
+        try:
+            if remaining(deadline) <= 0:
+                raise PullTimeoutError("no time left")
+            wait_for_change(
+                self._backend, name, manifest.head.version, UNKNOWN, deadline, deadline, limit
+            )
+        except PullTimeoutError:
+            empty = PullTimeoutError(
+                f"sharded table {name!r} at {self._backend.url} has no published version "
+                f"after {limit:g} s; every rank must push_shard a step first"
+            )
+            empty.still_empty = True
+            raise empty from None
+
+    def wanted_blocks(self, name: str, slices: Mapping[Any, Any]) -> dict[int, Ranges]:
+        """``pull_slices``' ``{path: index_ranges}`` as flat leaf index -> checked ranges."""
+        meta = self._tables.meta(name)
+        if not isinstance(slices, Mapping) or not slices:
+            raise ConfigurationError(
+                f"pull_slices takes a non-empty mapping of leaf paths to index ranges, "
+                f"got {slices!r:.80}"
+            )
+        paths = delta.LeafPaths(meta.signature)
+        wanted: dict[int, Ranges] = {}
+        for path, ranges in slices.items():
+            node, indices, walked = paths.leaf_indices(path)
+            if len(indices) != 1:
+                raise ConfigurationError(
+                    f"pull_slices: {nest_lib.format_path(walked)} names an inner node of "
+                    f"{len(indices)} leaves; name each leaf"
+                )
+            wanted[indices[0]] = layout_lib.checked_ranges(ranges, node, path)
+        return wanted
+
+
+# -- the changed blocks into what the caller holds -----------------------------------------
+
+
+def _whole(spec: Spec, pieces: Sequence[Piece]) -> np.ndarray | None:
+    """The leaf's new value if ``pieces`` cover all of it (they never overlap), else
+    ``None``."""
+    if sum(layout_lib.volume(ranges) for ranges, _ in pieces) != spec.size:
+        return None
+    if len(pieces) == 1:
+        return pieces[0][1]
+    out = np.empty(spec.shape, spec.dtype)
+    for ranges, array in pieces:
+        layout_lib.copy_block(out, layout_lib.full_ranges(spec), array, ranges)
+    return out
+
+
+def patched_leaves(
+    specs: Sequence[Spec], pieces: Mapping[int, Sequence[Piece]], held: Sequence[Any]
+) -> dict[int, np.ndarray] | None:
+    """Per changed leaf, its new value: the pieces over a copy of ``held``'s leaf (which
+    is not modified), or the pieces alone where they cover it. ``None`` if a held leaf
+    is not of its spec's shape and dtype (not what was handed out): read whole."""
+    out: dict[int, np.ndarray] = {}
+    for leaf, leaf_pieces in pieces.items():
+        spec = specs[leaf]
+        whole = _whole(spec, leaf_pieces)
+        if whole is None:
+            base = adapters.to_numpy(held[leaf])
+            if base.shape != spec.shape or base.dtype != spec.dtype:
+                return None
+            whole = np.array(base, copy=True, order="C")
+            for ranges, array in leaf_pieces:
+                layout_lib.copy_block(whole, layout_lib.full_ranges(spec), array, ranges)
+        out[leaf] = whole
+    return out
+
+
+def assign_pieces(
+    specs: Sequence[Spec], pieces: Mapping[int, Sequence[Piece]], targets: Sequence[Any]
+) -> None:
+    """Write the changed pieces into ``targets`` (checked by ``flatten_targets``): into
+    their own memory where it can be reached (numpy arrays, CPU tensors), else onto a
+    host copy of the target, assigned whole (a CUDA tensor, a ``tf.Variable``)."""
+    whole_targets: list[Any] = []
+    whole_arrays: list[np.ndarray] = []
+    for leaf, leaf_pieces in pieces.items():
+        spec, target = specs[leaf], targets[leaf]
+        full = layout_lib.full_ranges(spec)
+        whole = _whole(spec, leaf_pieces)
+        if whole is not None:
+            whole_targets.append(target)
+            whole_arrays.append(whole)
+            continue
+        view = target if isinstance(target, np.ndarray) else adapters.patch_view(target)
+        if view is not None and view.dtype == spec.dtype and view.shape == spec.shape:
+            for ranges, array in leaf_pieces:
+                layout_lib.copy_block(view, full, array, ranges)
+            adapters.patched(target)
+            continue
+        host = np.array(adapters.to_numpy(target), dtype=spec.dtype, copy=True, order="C")
+        for ranges, array in leaf_pieces:
+            layout_lib.copy_block(host, full, array, ranges)
+        whole_targets.append(target)
+        whole_arrays.append(host)
+    adapters.assign_all(whole_targets, whole_arrays)
