@@ -494,7 +494,14 @@ class VariableContainer:
         return self._shards.create(name, signature, world, deadline)
 
     def push_shard(
-        self, table: str, parts: Mapping[Any, Any], *, rank: int, step: int, timeout: Any = None
+        self,
+        table: str,
+        parts: Mapping[Any, Any],
+        *,
+        rank: int,
+        step: int,
+        timeout: Any = None,
+        tiles: Any = 1,
     ) -> int:
         """Push rank ``rank``'s part of training step ``step``; return the version the
         step was published as, once every rank's part of it has arrived.
@@ -507,10 +514,15 @@ class VariableContainer:
         :class:`ShardTimeoutError` naming the missing ranks if the step is not complete
         within ``timeout`` (default: the container's); nothing is published then and
         readers keep the previous version. A retry of a step already published returns
-        its version."""
+        its version.
+
+        ``tiles``: store each block cut into tiles, so that readers sharded another way
+        fetch only the tiles they intersect (on a backend that reads chosen leaves): an
+        int cuts each block along its last dimension, a sequence gives the pieces per
+        dimension from the first. A rank's tiling must stay the same for the table."""
         limit, deadline, _ = self._deadlines(timeout)
         self._require_sharded(table)
-        return self._shards.push(table, parts, rank, step, deadline, limit)
+        return self._shards.push(table, parts, rank, step, deadline, limit, tiles)
 
     def pull_slices(
         self, table: str, slices: Mapping[Any, Any], *, timeout: Any = None

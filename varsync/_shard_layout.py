@@ -13,6 +13,7 @@ every block's), holds per block the training step at which its content last chan
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -42,6 +43,7 @@ __all__ = [
     "volume",
     "full_ranges",
     "checked_ranges",
+    "tiled",
 ]
 
 Ranges = tuple[tuple[int, int], ...]
@@ -150,6 +152,63 @@ def part_signature(blocks: Mapping[Block, np.ndarray]) -> dict[str, Spec]:
     :data:`CHANGES_KEY`."""
     out = {block_key(b): Spec(a.shape, a.dtype) for b, a in blocks.items()}
     out[CHANGES_KEY] = Spec([len(blocks)], np.int64)
+    return out
+
+
+def _cuts(size: int, pieces: int) -> list[tuple[int, int]]:
+    """``size`` cut into ``pieces`` ranges as even as possible (at most ``size``)."""
+    pieces = max(1, min(pieces, size))
+    edges = [size * k // pieces for k in range(pieces + 1)]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def _tile_counts(tiles: Any) -> tuple[int, ...] | int:
+    """``tiles`` checked: an int >= 1, or a sequence of them."""
+    if isinstance(tiles, (int, np.integer)) and not isinstance(tiles, bool) and tiles >= 1:
+        return int(tiles)
+    if isinstance(tiles, Sequence) and not isinstance(tiles, str) and tiles:
+        counts = tuple(tiles)
+        if all(
+            isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 1 for n in counts
+        ):
+            return tuple(int(n) for n in counts)
+    raise ConfigurationError(
+        f"tiles must be an int >= 1 (pieces along each block's last dimension) or a "
+        f"non-empty sequence of them (pieces per dimension, from the first), got {tiles!r}"
+    )
+
+
+def tiled(blocks: Mapping[Block, np.ndarray], tiles: Any) -> dict[Block, np.ndarray]:
+    """Each block cut into tiles, each a block of its own: ``tiles`` an int cuts every
+    block of one dimension or more into that many pieces along its last dimension, a
+    sequence gives the pieces per dimension from the first (dimensions past it: one
+    piece); pieces are as even as the dimension allows, and a dimension shorter than
+    its pieces is cut into single elements. A reader that wants part of a block then
+    needs only the tiles it intersects (``docs/sharded.md``, "Readers with another
+    sharding"). A tile of a block's columns is not contiguous in the rank's array: it is
+    copied here, once (the push then sends the copy)."""
+    counts = _tile_counts(tiles)
+    if counts == 1:
+        return dict(blocks)
+    out: dict[Block, np.ndarray] = {}
+    for block, array in blocks.items():
+        ndim = len(block.ranges)
+        if isinstance(counts, int):
+            per_dim = [1] * ndim
+            if ndim:
+                per_dim[-1] = counts
+        else:
+            per_dim = [counts[d] if d < len(counts) else 1 for d in range(ndim)]
+        cuts = [_cuts(stop - start, n) for (start, stop), n in zip(block.ranges, per_dim)]
+        if all(len(c) == 1 for c in cuts):  # a scalar, or no dimension cut: as it is
+            out[block] = array
+            continue
+        for local in itertools.product(*cuts):
+            ranges = tuple(
+                (start + a, start + b) for (start, _), (a, b) in zip(block.ranges, local)
+            )
+            tile = array[tuple(slice(a, b) for a, b in local)]
+            out[Block(block.leaf, ranges)] = np.ascontiguousarray(tile)
     return out
 
 

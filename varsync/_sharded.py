@@ -368,7 +368,14 @@ class ShardedTables:
     # -- writing -------------------------------------------------------------------------
 
     def push(
-        self, name: str, parts: Any, rank: int, step: int, deadline: float, limit: float | None
+        self,
+        name: str,
+        parts: Any,
+        rank: int,
+        step: int,
+        deadline: float,
+        limit: float | None,
+        tiles: Any = 1,
     ) -> int:
         meta = self._meta(name, deadline)
         world = meta.world
@@ -378,6 +385,7 @@ class ShardedTables:
             raise ConfigurationError(f"step must be an int >= 0 (the training step), got {step!r}")
         step = int(step)
         blocks = layout_lib.part_blocks(meta.signature, parts) if parts else {}
+        blocks = layout_lib.tiled(blocks, tiles)
         part_sig = layout_lib.part_signature(blocks)
         values: dict[str, Any] = {layout_lib.block_key(b): a for b, a in blocks.items()}
         lock = self._rank_lock(name, rank)

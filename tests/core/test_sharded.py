@@ -272,6 +272,44 @@ def test_create_checks_world_and_signature(url: str) -> None:
         assert empty.value.still_empty
 
 
+@pytest.mark.parametrize("tiles", [2, (2, 4), (1, 5)])
+def test_blocks_pushed_as_tiles_read_back_bit_exact(url: str, tiles: Any) -> None:
+    """push_shard(tiles=...) stores each block as tiles (leaves of their own); every
+    read puts them together again, and a tiling that changes is refused."""
+    world = 2
+    split = rows(world)
+    with varsync.connect(url, timeout=BOUND) as reader:
+        reader.create_sharded_table("tiled", model(0), world)
+        for step in (1, 2):
+            values = model(step)
+            answers: Dict[int, Any] = {}
+            for rank in range(world):  # one thread per rank, each its own container
+
+                def rank_main(rank: int = rank) -> None:
+                    with varsync.connect(url, timeout=BOUND) as store:
+                        answers[rank] = store.push_shard(
+                            "tiled", split(rank, values), rank=rank, step=step, tiles=tiles
+                        )
+
+                threading.Thread(target=rank_main).start()
+            deadline = time.monotonic() + 2 * BOUND
+            while len(answers) < world and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert answers == {r: step for r in range(world)}
+            assert_bit_equal(reader.pull("tiled"), values)
+            _, sliced = reader.pull_slices("tiled", {"w": ((1, 7), (2, 5))})
+            assert sliced["w"].tobytes() == values["w"][1:7, 2:5].tobytes()
+            into = {k: np.zeros_like(v) for k, v in model(0).items() if k != "step"}
+            into["step"] = np.zeros((), np.int64)
+            assert reader.update(into, "tiled") == step
+            assert_bit_equal(into, values)
+        with pytest.raises(varsync.ConfigurationError, match="tiles"):
+            reader.push_shard("tiled", split(0, model(3)), rank=0, step=3, tiles=0)
+        with pytest.raises(varsync.TableExistsError):
+            reader.push_shard("tiled", split(0, model(3)), rank=0, step=3, tiles=3)
+        assert reader.version("tiled") == 2
+
+
 def test_a_reader_of_a_slice_moves_only_the_parts_that_hold_it(redis_servers: Any) -> None:
     server = redis_servers()
     url = server.url
