@@ -62,7 +62,7 @@ def test_the_legacy_reference_passes_the_whole_suite_through_the_adapter(
     skipped = mutation.passes_the_whole_suite(tmp_path, LEGACY_REFERENCE_SCHEME, LEGACY_GAPS)
     assert skipped == sorted(
         mutation.ENGINE_SKIPS + mutation.READER_REGISTRY_SKIPS + mutation.LEAF_VERSION_SKIPS
-        + mutation.ELEMENT_DELTA_SKIPS + mutation.SHARDED_SKIPS
+        + mutation.ELEMENT_DELTA_SKIPS + mutation.SHARDED_SKIPS + mutation.LEAF_SUBSET_SKIPS
     )
 
 
@@ -74,6 +74,7 @@ def test_the_legacy_leaf_reference_passes_the_whole_suite_through_the_adapter(
     )
     assert skipped == sorted(
         mutation.ENGINE_SKIPS + mutation.READER_REGISTRY_SKIPS + mutation.ELEMENT_DELTA_SKIPS
+        + mutation.LEAF_SUBSET_SKIPS
         + ["test_leaf_versions_without_the_ability_is_a_clear_error"]
     )
 
