@@ -232,7 +232,7 @@ class Reader:
         along, which is unpacked whole and the rest dropped (no request saved by
         choosing)."""
 
-        def subset(
+        def chosen_leaves(
             route: Route, versioned: str, places: list[Place]
         ) -> list[np.ndarray | None] | None:
             needed = [i for i in chosen if places[i].version > newer_than]
@@ -242,7 +242,7 @@ class Reader:
             )
 
         head, versions, arrays = self._read(
-            name, newer_than, deadline, specs, subset, frozenset(chosen)
+            name, newer_than, deadline, specs, chosen_leaves, frozenset(chosen)
         )
         return LeafRead(head, versions, arrays)
 
