@@ -295,8 +295,13 @@ def test_an_ability_declared_without_its_methods_is_refused_at_registration() ->
     assert "leaf_versions" not in message.partition("SupportsLeafVersions:")[2]
 
 
-class HalfSubsets(SqliteLeafStore, SupportsLeafSubsets):
-    """Declares reads of chosen leaves on a leaf-version store, without the method."""
+class HalfSubsets(SqliteStore, SupportsLeafSubsets):
+    """Declares reads of chosen leaves with the methods of leaf versions but without its
+    own (never made: registration refuses it)."""
+
+    write_leaves = SqliteLeafStore.write_leaves
+    read_leaves = SqliteLeafStore.read_leaves
+    leaf_versions = SqliteLeafStore.leaf_versions
 
 
 def test_an_ability_extending_another_names_its_own_missing_method() -> None:
