@@ -4,7 +4,8 @@ Off by default, and then free: :func:`varsync.connect` imports this module only 
 ``metrics`` is given, and without it the container talks to its backend directly. With it,
 the backend is wrapped in a :class:`MeteredBackend`, a backend of the same abilities and
 flags that times and counts the calls that move data (``write``, ``write_leaves``,
-``read``, ``read_leaves``) and the core's waits, and forwards the rest of the protocol, so
+``write_patches``, ``read``, ``read_leaves``, ``read_patches``, ``read_leaf_subset``) and
+the core's waits, and forwards the rest of the protocol, so
 the core behaves as it would unwrapped. ``prometheus_client`` (extra
 ``varsync[metrics]``) is imported here only.
 
@@ -41,6 +42,7 @@ from varsync._backends.base import (
     Read,
     SupportsBlockingWait,
     SupportsElementDeltas,
+    SupportsLeafSubsets,
     SupportsLeafVersions,
     SupportsReaderRegistry,
     abilities_of,
@@ -376,6 +378,32 @@ class _MeteredElements(_MeteredLeaves, SupportsElementDeltas):
         return answer
 
 
+class _MeteredSubsets(_MeteredLeaves, SupportsLeafSubsets):
+    _backend: Any
+
+    def read_leaf_subset(
+        self,
+        name: str,
+        indices: Sequence[int],
+        newer_than: int,
+        deadline: float,
+        specs: Sequence[Spec],
+    ) -> LeafRead:
+        table = self._table(name)
+        start = time.perf_counter()
+        try:
+            answer: LeafRead = self._backend.read_leaf_subset(
+                name, indices, newer_than, deadline, specs
+            )
+        except BaseException:
+            table.error("pull")
+            raise
+        arrays = answer.arrays
+        nbytes = None if arrays is None else sum(a.nbytes for a in arrays if a is not None)
+        table.pulled(time.perf_counter() - start, newer_than, answer.head.version, nbytes)
+        return answer
+
+
 def leaf_bytes(leaf: np.ndarray | LeafChain | None) -> int:
     """The bytes a read moved for one leaf: an array's, a chain's anchor and patches',
     none for a leaf the caller holds."""
@@ -410,6 +438,7 @@ class _MeteredBlocking(MeteredBackend, SupportsBlockingWait):
 _METERED: dict[type, type[MeteredBackend]] = {
     SupportsLeafVersions: _MeteredLeaves,
     SupportsElementDeltas: _MeteredElements,
+    SupportsLeafSubsets: _MeteredSubsets,
     SupportsReaderRegistry: _MeteredRegistry,
     SupportsBlockingWait: _MeteredBlocking,
 }

@@ -8,7 +8,7 @@ for a minor release with a ``DeprecationWarning``, then removed; never changed s
   :class:`LeafRead` and :class:`PatchRead`, the abilities :class:`SupportsBlockingWait`,
   :class:`SupportsLeafVersions`, :class:`SupportsElementDeltas` (with
   :class:`PatchLink`, :class:`LeafChain`, :func:`rebuilt_leaf` and, for tests,
-  :func:`element_patch`) and
+  :func:`element_patch`), :class:`SupportsLeafSubsets` (with :func:`leaf_subset`) and
   :class:`SupportsReaderRegistry`, the table's :class:`Spec`;
 - framework adapters (``varsync_register_adapters``, ``docs/adapters.md``):
   :class:`AdapterRegistry`, the :class:`Adapter` protocol, the nest nodes
@@ -50,9 +50,11 @@ from varsync._backends.base import (
     Read,
     SupportsBlockingWait,
     SupportsElementDeltas,
+    SupportsLeafSubsets,
     SupportsLeafVersions,
     SupportsReaderRegistry,
     deadline_after,
+    leaf_subset,
     remaining,
     request_timeout,
 )
@@ -105,6 +107,8 @@ __all__ = [
     "SupportsLeafVersions",
     "SupportsReaderRegistry",
     "SupportsElementDeltas",
+    "SupportsLeafSubsets",
+    "leaf_subset",
     "PatchLink",
     "LeafChain",
     "PatchRead",

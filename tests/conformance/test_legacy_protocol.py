@@ -24,7 +24,7 @@ import pytest
 import test_suite_catches_broken_backends as mutation
 from mutants.plugin import LEGACY_LEAF_REFERENCE_SCHEME, LEGACY_REFERENCE_SCHEME
 from mutants.reference import SqliteStore
-from mutants.reference_leaves import start_new_history
+from mutants.reference_leaves import SqliteLeafStore, start_new_history
 
 import varsync
 from varsync.backend import (
@@ -32,8 +32,10 @@ from varsync.backend import (
     BackendRegistry,
     ConfigurationError,
     SupportsBlockingWait,
+    SupportsLeafSubsets,
     SupportsLeafVersions,
 )
+from varsync._backends.base import reads_leaf_subsets
 from varsync._backends.legacy import LegacyBackend
 from varsync._container import VariableContainer
 
@@ -60,7 +62,7 @@ def test_the_legacy_reference_passes_the_whole_suite_through_the_adapter(
     skipped = mutation.passes_the_whole_suite(tmp_path, LEGACY_REFERENCE_SCHEME, LEGACY_GAPS)
     assert skipped == sorted(
         mutation.ENGINE_SKIPS + mutation.READER_REGISTRY_SKIPS + mutation.LEAF_VERSION_SKIPS
-        + mutation.ELEMENT_DELTA_SKIPS + mutation.SHARDED_SKIPS
+        + mutation.ELEMENT_DELTA_SKIPS + mutation.SHARDED_SKIPS + mutation.LEAF_SUBSET_SKIPS
     )
 
 
@@ -72,6 +74,7 @@ def test_the_legacy_leaf_reference_passes_the_whole_suite_through_the_adapter(
     )
     assert skipped == sorted(
         mutation.ENGINE_SKIPS + mutation.READER_REGISTRY_SKIPS + mutation.ELEMENT_DELTA_SKIPS
+        + mutation.LEAF_SUBSET_SKIPS
         + ["test_leaf_versions_without_the_ability_is_a_clear_error"]
     )
 
@@ -174,9 +177,10 @@ def test_registering_a_0_2_backend_warns_once_and_hands_out_the_adapter(
     assert issubclass(cls, LegacyBackend) and issubclass(cls, Backend)
     assert cls.legacy_class is old
     assert cls is not old and not issubclass(cls, old)
-    for ability in (SupportsLeafVersions, SupportsBlockingWait):
+    for ability in (SupportsLeafVersions, SupportsBlockingWait, SupportsLeafSubsets):
         assert issubclass(cls, ability) == (ability in abilities)
     assert cls.supports_leaf_versions == old.supports_leaf_versions
+    assert not cls.supports_leaf_subsets  # an ability of protocol 1 only
     assert (cls.shared_across_processes, cls.persistent, cls.max_push_bytes) == (
         True, True, 16 * 2**20
     )
@@ -289,6 +293,37 @@ def test_an_ability_declared_without_its_methods_is_refused_at_registration() ->
     assert "declares methods it does not implement" in message
     assert "SupportsLeafVersions: read_leaves, write_leaves" in message
     assert "leaf_versions" not in message.partition("SupportsLeafVersions:")[2]
+
+
+class HalfSubsets(SqliteStore, SupportsLeafSubsets):
+    """Declares reads of chosen leaves with the methods of leaf versions but without its
+    own (never made: registration refuses it)."""
+
+    write_leaves = SqliteLeafStore.write_leaves
+    read_leaves = SqliteLeafStore.read_leaves
+    leaf_versions = SqliteLeafStore.leaf_versions
+
+
+def test_an_ability_extending_another_names_its_own_missing_method() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        _registered(f"{__name__}:HalfSubsets")
+    message = str(caught.value)
+    assert "SupportsLeafSubsets: read_leaf_subset" in message
+    assert "SupportsLeafVersions" not in message
+
+
+def test_reads_leaf_subsets_says_whether_a_backend_has_the_ability(tmp_path: Path) -> None:
+    assert reads_leaf_subsets(varsync.connect("memory://subsets").backend)
+    url = f"vsqlite://{tmp_path / 'store.db'}"
+    assert not reads_leaf_subsets(SqliteStore(url, timeout=10, namespace=""))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        cls = _registered("mutants.legacy_reference_leaves:SqliteLeafBackend")
+    legacy = cls(f"vsqlite-leaves-legacy://{tmp_path / 'old.db'}", timeout=10, namespace="")
+    try:
+        assert legacy.supports_leaf_versions and not reads_leaf_subsets(legacy)
+    finally:
+        legacy.close()
 
 
 def test_a_supports_flag_without_the_ability_type_raises() -> None:

@@ -4,7 +4,8 @@ and every deliberately broken variant of them fails it.
 The backends are in ``tests/conformance/mutants/``, over one SQLite file shared across processes and
 persistent, written to Backend protocol 1: three references, ``reference`` (``vsqlite://``,
 without abilities: it proves the core's fallbacks), ``reference_leaves``
-(``vsqlite-leaves://``, with ``SupportsLeafVersions``: a row per leaf and version) and
+(``vsqlite-leaves://``, with ``SupportsLeafVersions`` and ``SupportsLeafSubsets``: a row
+per leaf and version) and
 ``reference_patches`` (``vsqlite-patches://``, with ``SupportsElementDeltas``: per leaf an
 anchor and the patches since), each minting an epoch per created table, and their broken
 variants, ``broken``, ``broken_leaves`` and ``broken_patches`` (one defect per class).
@@ -111,6 +112,23 @@ CAUGHT_BY: Dict[str, List[str]] = {
     ],
     "vsqlite-leaves-reuses-epoch": ["test_a_reader_never_assembles_leaves_from_two_histories"],
     "vsqlite-leaves-torn-reads": ["test_readers_of_partial_pushes_never_see_a_mix"],
+    "vsqlite-leaves-subset-of-two-versions": [
+        "test_read_leaf_subset_never_mixes_versions_while_a_writer_pushes"
+    ],
+    "vsqlite-leaves-subset-ignores-indices": [
+        "test_read_leaf_subset_gives_the_chosen_leaves_changed_since",
+        "test_read_leaf_subset_of_a_whole_version_gives_the_chosen_leaves",
+        "test_read_leaf_subset_never_mixes_versions_while_a_writer_pushes",
+    ],
+    "vsqlite-leaves-subset-in-order-given": [
+        "test_read_leaf_subset_gives_the_chosen_leaves_changed_since",
+        "test_read_leaf_subset_of_a_whole_version_gives_the_chosen_leaves",
+        "test_read_leaf_subset_never_mixes_versions_while_a_writer_pushes",
+    ],
+    "vsqlite-leaves-subset-ignores-newer-than": [
+        "test_read_leaf_subset_gives_the_chosen_leaves_changed_since",
+        "test_read_leaf_subset_never_mixes_versions_while_a_writer_pushes",
+    ],
     # the element-delta reference's variants (mutants.broken_patches)
     "vsqlite-patches-onto-any-head": [
         "test_a_patch_is_written_only_onto_exactly_its_base",
@@ -182,13 +200,24 @@ LEAF_VERSION_SKIPS = [
 
 #: The tests of ``supports_element_deltas``, which skip for ``vsqlite://`` and
 #: ``vsqlite-leaves://`` (their pushes of few changed elements run whole, and must end
-#: bit-exact all the same).
+#: bit-exact all the same); with them the test of reads of chosen patched leaves.
 ELEMENT_DELTA_SKIPS = [
     "test_a_patch_is_written_only_onto_exactly_its_base",
     "test_a_whole_write_starts_a_leafs_chain_again",
     "test_readers_behind_get_links_that_join_up_and_verify",
     "test_whole_reads_of_patched_leaves_are_whole_values",
     "test_interrupted_patched_pushes_and_updates_end_on_whole_versions",
+    "test_read_leaf_subset_of_patched_leaves_gives_whole_values",
+]
+
+#: The tests of ``supports_leaf_subsets`` (``LeafSubsetTests``) but the one of patched
+#: leaves (in :data:`ELEMENT_DELTA_SKIPS`): they skip for ``vsqlite://`` and the 0.2
+#: references, which lack the ability; both protocol-1 leaf references have it.
+LEAF_SUBSET_SKIPS = [
+    "test_read_leaf_subset_gives_the_chosen_leaves_changed_since",
+    "test_read_leaf_subset_of_a_whole_version_gives_the_chosen_leaves",
+    "test_read_leaf_subset_refuses_an_index_outside_the_table",
+    "test_read_leaf_subset_never_mixes_versions_while_a_writer_pushes",
 ]
 
 #: The tests of sharded tables (``ShardedTests``), built on ``supports_leaf_versions``:
@@ -309,7 +338,7 @@ def test_the_reference_backendpasses_the_whole_suite(tmp_path: Path) -> None:
     skipped = passes_the_whole_suite(tmp_path, REFERENCE_SCHEME, REFERENCE_GAPS)
     assert skipped == sorted(
         ENGINE_SKIPS + READER_REGISTRY_SKIPS + LEAF_VERSION_SKIPS + ELEMENT_DELTA_SKIPS
-        + SHARDED_SKIPS
+        + SHARDED_SKIPS + LEAF_SUBSET_SKIPS
     )
 
 

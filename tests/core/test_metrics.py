@@ -132,6 +132,8 @@ def test_the_metered_backend_forwards_the_protocol_to_the_wrapped_one(registry):
         assert isinstance(backend, varsync.backend.SupportsLeafVersions)
         assert isinstance(backend, varsync.backend.SupportsReaderRegistry)
         assert isinstance(backend, varsync.backend.SupportsBlockingWait)
+        assert isinstance(backend, varsync.backend.SupportsLeafSubsets)
+        assert isinstance(backend, varsync.backend.SupportsElementDeltas)
 
 
 def test_closing_the_container_closes_the_wrapped_backend(registry):
@@ -203,6 +205,20 @@ def test_only_the_changed_leaves_count_as_bytes_on_a_backend_with_leaf_versions(
         store.push({"w": np.full(256, 1, np.float32), "step": 2}, table="t")  # w unchanged
         assert sample(registry, "varsync_pushes_total", "memory", "t") == 2
         assert sample(registry, "varsync_bytes_pushed_total", "memory", "t") == NBYTES + 8
+
+
+def test_a_read_of_chosen_leaves_counts_their_bytes_only(registry):
+    with varsync.connect(memory_url(), metrics=registry) as store:
+        store.create_table("t", SIGNATURE)
+        store.push(values(1), table="t")
+        specs = varsync.flatten(SIGNATURE)
+        answer = store.backend.read_leaf_subset("t", [0], 0, float("inf"), specs)  # step
+        assert int(answer.arrays[0]) == 1 and answer.arrays[1] is None
+        assert sample(registry, "varsync_pulls_total", "memory", "t") == 1
+        assert sample(registry, "varsync_bytes_pulled_total", "memory", "t") == 8
+        with pytest.raises(varsync.ConfigurationError, match="leaf index 2"):
+            store.backend.read_leaf_subset("t", [2], 0, float("inf"), specs)
+        assert sample(registry, "varsync_errors_total", "memory", "t", operation="pull") == 1
 
 
 def test_a_push_that_drops_its_version_is_counted_and_leaves_the_version_gauge(registry):

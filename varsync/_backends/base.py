@@ -23,7 +23,8 @@ wait loop polls :meth:`head` with a growing interval.
 
 Abilities are types: a backend that can do more declares it by subclassing
 :class:`SupportsBlockingWait`, :class:`SupportsLeafVersions` (and on it
-:class:`SupportsElementDeltas`) or :class:`SupportsReaderRegistry` and implementing
+:class:`SupportsElementDeltas` and :class:`SupportsLeafSubsets`) or
+:class:`SupportsReaderRegistry` and implementing
 their abstract methods. Declaring an ability without its methods is an error at
 registration and, for a class marked ``@typing.final``, for mypy. The core and the
 conformance suite ask ``isinstance``; the ``supports_*`` flags of these abilities are
@@ -54,6 +55,7 @@ __all__ = [
     "SupportsLeafVersions",
     "SupportsReaderRegistry",
     "SupportsElementDeltas",
+    "SupportsLeafSubsets",
     "PatchLink",
     "LeafChain",
     "PatchRead",
@@ -61,6 +63,8 @@ __all__ = [
     "is_legacy",
     "abilities_of",
     "missing_methods",
+    "leaf_subset",
+    "reads_leaf_subsets",
     "remaining",
     "deadline_after",
     "request_timeout",
@@ -185,6 +189,7 @@ class Backend(abc.ABC):
     supports_leaf_versions: ClassVar[bool] = False
     supports_reader_registry: ClassVar[bool] = False
     supports_element_deltas: ClassVar[bool] = False
+    supports_leaf_subsets: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -405,6 +410,38 @@ class SupportsElementDeltas(SupportsLeafVersions):
         checks that the links join up and verifies each patched leaf's hash."""
 
 
+class SupportsLeafSubsets(SupportsLeafVersions):
+    """The engine reads only the leaves a caller chooses of a version, and skips the
+    bytes of the others: a reader of some blocks of a sharded table's part (another
+    sharding, some layers only) fetches those alone (``docs/sharded.md``).
+
+    A subset of :meth:`~SupportsLeafVersions.read_leaves`, not a new kind of read: the
+    answer is a :class:`LeafRead`, of one version, as every read's. Without the ability
+    the core reads the leaves changed since with ``read_leaves`` and drops the rest."""
+
+    @abc.abstractmethod
+    def read_leaf_subset(
+        self,
+        name: str,
+        indices: Sequence[int],
+        newer_than: int,
+        deadline: float,
+        specs: Sequence[Spec],
+    ) -> LeafRead:
+        """:meth:`~SupportsLeafVersions.read_leaves`, where ``arrays[i]`` is given only
+        for the flat indices ``i`` in ``indices`` whose leaf version is greater than
+        ``newer_than``, and is ``None`` for every other leaf.
+
+        The head and every leaf's leaf version are answered as ``read_leaves`` answers
+        them (nothing newer: ``LeafRead(head, None, None)``, one small request), and the
+        arrays given are all of the version the head names, never a mix. A leaf held as
+        a chain of element patches comes whole, rebuilt. ``indices`` is a set: order and
+        repeats do not matter, and an empty one answers the head and leaf versions
+        alone. Check them with :func:`leaf_subset` before any request: an index outside
+        the table's leaves is a :class:`~varsync.ConfigurationError`, even when nothing
+        is newer."""
+
+
 class SupportsReaderRegistry(abc.ABC):
     """The engine keeps, per table, records of the readers that report what they hold,
     each expiring unless reported again: the core's ``report_as``, ``readers`` and
@@ -432,6 +469,7 @@ ABILITIES: dict[type, str] = {
     SupportsLeafVersions: "supports_leaf_versions",
     SupportsReaderRegistry: "supports_reader_registry",
     SupportsElementDeltas: "supports_element_deltas",
+    SupportsLeafSubsets: "supports_leaf_subsets",
 }
 
 
@@ -465,3 +503,34 @@ def missing_methods(cls: type) -> dict[str, list[str]]:
         )
         missing.setdefault(owner, []).append(method)
     return missing
+
+
+def leaf_subset(name: str, indices: Sequence[int], count: int) -> list[int]:
+    """The flat indices of a :meth:`SupportsLeafSubsets.read_leaf_subset` of table
+    ``name`` (of ``count`` leaves), sorted, each once: a set, so that a caller merging the
+    leaves several slices touch need not drop repeats. Raise
+    :class:`~varsync.ConfigurationError` (a ``ValueError``) naming an index that is not
+    an int in ``0..count-1``: no negative indices from the end, which a mistaken offset
+    would pass silently."""
+    chosen = set()
+    for index in indices:
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+            raise ConfigurationError(
+                f"read_leaf_subset of table {name!r}: leaf index {index!r} is not an int; "
+                f"give flat indices in 0..{count - 1}"
+            )
+        if not 0 <= index < count:
+            raise ConfigurationError(
+                f"read_leaf_subset of table {name!r}: leaf index {index} is outside the "
+                f"table's {count} leaves; give flat indices in 0..{count - 1}"
+            )
+        chosen.add(int(index))
+    return sorted(chosen)
+
+
+def reads_leaf_subsets(backend: object) -> bool:
+    """Whether ``backend`` reads chosen leaves alone (:class:`SupportsLeafSubsets`):
+    where it does not, a reader of some leaves uses ``read_leaves`` and drops the rest.
+    A metered backend has the abilities of the one it wraps; a 0.2-protocol one has
+    none of this."""
+    return isinstance(backend, SupportsLeafSubsets)

@@ -16,6 +16,10 @@ only the leaves it is given and shares the other leaves' immutable arrays with t
 version before: nothing unchanged is copied, and a leaf untouched for any number of
 versions stays readable because every version that shows it holds a reference to it.
 
+Leaf subsets (:class:`~varsync.backend.SupportsLeafSubsets`): a read of chosen leaves
+hands out views of those leaves of the one ``(version, ...)`` tuple it took, as
+``read_leaves`` does: free, and of one version.
+
 Element deltas (:class:`~varsync.backend.SupportsElementDeltas`), off unless a table or a
 push turns them on (``element_deltas_default``: in one process a whole leaf costs one
 copy, less than diffing it; on for the conformance suite): a patched leaf's new
@@ -54,7 +58,9 @@ from varsync._backends.base import (
     Read,
     SupportsBlockingWait,
     SupportsElementDeltas,
+    SupportsLeafSubsets,
     SupportsReaderRegistry,
+    leaf_subset,
     remaining,
 )
 from varsync._elements import Patch, apply
@@ -103,7 +109,13 @@ def _frozen(array: np.ndarray) -> np.ndarray:
 
 
 @final
-class MemoryBackend(Backend, SupportsElementDeltas, SupportsReaderRegistry, SupportsBlockingWait):
+class MemoryBackend(
+    Backend,
+    SupportsElementDeltas,
+    SupportsLeafSubsets,
+    SupportsReaderRegistry,
+    SupportsBlockingWait,
+):
     """Tables in this process's memory, under the store named by the URL."""
 
     shared_across_processes = False
@@ -246,6 +258,29 @@ class MemoryBackend(Backend, SupportsElementDeltas, SupportsReaderRegistry, Supp
             [
                 array.view() if changed > newer_than else None
                 for array, changed in zip(stored, leaf_versions)
+            ],
+        )
+
+    def read_leaf_subset(
+        self,
+        name: str,
+        indices: Sequence[int],
+        newer_than: int,
+        deadline: float,
+        specs: Sequence[Spec],
+    ) -> LeafRead:
+        chosen = set(leaf_subset(name, indices, len(specs)))
+        table = self._table(name)
+        version, stored, leaf_versions, _ = table.value  # one version: one assignment
+        head = Head(version, table.epoch)
+        if version <= newer_than:
+            return LeafRead(head, None, None)
+        return LeafRead(
+            head,
+            list(leaf_versions),
+            [
+                array.view() if index in chosen and changed > newer_than else None
+                for index, (array, changed) in enumerate(zip(stored, leaf_versions))
             ],
         )
 

@@ -36,6 +36,7 @@ from varsync.testing.conformance import ConformanceTests
 from varsync.testing.contract_tests import ContractTests
 from varsync.testing.element_delta_tests import ElementDeltaTests
 from varsync.testing.fault_tests import FaultTests
+from varsync.testing.leaf_subset_tests import LeafSubsetTests
 from varsync.testing.leaf_version_tests import LeafVersionTests
 from varsync.testing.reader_tests import ReaderRegistryTests
 from varsync.testing.roundtrip_tests import RoundTripTests
@@ -56,6 +57,7 @@ __all__ = [
     "FaultTests",
     "LeafVersionTests",
     "ElementDeltaTests",
+    "LeafSubsetTests",
     "ShardedTests",
     "ReaderRegistryTests",
 ]

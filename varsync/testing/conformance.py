@@ -5,6 +5,7 @@ from varsync.testing.concurrency_tests import ConcurrencyTests
 from varsync.testing.contract_tests import ContractTests
 from varsync.testing.element_delta_tests import ElementDeltaTests
 from varsync.testing.fault_tests import FaultTests
+from varsync.testing.leaf_subset_tests import LeafSubsetTests
 from varsync.testing.leaf_version_tests import LeafVersionTests
 from varsync.testing.reader_tests import ReaderRegistryTests
 from varsync.testing.roundtrip_tests import RoundTripTests
@@ -27,6 +28,7 @@ class ConformanceTests(
     FaultTests,
     LeafVersionTests,
     ElementDeltaTests,
+    LeafSubsetTests,
     ShardedTests,
     ReaderRegistryTests,
 ):

@@ -29,6 +29,8 @@ Guarantees, and how:
 - **Writers never wait for readers**; a crashed reader or writer leaves nothing locked;
   a crashed writer leaves the last complete version readable; old versions are
   reclaimed (see :mod:`varsync_shm.writing`).
+- **A read of chosen leaves reads those alone** (:class:`SupportsLeafSubsets`): the
+  segment a delta pull reads, under the same lock and checks, and only their bytes.
 - **A patched push writes its patches, not the leaf** (:class:`SupportsElementDeltas`):
   the segment keeps the leaf's anchor and a patch file holds the new link, so in the
   steady state (a spare to refill) a push copies no byte of a patched leaf. Readers'
@@ -68,8 +70,10 @@ from varsync.backend import (
     Spec,
     SupportsBlockingWait,
     SupportsElementDeltas,
+    SupportsLeafSubsets,
     SupportsReaderRegistry,
     TableNotFoundError,
+    leaf_subset,
     refuse_unknown,
     remaining,
     request_timeout,
@@ -95,7 +99,13 @@ _Opener = Callable[[TableDir, str, int, Descriptors], "_T | None"]
 
 
 @final
-class ShmBackend(Backend, SupportsBlockingWait, SupportsElementDeltas, SupportsReaderRegistry):
+class ShmBackend(
+    Backend,
+    SupportsBlockingWait,
+    SupportsElementDeltas,
+    SupportsLeafSubsets,
+    SupportsReaderRegistry,
+):
     """Tables in files under /dev/shm, shared by every process of the host that names
     the same store. Options: ``root`` (the directory holding stores; default /dev/shm)."""
 
@@ -250,10 +260,30 @@ class ShmBackend(Backend, SupportsBlockingWait, SupportsElementDeltas, SupportsR
     def read_leaves(
         self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]
     ) -> LeafRead:
+        return self._read_leaves(name, newer_than, deadline, None)
+
+    def read_leaf_subset(
+        self,
+        name: str,
+        indices: Sequence[int],
+        newer_than: int,
+        deadline: float,
+        specs: Sequence[Spec],
+    ) -> LeafRead:
+        """:meth:`read_leaves` of the chosen leaves alone: the same segment, lock and
+        checks, and only their bytes read (mapped or copied as a delta pull's)."""
+        chosen = frozenset(leaf_subset(name, indices, len(specs)))
+        return self._read_leaves(name, newer_than, deadline, chosen)
+
+    def _read_leaves(
+        self, name: str, newer_than: int, deadline: float, chosen: frozenset[int] | None
+    ) -> LeafRead:
         def open_leaves(
             table: TableDir, pointer: str, version: int, fds: Descriptors
         ) -> tuple[list[int], leafsync.Arrays, int] | None:
-            return leafsync.open_leaves(table, pointer, version, newer_than, fds, self.mappings)
+            return leafsync.open_leaves(
+                table, pointer, version, newer_than, fds, self.mappings, chosen
+            )
 
         with self._errors(self.files.table_path(name)):
             head, got = self._read(name, newer_than, deadline, open_leaves)

@@ -22,6 +22,8 @@ segment's head, the version at which each leaf last changed (its *leaf versions*
   views of the mapped segment (which keep its shared lock while they live), the others
   copied, neighbours in one ``pread``: a held nest then pins no segment per changed
   leaf. The backend answers it with the epoch it checked before and after (one history).
+- **A read of chosen leaves** (``read_leaf_subset``): :func:`open_leaves` given
+  ``chosen`` reads those of the changed leaves alone, under the same lock and checks.
 - **Leaf versions** (:func:`versions_of`) read one segment's head: a few system calls.
 - **Element deltas** (:mod:`varsync_shm.chains`): :func:`write_leaves` given
   ``patches`` keeps a patched leaf's bytes in the segment (its anchor) and writes its
@@ -40,7 +42,7 @@ never loses it. The functions here return the bytes they copied or read, which
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, NamedTuple, Optional, Union
 
 import numpy as np
@@ -250,16 +252,20 @@ def open_leaves(
     newer_than: int,
     fds: Descriptors,
     mappings: Mappings,
+    chosen: Collection[int] | None = None,
 ) -> tuple[list[int], Arrays, int] | None:
-    """Leaf versions, the arrays of the leaves changed since ``newer_than`` and the bytes
-    read, of segment ``pointer`` if it still holds ``version``; else ``None`` (it was
-    retired and reused: read the link again). A leaf held as an anchor and its links is
-    rebuilt whole (a copy)."""
+    """Leaf versions, the arrays of the leaves changed since ``newer_than`` (only those
+    in ``chosen``, if given: ``read_leaf_subset``) and the bytes read, of segment
+    ``pointer`` if it still holds ``version``; else ``None`` (it was retired and reused:
+    read the link again). A leaf held as an anchor and its links is rebuilt whole (a
+    copy)."""
     opened = _locked(table, pointer, version, fds)
     if opened is None:
         return None
     numbers, anchors = opened.numbers, opened.anchors
-    changed = [i for i, n in enumerate(numbers) if n > newer_than]
+    changed = [
+        i for i, n in enumerate(numbers) if n > newer_than and (chosen is None or i in chosen)
+    ]
     arrays, read = _segment_leaves(table, opened, changed, newer_than, mappings)
     links = chains.Links(table, fds)
     try:

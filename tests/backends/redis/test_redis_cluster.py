@@ -23,6 +23,7 @@ from varsync.testing import (
     CapabilityTests,
     ConcurrencyTests,
     ContractTests,
+    LeafSubsetTests,
     LeafVersionTests,
     ReaderRegistryTests,
     RoundTripTests,
@@ -78,7 +79,8 @@ def _keys_of_table(cluster: LocalCluster, head: str) -> Dict[int, List[bytes]]:
 
 class TestConformanceOnACluster(
     TableTests, RoundTripTests, ValidationTests, VersionTests, ConcurrencyTests,
-    ContractTests, CapabilityTests, LeafVersionTests, ReaderRegistryTests, ShardedTests,
+    ContractTests, CapabilityTests, LeafVersionTests, LeafSubsetTests, ReaderRegistryTests,
+    ShardedTests,
 ):
     """The suite but for its fault mixin, whose proxy fronts the URL's one address: in a
     cluster the slot map names every node's own, and requests go around a proxy."""

@@ -209,6 +209,92 @@ def test_a_pull_fetches_only_the_chunks_covering_the_leaves_it_needs(server: Any
         assert moved <= 10 * specs[0].nbytes + 3 * 65536, moved
 
 
+# -- reads of chosen leaves (read_leaf_subset) -------------------------------------------------
+
+
+def read_subset(backend: Any, indices: List[int], held: int, specs: Sequence[varsync.Spec]) -> Any:
+    """``(version, leaf versions, numbers of the arrays)`` of a ``read_leaf_subset``."""
+    head, versions, arrays = backend.read_leaf_subset("variables", indices, held, math.inf, specs)
+    return head.version, versions, None if arrays is None else numbers(arrays)
+
+
+def test_a_subset_read_fetches_only_the_chunks_of_the_chosen_leaves(server: Any) -> None:
+    """Of a whole version (format 1) and of a composed one alike: about the chosen
+    leaves' bytes, at most a chunk more on each side of each, never the version's."""
+    signature = {f"w{i}": varsync.Spec((25_000,), "float32") for i in range(10)}  # 100 KB each
+    specs = specs_of(signature)
+    leaf, chunk = specs[0].nbytes, 65536
+    with varsync.connect(server.url + "?chunk_size=65536") as writer, \
+            varsync.connect(server.url) as reader, server.client() as admin:
+        writer.create_table("variables", signature)
+        write(writer.backend, [filled_leaf(s, 1) for s in specs], specs)
+        start = sent_bytes(admin)
+        info = sent_bytes(admin) - start  # what one INFO reply itself costs
+        start = sent_bytes(admin)
+        got = read_subset(reader.backend, [3], 0, specs)
+        moved = sent_bytes(admin) - start - info
+        assert got == (1, [1] * 10, [None, None, None, 1] + [None] * 6)
+        assert leaf <= moved <= leaf + 2 * chunk + 2 * KB, moved
+        write_leaves(writer.backend, {3: filled_leaf(specs[3], 2), 7: filled_leaf(specs[7], 2)}, specs)
+        start = sent_bytes(admin)
+        got = read_subset(reader.backend, [5, 3], 0, specs)
+        moved = sent_bytes(admin) - start - info
+        versions = [1, 1, 1, 2, 1, 1, 1, 2, 1, 1]
+        assert got == (2, versions, [None, None, None, 2, None, 1] + [None] * 4)
+        assert 2 * leaf <= moved <= 2 * leaf + 4 * chunk + 2 * KB, moved
+        assert read_subset(reader.backend, [5, 3], 1, specs) == (2, versions, [None] * 3 + [2] + [None] * 6)
+
+
+def test_a_subset_read_of_a_small_whole_version_is_the_one_peek(server: Any) -> None:
+    """A version of one small chunk comes with its head (the peek script): choosing
+    leaves of it costs no request more."""
+    specs = specs_of(MIXED)
+    with varsync.connect(server.url) as store, server.client() as admin:
+        store.create_table("variables", MIXED)
+        write(store.backend, [filled_leaf(s, 1) for s in specs], specs)
+        assert read_subset(store.backend, [0], 0, specs)[2] == [1] + [None] * 5
+        before = command_calls(admin)  # the server has the peek script now
+        assert read_subset(store.backend, [3, 5], 0, specs) == (1, [1] * 6, [None] * 3 + [1, None, 1])
+        after = command_calls(admin)
+    ran = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    # the peek script, its HMGET of the head and GET of the one chunk
+    assert {k: n for k, n in ran.items() if n and k != "info"} == {
+        "evalsha": 1, "hmget": 1, "get": 1
+    }
+
+
+@pytest.mark.parametrize("recycle", [False, True], ids=["fresh", "recycled"])
+def test_a_subset_read_restarts_when_the_version_it_reads_is_retired_mid_read(
+    server: Any, monkeypatch: Any, recycle: bool
+) -> None:
+    """Whole pushes land between the reader's head and its chunks: the chunks it needs
+    are gone (keep=0), or, recycled, overwritten in place under the next push's token;
+    the read starts again and answers the newest version, never a mix."""
+    signature = {f"w{i}": varsync.Spec((3000,), "float32") for i in range(4)}  # 12 KB each
+    specs = specs_of(signature)
+    recycling = "&recycle_from=0" if recycle else ""
+    with varsync.connect(server.url + "?keep=0&chunk_size=4096" + recycling) as writer, \
+            varsync.connect(server.url + "?chunk_size=4096") as reader:
+        writer.create_table("variables", signature)
+        write(writer.backend, [filled_leaf(s, 1) for s in specs], specs)
+        fetch = reader.backend.reader.fetch
+        leaves = fetch.leaves
+        retire = [2, 3, 4]
+
+        def fetch_after_newer_pushes(*args: Any) -> Any:
+            while retire:  # whole pushes: version 1's segment retired, its spare reused
+                number = retire.pop(0)
+                write(writer.backend, [filled_leaf(s, number) for s in specs], specs)
+            return leaves(*args)
+
+        monkeypatch.setattr(fetch, "leaves", fetch_after_newer_pushes)
+        got = read_subset(reader.backend, [1, 2], 0, specs)
+        assert got == (4, [4] * 4, [None, 4, 4, None])
+        assert reader.backend.pulls_restarted == 1
+    with server.client() as admin:  # a push overwrote a retired version's chunks in place
+        assert bool(command_calls(admin).get("setrange")) == recycle
+
+
 # -- retention -----------------------------------------------------------------------------
 
 

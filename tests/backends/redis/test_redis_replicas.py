@@ -23,6 +23,7 @@ from varsync.testing.faults import Proxy
 from varsync.testing import (
     ConcurrencyTests,
     ContractTests,
+    LeafSubsetTests,
     LeafVersionTests,
     RoundTripTests,
     ShardedTests,
@@ -405,7 +406,7 @@ def shared_group(binary: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 class TestConformanceReadingFromAReplica(
     RoundTripTests, VersionTests, ConcurrencyTests, ContractTests, LeafVersionTests,
-    ShardedTests,
+    LeafSubsetTests, ShardedTests,
 ):
     """The suite's mixins about reads with every read of every container on a replica
     (writes on the primary): read-your-writes and monotonic reads hold within a container
@@ -413,7 +414,8 @@ class TestConformanceReadingFromAReplica(
     mixins about writes, tables, faults and the reader registry, which all go to the
     primary, run in TestRedisConformance (the fault tests' proxy fronts the primary only,
     and reads would go around it). Sharded tables run here too: their ranks read the
-    manifest and the stage, their readers the manifest and the parts, on a replica."""
+    manifest and the stage, their readers the manifest and the parts, on a replica; so do
+    reads of chosen leaves."""
 
     @pytest.fixture
     def url(self, shared_group: List[RedisServer]) -> str:

@@ -155,6 +155,92 @@ class TornLeafReads(SqliteLeafStore):
         return LeafRead(head, numbers, arrays)
 
 
+class SubsetOfTwoVersions(SqliteLeafStore):
+    """``read_leaf_subset`` reads the head, then each chosen leaf's newest row, each
+    statement on its own (no transaction around them): a write landing in between gives
+    a chosen leaf of a newer version than the head names."""
+
+    def read_leaf_subset(
+        self,
+        name: str,
+        indices: Sequence[int],
+        newer_than: int,
+        deadline: float,
+        specs: Sequence[Spec],
+    ) -> LeafRead:
+        with self._connection(deadline) as conn:
+            head, numbers = self._leaf_head(conn, name)
+            if head.version <= newer_than:
+                return LeafRead(head, None, None)
+            arrays: List[Optional[np.ndarray]] = [None] * len(specs)
+            for index in sorted(set(indices)):
+                if numbers[index] <= newer_than:
+                    continue
+                spec = specs[index]
+                (payload,), = conn.execute(
+                    "SELECT payload FROM leaves WHERE namespace = ? AND name = ? AND leaf = ? "
+                    "ORDER BY version DESC LIMIT 1",
+                    (self._ns, name, index),
+                ).fetchall()
+                arrays[index] = np.frombuffer(bytes(payload), spec.dtype).reshape(spec.shape)
+        return LeafRead(head, numbers, arrays)
+
+
+class SubsetIgnoresIndices(SqliteLeafStore):
+    """``read_leaf_subset`` answers ``read_leaves``: every leaf changed since, chosen or
+    not (a reader of some blocks moves the whole part again)."""
+
+    def read_leaf_subset(
+        self,
+        name: str,
+        indices: Sequence[int],
+        newer_than: int,
+        deadline: float,
+        specs: Sequence[Spec],
+    ) -> LeafRead:
+        return self.read_leaves(name, newer_than, deadline, specs)
+
+
+class SubsetInOrderGiven(SqliteLeafStore):
+    """``read_leaf_subset`` puts the chosen leaves' arrays first, in the order of
+    ``indices``, not at their flat indices: a chosen leaf is dropped and another's array
+    lands in its neighbour's place."""
+
+    def read_leaf_subset(
+        self,
+        name: str,
+        indices: Sequence[int],
+        newer_than: int,
+        deadline: float,
+        specs: Sequence[Spec],
+    ) -> LeafRead:
+        head, numbers, arrays = super().read_leaf_subset(
+            name, indices, newer_than, deadline, specs
+        )
+        if arrays is None:
+            return LeafRead(head, numbers, arrays)
+        packed = [arrays[i] for i in indices if arrays[i] is not None]
+        return LeafRead(head, numbers, packed + [None] * (len(arrays) - len(packed)))
+
+
+class SubsetIgnoresNewerThan(SqliteLeafStore):
+    """``read_leaf_subset`` gives every chosen leaf of a newer version, changed since
+    ``newer_than`` or not."""
+
+    def read_leaf_subset(
+        self,
+        name: str,
+        indices: Sequence[int],
+        newer_than: int,
+        deadline: float,
+        specs: Sequence[Spec],
+    ) -> LeafRead:
+        head = self.head(name, deadline)
+        if head.version <= newer_than:
+            return LeafRead(head, None, None)
+        return super().read_leaf_subset(name, indices, 0, deadline, specs)
+
+
 LEAF_VARIANTS: Dict[str, Type[SqliteLeafStore]] = {
     "vsqlite-leaves-ignores-base": IgnoresBase,
     "vsqlite-leaves-ignores-epoch-of-base": IgnoresTheEpochOfBase,
@@ -163,6 +249,10 @@ LEAF_VARIANTS: Dict[str, Type[SqliteLeafStore]] = {
     "vsqlite-leaves-keeps-recent-only": KeepsRecentVersionsOnly,
     "vsqlite-leaves-reuses-epoch": ReusesTheEpoch,
     "vsqlite-leaves-torn-reads": TornLeafReads,
+    "vsqlite-leaves-subset-of-two-versions": SubsetOfTwoVersions,
+    "vsqlite-leaves-subset-ignores-indices": SubsetIgnoresIndices,
+    "vsqlite-leaves-subset-in-order-given": SubsetInOrderGiven,
+    "vsqlite-leaves-subset-ignores-newer-than": SubsetIgnoresNewerThan,
 }
 """Scheme -> broken variant."""
 

@@ -1,5 +1,6 @@
 """``vsqlite-leaves:///path/to/store.db``: the reference backend with leaf versions
-(:class:`~varsync.backend.SupportsLeafVersions`), written from docs/plugins.md and the
+(:class:`~varsync.backend.SupportsLeafVersions`) and reads of chosen leaves
+(:class:`~varsync.backend.SupportsLeafSubsets`), written from docs/plugins.md and the
 protocol's docstrings as a third party would, to Backend protocol 1; the mutation tests
 break it on purpose (``mutants.broken_leaves``, subclasses of :class:`SqliteLeafStore`).
 
@@ -11,7 +12,8 @@ map, refuses a ``base`` that is not that head (epoch included), inserts the rows
 leaves given, sets the version and the new map, and deletes the rows of those leaves that
 the new map no longer names (retention: a leaf unchanged for any number of versions keeps
 its one row). A read is one transaction of several statements (the head, then the rows it
-names), so it sees one version and answers that version's head. After
+names), so it sees one version and answers that version's head; a read of chosen leaves
+is the same transaction, selecting the rows of those leaves alone. After
 :func:`start_new_history`, versions count from 1 again under a new epoch: the core, which
 compares epochs, tells a holder of the old history; this backend remembers nothing of what
 a caller saw.
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, final
+from typing import Collection, Dict, List, Mapping, Optional, Sequence, Tuple, final
 from urllib.parse import unquote, urlsplit
 
 import numpy as np
@@ -33,8 +35,9 @@ from varsync.backend import (
     LeafRead,
     Read,
     Spec,
-    SupportsLeafVersions,
+    SupportsLeafSubsets,
     TableNotFoundError,
+    leaf_subset,
 )
 
 SCHEMA = """
@@ -51,7 +54,7 @@ CREATE TABLE IF NOT EXISTS leaves (
 """
 
 
-class SqliteLeafStore(SqliteStore, SupportsLeafVersions):
+class SqliteLeafStore(SqliteStore, SupportsLeafSubsets):
     """Tables in one SQLite file, each leaf a row of the version that wrote it."""
 
     schema = SCHEMA
@@ -156,11 +159,29 @@ class SqliteLeafStore(SqliteStore, SupportsLeafVersions):
     ) -> LeafRead:
         return self._read(name, newer_than, deadline, specs, every=False)
 
+    def read_leaf_subset(
+        self,
+        name: str,
+        indices: Sequence[int],
+        newer_than: int,
+        deadline: float,
+        specs: Sequence[Spec],
+    ) -> LeafRead:
+        chosen = leaf_subset(name, indices, len(specs))  # checked before any statement
+        return self._read(name, newer_than, deadline, specs, every=False, chosen=chosen)
+
     def _read(
-        self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec], every: bool
+        self,
+        name: str,
+        newer_than: int,
+        deadline: float,
+        specs: Sequence[Spec],
+        every: bool,
+        chosen: Optional[Collection[int]] = None,
     ) -> LeafRead:
         """The head and the rows it names (those changed since ``newer_than``, or
-        ``every`` one), in one transaction: one version, whatever writers do meanwhile."""
+        ``every`` one; of the ``chosen`` leaves only, if given), in one transaction: one
+        version, whatever writers do meanwhile."""
         with self._connection(deadline) as conn:
             conn.execute("BEGIN")
             try:
@@ -168,27 +189,38 @@ class SqliteLeafStore(SqliteStore, SupportsLeafVersions):
                 if head.version <= newer_than:
                     return LeafRead(head, None, None)
                 since = 0 if every else newer_than
-                rows = self._rows(conn, name, since)
+                rows = self._rows(conn, name, since, chosen)
             finally:
                 conn.rollback()  # read only: nothing to keep
-        return LeafRead(head, numbers, self._arrays_of(name, head, numbers, since, rows, specs))
+        arrays = self._arrays_of(name, head, numbers, since, rows, specs, chosen)
+        return LeafRead(head, numbers, arrays)
 
     def _rows(
-        self, conn: sqlite3.Connection, name: str, since: int
+        self,
+        conn: sqlite3.Connection,
+        name: str,
+        since: int,
+        chosen: Optional[Collection[int]] = None,
     ) -> Dict[int, Tuple[int, bytes]]:
-        """``{leaf: (version, payload)}`` of the rows written after version ``since``."""
-        found: Dict[int, Tuple[int, bytes]] = {}
-        for leaf, version, payload in conn.execute(
+        """``{leaf: (version, payload)}`` of the rows written after version ``since``
+        (of the ``chosen`` leaves only, if given)."""
+        query = (
             "SELECT leaf, version, payload FROM leaves WHERE namespace = ? AND name = ? "
-            "AND version > ? ORDER BY version",
-            (self._ns, name, since),
-        ):
+            "AND version > ?"
+        )
+        arguments: List[object] = [self._ns, name, since]
+        if chosen is not None:
+            query += f" AND leaf IN ({', '.join('?' * len(chosen))})"
+            arguments += list(chosen)
+        found: Dict[int, Tuple[int, bytes]] = {}
+        for leaf, version, payload in conn.execute(query + " ORDER BY version", arguments):
             found[int(leaf)] = (int(version), bytes(payload))  # the newest row wins
         return found
 
     def _arrays_of(
         self, name: str, head: Head, numbers: List[int], since: int,
         rows: Dict[int, Tuple[int, bytes]], specs: Sequence[Spec],
+        chosen: Optional[Collection[int]] = None,
     ) -> List[Optional[np.ndarray]]:
         if len(numbers) != len(specs):
             raise CorruptDataError(
@@ -197,7 +229,7 @@ class SqliteLeafStore(SqliteStore, SupportsLeafVersions):
             )
         out: List[Optional[np.ndarray]] = []
         for index, (spec, number) in enumerate(zip(specs, numbers)):
-            if number <= since:
+            if number <= since or (chosen is not None and index not in chosen):
                 out.append(None)
                 continue
             got = rows.get(index)

@@ -12,15 +12,15 @@ leaf version in the base head. Each write is one ``BEGIN IMMEDIATE`` transaction
 refuses a ``base`` other than the head, epoch included (retention: the anchor and chain of
 every leaf's current value stay, nothing else). Reads are one transaction too:
 :meth:`read_patches` gives a leaf's links alone when they reach back to a leaf version the
-reader holds, else its anchor and links; :meth:`read` and :meth:`read_leaves` rebuild
-whole values with :func:`~varsync.backend.rebuilt_leaf`, which verifies each link.
+reader holds, else its anchor and links; :meth:`read`, :meth:`read_leaves` and
+:meth:`read_leaf_subset` (the chosen leaves' rows alone) rebuild whole values with :func:`~varsync.backend.rebuilt_leaf`, which verifies each link.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Dict, List, Mapping, Optional, Sequence, Union, final
+from typing import Collection, Dict, List, Mapping, Optional, Sequence, Union, final
 
 import numpy as np
 
@@ -36,6 +36,7 @@ from varsync.backend import (
     Read,
     Spec,
     SupportsElementDeltas,
+    leaf_subset,
     rebuilt_leaf,
 )
 
@@ -168,6 +169,22 @@ class SqlitePatchStore(SqliteLeafStore, SupportsElementDeltas):
             return LeafRead(head, None, None)
         return LeafRead(head, numbers, [None if a is None else self._whole(a) for a in leaves])
 
+    def read_leaf_subset(
+        self,
+        name: str,
+        indices: Sequence[int],
+        newer_than: int,
+        deadline: float,
+        specs: Sequence[Spec],
+    ) -> LeafRead:
+        chosen = leaf_subset(name, indices, len(specs))
+        head, numbers, leaves = self._read_chains(
+            name, newer_than, newer_than, deadline, specs, False, chosen
+        )
+        if leaves is None:
+            return LeafRead(head, None, None)
+        return LeafRead(head, numbers, [None if a is None else self._whole(a) for a in leaves])
+
     def read_patches(
         self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]
     ) -> PatchRead:
@@ -185,11 +202,13 @@ class SqlitePatchStore(SqliteLeafStore, SupportsElementDeltas):
         deadline: float,
         specs: Sequence[Spec],
         links_alone: bool,
+        chosen: Optional[Collection[int]] = None,
     ) -> PatchRead:
         """The head (answering nothing if it is not newer than ``newer_than``) and each
-        leaf changed since ``since`` (the version the reader holds; 0: none): its links
-        alone where ``links_alone`` and they reach back to ``since``, else its anchor and
-        links, or its anchor; in one transaction, so of one version."""
+        leaf changed since ``since`` (the version the reader holds; 0: none; of the
+        ``chosen`` leaves only, if given): its links alone where ``links_alone`` and they
+        reach back to ``since``, else its anchor and links, or its anchor; in one
+        transaction, so of one version."""
         with self._connection(deadline) as conn:
             conn.execute("BEGIN")
             try:
@@ -206,7 +225,7 @@ class SqlitePatchStore(SqliteLeafStore, SupportsElementDeltas):
                 leaves: List[Optional[Leaf]] = []
                 for index, (spec, number) in enumerate(zip(specs, numbers)):
                     links = chains.get(index, [])
-                    if number <= since:
+                    if number <= since or (chosen is not None and index not in chosen):
                         leaves.append(None)
                     elif links_alone and since and links and links[0].base <= since:
                         leaves.append(LeafChain(None, 0, links))

@@ -32,8 +32,10 @@ from varsync.backend import (
     Spec,
     SupportsBlockingWait,
     SupportsElementDeltas,
+    SupportsLeafSubsets,
     SupportsReaderRegistry,
     deadline_after,
+    leaf_subset,
 )
 
 __all__ = ["RedisBackend"]
@@ -43,7 +45,13 @@ FIRST_ANSWER_SECONDS = 5.0
 
 
 @final
-class RedisBackend(Backend, SupportsBlockingWait, SupportsElementDeltas, SupportsReaderRegistry):
+class RedisBackend(
+    Backend,
+    SupportsBlockingWait,
+    SupportsElementDeltas,
+    SupportsLeafSubsets,
+    SupportsReaderRegistry,
+):
     """Tables in a Redis server (``redis://[user:password@]host:port/db``; ``rediss://``
     for TLS). Options: ``db``, ``username``, ``password``, ``prefix`` (key prefix, default
     ``varsync``), ``chunk_size`` (bytes, default 4 MiB), ``keep`` (previous versions kept
@@ -213,6 +221,18 @@ class RedisBackend(Backend, SupportsBlockingWait, SupportsElementDeltas, Support
     ) -> LeafRead:
         with self._errors(f"pulling table {name!r}"):
             return self.reader.read_leaves(name, newer_than, deadline, specs)
+
+    def read_leaf_subset(
+        self,
+        name: str,
+        indices: Sequence[int],
+        newer_than: int,
+        deadline: float,
+        specs: Sequence[Spec],
+    ) -> LeafRead:
+        chosen = leaf_subset(name, indices, len(specs))
+        with self._errors(f"pulling {len(chosen)} leaves of table {name!r}"):
+            return self.reader.read_leaf_subset(name, chosen, newer_than, deadline, specs)
 
     def read_patches(
         self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]

@@ -216,6 +216,36 @@ class Reader:
         head, versions, arrays = self._read(name, newer_than, deadline, specs, composed_leaves)
         return LeafRead(head, versions, arrays)
 
+    def read_leaf_subset(
+        self,
+        name: str,
+        chosen: Sequence[int],
+        newer_than: int,
+        deadline: float,
+        specs: Sequence[Spec],
+    ) -> LeafRead:
+        """``read_leaf_subset`` of the ``chosen`` leaves (checked, sorted): the chunks
+        covering those changed since ``newer_than``, of whatever segments hold them,
+        through :meth:`read_leaves`' machinery (one version, restarts, replicas,
+        Cluster). A whole (format 1) version is read as one segment too, only the
+        chunks its chosen leaves lie in; unless the peek brought its one small chunk
+        along, which is unpacked whole and the rest dropped (no request saved by
+        choosing)."""
+
+        def chosen_leaves(
+            route: Route, versioned: str, places: list[Place]
+        ) -> list[np.ndarray | None] | None:
+            needed = [i for i in chosen if places[i].version > newer_than]
+            chunks = self._catalog.keys(name).chunks
+            return self.fetch.leaves(
+                route.client, chunks, versioned, places, specs, needed, deadline
+            )
+
+        head, versions, arrays = self._read(
+            name, newer_than, deadline, specs, chosen_leaves, frozenset(chosen)
+        )
+        return LeafRead(head, versions, arrays)
+
     def read_patches(
         self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]
     ) -> PatchRead:
@@ -240,10 +270,14 @@ class Reader:
         deadline: float,
         specs: Sequence[Spec],
         composed_read: Callable[[Route, str, list[Place]], list[L] | None],
+        subset: frozenset[int] | None = None,
     ) -> tuple[Head, list[int] | None, list[L] | None]:
         """The head and, if its version is newer than ``newer_than``, its leaf versions
         and leaves: a whole version's arrays, or what ``composed_read(route, where,
-        places)`` fetches of a composed one (``None``: a chunk is gone, start again)."""
+        places)`` fetches of a composed one (``None``: a chunk is gone, start again).
+        With a ``subset`` of leaves: a whole version too goes to ``composed_read``, as
+        one segment, unless its one chunk came with the peek (then only the leaves of
+        ``subset`` of its arrays are kept)."""
         keys = self._catalog.keys(name)
         where = self._where(name)
 
@@ -268,13 +302,15 @@ class Reader:
                         f"{where} version {head.version}: a chunk of the current version is "
                         "missing (evicted? varsync needs maxmemory-policy noeviction)"
                     )
-                if not composed(head):  # one whole segment
+                if not composed(head) and (subset is None or head.chunk is not None):
                     chunk_prefix = f"{keys.chunks}{head.data}:"
                     whole = self.fetch.whole(
                         route.client, where, specs, head, chunk_prefix, deadline
                     )
                     if whole is not None:
                         arrays: list[L] = list(whole)
+                        if subset is not None:
+                            arrays = [a if i in subset else None for i, a in enumerate(arrays)]
                         return answer(head), [head.version] * len(specs), arrays
                 else:
                     versioned = f"{where} version {head.version}"
