@@ -30,11 +30,18 @@ from varsync import _checks as checks
 from varsync import _delta as delta
 from varsync import _nest as nest_lib
 from varsync import _shard_layout as layout_lib
-from varsync._backends.base import Backend, Head, SupportsLeafVersions, remaining
+from varsync._backends.base import (
+    Backend,
+    Head,
+    SupportsLeafSubsets,
+    SupportsLeafVersions,
+    reads_leaf_subsets,
+    remaining,
+)
 from varsync._errors import ConfigurationError, CorruptDataError, PullTimeoutError
 from varsync._history import UNKNOWN
 from varsync._shard_layout import Block, Ranges
-from varsync._sharded import NO_PART, NOTHING, Manifest, ShardedTables, part_name
+from varsync._sharded import NO_PART, NOTHING, Manifest, PartLayout, ShardedTables, part_name
 from varsync._signature import Spec
 from varsync._waiting import wait_for_change
 
@@ -137,23 +144,25 @@ class ShardedReads:
                     continue
                 part = part_name(name, manifest.slot, rank)
                 layout = self._tables.layout(part)
-                if not any(
-                    b.leaf in chosen
+                needed = [
+                    i
+                    for i, b in enumerate(layout.blocks)
+                    if b.leaf in chosen
                     and layout_lib.intersection(b.ranges, chosen[b.leaf]) is not None
-                    for b in layout.blocks
-                ):
+                ]
+                if not needed:
                     continue
-                head, arrays = self._backend.read(part, 0, deadline, layout.specs)
-                if head.version != expected or arrays is None:
-                    return _Stale(part, head.version, expected)
-                checks.read_leaves(part, head.version, arrays, layout.specs, whole=True)
+                got = self._blocks_of(part, layout, needed, expected, deadline)
+                if isinstance(got, _Stale):
+                    return got
+                head, arrays = got
                 if layout.changes is not None:
                     self._remember(part, head, arrays[layout.changes])
-                for block, array in zip(layout.blocks, arrays):
-                    if block.leaf in chosen:
-                        copied[block.leaf] += layout_lib.copy_block(
-                            out[block.leaf], chosen[block.leaf], np.asarray(array), block.ranges
-                        )
+                for i in needed:
+                    block = layout.blocks[i]
+                    copied[block.leaf] += layout_lib.copy_block(
+                        out[block.leaf], chosen[block.leaf], np.asarray(arrays[i]), block.ranges
+                    )
             for leaf, count in copied.items():
                 if count != layout_lib.volume(chosen[leaf]):
                     raise CorruptDataError(
@@ -164,6 +173,42 @@ class ShardedReads:
             return out
 
         return self._consistent(name, newer_than, deadline, limit, wait_until, attempt)
+
+    def _blocks_of(
+        self,
+        part: str,
+        layout: PartLayout,
+        needed: Sequence[int],
+        expected: int,
+        deadline: float,
+        *,
+        changes: bool = True,
+    ) -> tuple[Head, list[np.ndarray | None]] | _Stale:
+        """Part table ``part`` at its version ``expected`` (else :class:`_Stale`), with
+        at least its blocks ``needed`` and (``changes``) its ``~changed`` leaf: those
+        alone where the backend reads chosen leaves
+        (:class:`~varsync.backend.SupportsLeafSubsets`), else every leaf."""
+        backend = self._backend
+        if not reads_leaf_subsets(backend) or len(needed) == len(layout.blocks):
+            head, whole = backend.read(part, 0, deadline, layout.specs)
+            if head.version != expected or whole is None:
+                return _Stale(part, head.version, expected)
+            checks.read_leaves(part, head.version, whole, layout.specs, whole=True)
+            every: list[np.ndarray | None] = list(whole)
+            return head, every
+        assert isinstance(backend, SupportsLeafSubsets)
+        indices = [*needed, *([] if layout.changes is None or not changes else [layout.changes])]
+        head, _, arrays = backend.read_leaf_subset(part, indices, 0, deadline, layout.specs)
+        if head.version != expected or arrays is None:
+            return _Stale(part, head.version, expected)
+        checks.read_leaves(part, head.version, arrays, layout.specs)
+        absent = [i for i in indices if arrays[i] is None]
+        if absent:
+            raise CorruptDataError(
+                f"part table {part!r} version {head.version}: leaves {absent} were asked "
+                "for and did not come"
+            )
+        return head, list(arrays)
 
     def read_changed(
         self, name: str, held: Held, deadline: float, limit: float | None
@@ -208,6 +253,8 @@ class ShardedReads:
             return list(zip(layout.blocks, whole))
         backend = self._backend
         assert isinstance(backend, SupportsLeafVersions)  # sharded tables need it
+        if reads_leaf_subsets(backend):
+            return self._changed_blocks_alone(part, layout, expected, held_step, deadline)
         with self._lock:
             seen = self._seen.get(part)
         newer_than = expected - 1 if seen is None else min(seen.head.version, expected - 1)
@@ -252,6 +299,42 @@ class ShardedReads:
                     "and those leaves did not come"
                 )
             newer_than = lowest - 1  # rare: a block that changed and changed back
+
+    def _changed_blocks_alone(
+        self, part: str, layout: PartLayout, expected: int, held_step: int, deadline: float
+    ) -> list[tuple[Block, np.ndarray]] | _Stale:
+        """:meth:`_changed_blocks` on a backend that reads chosen leaves: the
+        ``~changed`` leaf first, then exactly the blocks changed after ``held_step``, both
+        of the part's version ``expected`` (two small requests instead of the blocks
+        changed since this reader last read the slot)."""
+        assert layout.changes is not None
+        backend = self._backend
+        assert isinstance(backend, SupportsLeafSubsets)
+        head, _, arrays = backend.read_leaf_subset(
+            part, [layout.changes], 0, deadline, layout.specs
+        )
+        if head.version != expected or arrays is None:
+            return _Stale(part, head.version, expected)
+        checks.read_leaves(part, head.version, arrays, layout.specs)
+        changed = arrays[layout.changes]
+        if changed is None:
+            raise CorruptDataError(f"part table {part!r} version {head.version}: no ~changed")
+        needed = [i for i, step in enumerate(np.asarray(changed).tolist()) if step > held_step]
+        blocks: list[np.ndarray | None] = []
+        if needed:
+            got = self._blocks_of(part, layout, needed, expected, deadline, changes=False)
+            if isinstance(got, _Stale):
+                return got
+            if got[0] != head:  # another history under the same number: read again
+                return _Stale(part, expected, expected)
+            blocks = got[1]
+        self._remember(part, head, changed)
+        out = []
+        for i in needed:
+            array = blocks[i]
+            assert array is not None  # _blocks_of checked that every one came
+            out.append((layout.blocks[i], array))
+        return out
 
     def _remember(self, part: str, head: Head, changed: Any) -> None:
         array = np.array(changed, dtype=np.int64)  # a copy: a store's buffer may be reused

@@ -345,6 +345,63 @@ def test_a_reader_of_a_slice_moves_only_the_parts_that_hold_it(redis_servers: An
     assert nbytes / 4 <= quarter_bytes < nbytes / 4 * 1.05
 
 
+def test_a_reader_sharded_another_way_moves_only_the_tiles_it_needs(redis_servers: Any) -> None:
+    """Ranks push rows, cut into column tiles (``tiles=4``); a reader of a column half,
+    or of one leaf of two, moves about that share of the bytes (Redis ``INFO stats``):
+    only the tiles it intersects are read (``read_leaf_subset``; 4 KiB chunks, so that
+    a chunk shared with an unread tile costs little)."""
+    server = redis_servers()
+    url = server.url + "?chunk_size=4096"
+    world, rows_, cols = 4, 4096, 64
+    big = {
+        "a": np.arange(rows_ * cols, dtype=np.float32).reshape(rows_, cols),
+        "b": -np.arange(rows_ * cols, dtype=np.float32).reshape(rows_, cols),
+    }
+    n = rows_ // world
+    parts = {
+        r: {k: (((r * n, (r + 1) * n), (0, cols)), v[r * n : (r + 1) * n]) for k, v in big.items()}
+        for r in range(world)
+    }
+    answers: Dict[int, Any] = {}
+
+    def rank_main(rank: int) -> None:
+        with varsync.connect(url, timeout=BOUND) as store:
+            answers[rank] = store.push_shard("tiled", parts[rank], rank=rank, step=1, tiles=4)
+
+    with varsync.connect(url, timeout=BOUND) as store:
+        store.create_sharded_table("tiled", big, world)
+        threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(3 * BOUND)
+        assert answers == {r: 1 for r in range(world)}
+        store.pull_slices("tiled", {"a": ((0, 1), (0, 1))})  # signatures cached
+        nbytes = sum(v.nbytes for v in big.values())
+        with server.client() as admin:
+
+            def sent() -> int:
+                return int(admin.info("stats")["total_net_output_bytes"])
+
+            before = sent()
+            halves = {k: ((0, rows_), (0, cols // 2)) for k in big}
+            _, half = store.pull_slices("tiled", halves)
+            half_bytes = sent() - before
+            before = sent()
+            _, quarter = store.pull_slices("tiled", {"a": ((0, rows_), (cols // 4, cols // 2))})
+            quarter_bytes = sent() - before
+            before = sent()
+            _, one = store.pull_slices("tiled", {"b": ((0, rows_), (0, cols))})
+            one_bytes = sent() - before
+    assert half["a"].tobytes() == big["a"][:, : cols // 2].tobytes()
+    assert half["b"].tobytes() == big["b"][:, : cols // 2].tobytes()
+    assert quarter["a"].tobytes() == big["a"][:, cols // 4 : cols // 2].tobytes()
+    assert one["b"].tobytes() == big["b"].tobytes()
+    assert nbytes / 2 <= half_bytes < nbytes / 2 * 1.1
+    assert nbytes / 8 <= quarter_bytes < nbytes / 8 * 1.1
+    assert nbytes / 2 <= one_bytes < nbytes / 2 * 1.1
+
+
 KILLED_RANK = textwrap.dedent(
     """
     import sys, numpy as np, varsync

@@ -144,12 +144,19 @@ def assert_bit_equal(got: Dict[str, Any], want: Dict[str, Any]) -> None:
         assert np.asarray(got[key]).tobytes() == np.asarray(want[key]).tobytes(), key
 
 
+@pytest.mark.parametrize("subsets", [True, False], ids=["chosen-leaves", "read-leaves"])
 @pytest.mark.parametrize("world", [2, 4])
-def test_delta_reads_fetch_only_the_blocks_that_changed(url: str, world: int) -> None:
-    """After a first read of each slot, steps 5 and 6 move ``w``, ``step``, rank 0's
-    rows of ``head`` where they changed, and ``flip``'s last rows at step 5 (changed since
-    step 3, the step this reader last read that slot at, though not since step 4): never
-    ``emb``, 70 % of the model."""
+def test_delta_reads_fetch_only_the_blocks_that_changed(
+    url: str, world: int, subsets: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a first read of each slot, steps 5 and 6 move ``w``, ``step`` and rank 0's
+    rows of ``head`` where they changed: exactly those on a backend that reads chosen
+    leaves (all three here); with ``read_leaves`` alone (the reader told the backend
+    lacks that ability), also ``flip``'s last rows at step 5 (changed since step 3, the
+    step this reader last read that slot at, though not since step 4). Never ``emb``,
+    70 % of the model."""
+    if not subsets:
+        monkeypatch.setattr("varsync._sharded_reads.reads_leaf_subsets", lambda backend: False)
     ranks = Ranks(url, world)
     pulling, updating = prometheus_client.CollectorRegistry(), prometheus_client.CollectorRegistry()
     try:
@@ -186,7 +193,12 @@ def test_delta_reads_fetch_only_the_blocks_that_changed(url: str, world: int) ->
                 whole = sum(np.asarray(v).nbytes for v in values.values())
                 assert needed < whole / 3
                 for count in moved:
-                    assert needed <= count <= most + small, (count, needed, most, whole)
+                    assert needed <= count <= (needed if subsets else most) + small, (
+                        count,
+                        needed,
+                        most,
+                        whole,
+                    )
                 assert reader.pull_if_newer(version, "model", held=held) is None
             fresh_registry = prometheus_client.CollectorRegistry()
             with varsync.connect(url, timeout=BOUND, metrics=fresh_registry) as fresh:
