@@ -14,6 +14,7 @@ another base), a whole write starts a leaf's chain again, and ``read`` and
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from typing import Any, Callable
 
@@ -24,6 +25,7 @@ import varsync
 from varsync._backends.base import Backend, Head, LeafChain, SupportsElementDeltas
 from varsync._patches import check_chain, rebuilt_leaf
 from varsync.testing._base import TableMaker, _Base
+from varsync.testing.fault_tests import _interrupt_rounds
 from varsync.testing.values import assert_bit_equal
 
 __all__ = ["ElementDeltaTests", "patch_table"]
@@ -216,23 +218,37 @@ class ElementDeltaTests(_Base):
         current = _first(specs, 21)
         reader = connect(patch_url)
         targets = varsync.unflatten(signature, [np.zeros_like(a) for a in current])
-        pushes, updates = [], []
-        for _ in range(3):  # the typical durations, and copies and chains under way
+        pushes: list[float] = []
+        updates: list[float] = []
+
+        def timed(times: list[float], call: Callable[[], Any]) -> None:
+            started = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - started)
+
+        def typical(times: list[float]) -> float:
+            """As FaultTests time calls: the median of the last few uninterrupted ones,
+            so that one slow call on a busy machine does not send most interrupts
+            after the call returned."""
+            return statistics.median(times[-5:])
+
+        for _ in range(5):  # the typical durations, and copies and chains under way
             current = _step(current, rng, SHARE)
-            started = time.perf_counter()
-            weights.push(varsync.unflatten(signature, current), "weights")
-            pushes.append(time.perf_counter() - started)
-            started = time.perf_counter()
-            reader.update(targets, "weights")
-            updates.append(time.perf_counter() - started)
+            nest = varsync.unflatten(signature, current)
+            timed(pushes, lambda: weights.push(nest, "weights"))  # noqa: B023
+            timed(updates, lambda: reader.update(targets, "weights"))
         with Interrupter(seed=23) as interrupter:
-            for _ in range(INTERRUPTED_ROUNDS):
+            for index in _interrupt_rounds(INTERRUPTED_ROUNDS, interrupter):
+                measured = index % 10 == 9  # one round in ten, timed, not interrupted
                 new = _step(current, rng, SHARE)
                 nest = varsync.unflatten(signature, new)
-                interrupter.call(
-                    lambda: weights.push(nest, "weights"),  # noqa: B023 - called at once
-                    interrupter.random.uniform(0, 1.2 * max(pushes)),
-                )
+                if measured:
+                    timed(pushes, lambda: weights.push(nest, "weights"))  # noqa: B023
+                else:
+                    interrupter.call(
+                        lambda: weights.push(nest, "weights"),  # noqa: B023 - called at once
+                        interrupter.random.uniform(0, 1.2 * typical(pushes)),
+                    )
                 held = reader.pull("weights")  # published or not, never a mix
                 landed = _bits_equal(varsync.flatten(held), new)
                 assert landed or _bits_equal(varsync.flatten(held), current), (
@@ -240,10 +256,13 @@ class ElementDeltaTests(_Base):
                     "nor the one before"
                 )
                 current = new if landed else current
-                interrupter.call(
-                    lambda: reader.update(targets, "weights"),
-                    interrupter.random.uniform(0, 1.2 * max(updates)),
-                )
+                if measured:
+                    timed(updates, lambda: reader.update(targets, "weights"))
+                else:
+                    interrupter.call(
+                        lambda: reader.update(targets, "weights"),
+                        interrupter.random.uniform(0, 1.2 * typical(updates)),
+                    )
                 reader.update(targets, "weights")
                 assert_bit_equal(targets, varsync.unflatten(signature, current))
         assert interrupter.fired >= INTERRUPTED_ROUNDS // 4, "too few calls were interrupted"
