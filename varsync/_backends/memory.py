@@ -247,19 +247,7 @@ class MemoryBackend(
     def read_leaves(
         self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]
     ) -> LeafRead:
-        table = self._table(name)
-        version, stored, leaf_versions, _ = table.value
-        head = Head(version, table.epoch)
-        if version <= newer_than:
-            return LeafRead(head, None, None)
-        return LeafRead(
-            head,
-            list(leaf_versions),
-            [
-                array.view() if changed > newer_than else None
-                for array, changed in zip(stored, leaf_versions)
-            ],
-        )
+        return self.read_leaf_subset(name, range(len(specs)), newer_than, deadline, specs)
 
     def read_leaf_subset(
         self,
