@@ -378,14 +378,17 @@ class ReverbBackend(Backend):
                     return Read(head, arrays)
                 # Else only a count unchanged across the sample says which insert was
                 # sampled (one that moved means the item may be newer than ``head``), or
-                # a label equal to the count after it, which the sampled insert cannot
-                # be above; either within one server run.
+                # a label between the counts before and after it: the sampled insert is
+                # one of those, and its label names it (a raced push's, at most it: a
+                # newer value under the older number, as docs/guarantees.md allows);
+                # either within one server run.
                 again, after, _ = self._look(name, deadline)
             if after.epoch == head.epoch:
                 if insert_count(again) == insert_count(info):
                     return Read(head, arrays)
-                if labelled_version(label) == after.version:
-                    return Read(after, arrays)
+                labelled = labelled_version(label)
+                if head.version <= labelled <= after.version:
+                    return Read(Head(labelled, head.epoch), arrays)
             sampled_as, info, head = head, again, after
         # A writer out-pushing the sampler: the value is at least as new as the count read
         # before its sample, never older (docs/guarantees.md, Reverb).
