@@ -18,6 +18,9 @@ from varsync import _signature as sig
 from varsync._errors import ConfigurationError, SignatureError, VarsyncError
 from varsync.cli.usage import PROG, UsageError, one_line
 
+#: Seconds between wake-ups of ``serve``'s main thread while it waits for a signal.
+_WAKE_EVERY = 0.25
+
 
 def add_parser(commands: argparse._SubParsersAction[Any]) -> None:
     """Add the ``serve`` command, and its engine ``reverb``, to the ``commands``
@@ -154,7 +157,11 @@ def run_reverb(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             file=err,
             flush=True,
         )
-        stop.wait()  # woken by the signal handlers above
+        # Woken by the signal handlers above, which run in this thread only: the kernel
+        # may deliver SIGINT to one of Reverb's gRPC threads, which leaves this thread
+        # asleep in an untimed wait, so it wakes to let a pending handler run.
+        while not stop.wait(_WAKE_EVERY):
+            pass
     finally:
         if server is not None:
             server.stop()
