@@ -29,7 +29,9 @@ through :mod:`varsync._patches` (``docs/delta.md``, "Element deltas").
 
 from __future__ import annotations
 
+import os
 import struct
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +61,9 @@ MAX_SHARE = 0.75
 SAMPLE = 4096
 #: Elements compared per block of the exact scan (the mask stays in cache).
 BLOCK = 1 << 18
+#: Blocks per scanning thread at least, and the most threads scanning one leaf.
+PARALLEL_BLOCKS = 8
+MAX_SCAN_THREADS = 4
 
 POSITIONS, GAPS, BITMAP = 1, 2, 3
 ENCODING_NAMES = {POSITIONS: "positions", GAPS: "gaps", BITMAP: "bitmap"}
@@ -252,19 +257,15 @@ def changed_too_much(sample: np.ndarray, new: np.ndarray, limit: float) -> bool:
     return _sample_over(sample, b[picks], lanes, most / count)
 
 
-def _changed_positions(
-    old: np.ndarray, new: np.ndarray, lanes: int, most: int | None
-) -> np.ndarray | None:
-    """Sorted positions of the changed elements, or ``None`` once more than ``most``."""
-    count = old.size // lanes
-    if most is not None and count > 4 * SAMPLE:
-        picks = _picks(count, lanes)
-        if _sample_over(old[picks], new[picks], lanes, most / count):
-            return None
+def _scan(
+    old: np.ndarray, new: np.ndarray, lanes: int, most: int | None, starts: range
+) -> list[np.ndarray] | None:
+    """The changed positions in the blocks starting at ``starts`` (lane offsets), or
+    ``None`` once more than ``most`` of them."""
     found = []
     total = 0
     step = BLOCK * lanes
-    for start in range(0, old.size, step):
+    for start in starts:
         mask = _element_mask(old[start : start + step], new[start : start + step], lanes)
         where = np.flatnonzero(mask)
         total += where.size
@@ -272,6 +273,70 @@ def _changed_positions(
             return None
         if where.size:
             found.append(where + start // lanes)
+    return found
+
+
+def _scan_threads(blocks: int) -> int:
+    """How many threads scan a leaf of ``blocks`` blocks: one below
+    :data:`PARALLEL_BLOCKS` per thread (starting a thread costs more than the scan), else
+    up to :data:`MAX_SCAN_THREADS`, at most the CPUs this process may use."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on every platform
+        cpus = os.cpu_count() or 1
+    return max(1, min(MAX_SCAN_THREADS, cpus, blocks // PARALLEL_BLOCKS))
+
+
+def _changed_positions(
+    old: np.ndarray, new: np.ndarray, lanes: int, most: int | None
+) -> np.ndarray | None:
+    """Sorted positions of the changed elements, or ``None`` once more than ``most``.
+
+    A large leaf's blocks are scanned by a few threads, each a contiguous run of them
+    (numpy's comparison and ``flatnonzero`` release the GIL: two threads scanned 100 MB
+    of bf16 in 12.5 ms against 21.3 ms for one, on 2 cores). A thread is started per
+    call, not pooled, so a forked child scans as its parent does."""
+    count = old.size // lanes
+    if most is not None and count > 4 * SAMPLE:
+        picks = _picks(count, lanes)
+        if _sample_over(old[picks], new[picks], lanes, most / count):
+            return None
+    step = BLOCK * lanes
+    starts = range(0, old.size, step)
+    threads = _scan_threads(len(starts))
+    if threads == 1:
+        found = _scan(old, new, lanes, most, starts)
+    else:
+        share = -(-len(starts) // threads)
+        runs = [starts[k * share : (k + 1) * share] for k in range(threads)]
+        results: list[list[np.ndarray] | BaseException | None] = [None] * threads
+
+        def scan_run(k: int) -> None:
+            try:
+                results[k] = _scan(old, new, lanes, most, runs[k])
+            except BaseException as error:  # handed to the caller below
+                results[k] = error
+
+        helpers = [
+            threading.Thread(target=scan_run, args=(k,), name="varsync-diff", daemon=True)
+            for k in range(1, threads)
+        ]
+        for helper in helpers:
+            helper.start()
+        scan_run(0)
+        for helper in helpers:
+            helper.join()
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        parts = [r for r in results if not isinstance(r, BaseException)]
+        if any(r is None for r in parts):
+            return None
+        found = [a for r in parts if r is not None for a in r]
+        if most is not None and sum(a.size for a in found) > most:
+            return None
+    if found is None:
+        return None
     return np.concatenate(found) if found else np.zeros(0, np.intp)
 
 

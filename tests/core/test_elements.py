@@ -245,3 +245,22 @@ def test_a_read_only_or_strided_array_is_refused() -> None:
         elements.apply(old, patch)
     with pytest.raises(ValueError, match="C-contiguous"):
         elements.diff(np.zeros((10, 10))[:, ::2], np.zeros((10, 5)))
+
+
+def test_a_large_leaf_scanned_by_threads_finds_the_same_positions(monkeypatch) -> None:
+    """A leaf of 19 blocks scanned by three threads (contiguous runs of blocks): the same
+    sorted positions as one scan, and the bound on changed elements holds across them."""
+    rng = np.random.default_rng(9)
+    old = rng.integers(0, 1 << 16, 5_000_000, dtype=np.uint16)
+    new = old.copy()
+    picked = np.sort(rng.choice(old.size, 40_000, replace=False))
+    new[picked] ^= 1
+    monkeypatch.setattr(elements, "_scan_threads", lambda blocks: 3)
+    np.testing.assert_array_equal(elements._changed_positions(old, new, 1, None), picked)
+    assert elements._changed_positions(old, new, 1, 39_999) is None  # one too many, in all
+    np.testing.assert_array_equal(elements._changed_positions(old, new, 1, 40_000), picked)
+    patch = elements.diff(old, new, limit=None)
+    assert patch is not None
+    np.testing.assert_array_equal(elements.apply(old.copy(), patch), new)
+    monkeypatch.setattr(elements, "_scan_threads", lambda blocks: 1)
+    np.testing.assert_array_equal(elements._changed_positions(old, new, 1, None), picked)
