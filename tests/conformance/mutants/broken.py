@@ -235,16 +235,24 @@ class SkipsVersions(SqliteStore):
         return current + (2 if current % 10 == 7 else 1)
 
 
+#: Seconds between a torn read's two statements, as a server's round trip would put
+#: there: without it the window a push must land in is a few microseconds, and on a loaded
+#: machine the suite's concurrency tests missed the variant once (CI, 2026-12-06).
+ROUND_TRIP = 0.002
+
+
 class ReadsTheHeadThenTheData(SqliteStore):
     """``read`` asks the head, then fetches the data of whatever version is current by a
-    second statement, outside a transaction: a push landing in between gives the arrays
-    of a version newer than the head it answers (the protocol: of one version)."""
+    second statement, outside a transaction, a round trip later (:data:`ROUND_TRIP`): a
+    push landing in between gives the arrays of a version newer than the head it answers
+    (the protocol: of one version)."""
 
     def read(self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec]) -> Read:
         with self._connection(deadline) as conn:
             head = self._head_of(conn, name)
             if head.version <= newer_than:
                 return Read(head, None)
+            time.sleep(ROUND_TRIP)
             rows = conn.execute(
                 "SELECT d.payload FROM tables t JOIN data d ON d.namespace = t.namespace "
                 "AND d.name = t.name AND d.version = t.version "

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Type
 
 import numpy as np
 
+from mutants.broken import ROUND_TRIP
 from mutants.reference_leaves import SqliteLeafStore
 from varsync.backend import Head, LeafRead, Spec
 
@@ -131,8 +133,9 @@ class ComposesOutsideTheTransaction(SqliteLeafStore):
 
 
 class TornLeafReads(SqliteLeafStore):
-    """``read_leaves`` reads the head, then each leaf's newest row, each statement on its
-    own (no transaction around them): a write landing in between mixes two versions."""
+    """``read_leaves`` reads the head, then (a round trip later, :data:`ROUND_TRIP`) each
+    leaf's newest row, each statement on its own (no transaction around them): a write
+    landing in between mixes two versions."""
 
     def _read(
         self, name: str, newer_than: int, deadline: float, specs: Sequence[Spec], every: bool
@@ -141,6 +144,7 @@ class TornLeafReads(SqliteLeafStore):
             head, numbers = self._leaf_head(conn, name)
             if head.version <= newer_than:
                 return LeafRead(head, None, None)
+            time.sleep(ROUND_TRIP)
             arrays: List[Optional[np.ndarray]] = []
             for index, (spec, number) in enumerate(zip(specs, numbers)):
                 if number <= newer_than and not every:
@@ -156,9 +160,9 @@ class TornLeafReads(SqliteLeafStore):
 
 
 class SubsetOfTwoVersions(SqliteLeafStore):
-    """``read_leaf_subset`` reads the head, then each chosen leaf's newest row, each
-    statement on its own (no transaction around them): a write landing in between gives
-    a chosen leaf of a newer version than the head names."""
+    """``read_leaf_subset`` reads the head, then (a round trip later) each chosen leaf's
+    newest row, each statement on its own (no transaction around them): a write landing
+    in between gives a chosen leaf of a newer version than the head names."""
 
     def read_leaf_subset(
         self,
@@ -172,6 +176,7 @@ class SubsetOfTwoVersions(SqliteLeafStore):
             head, numbers = self._leaf_head(conn, name)
             if head.version <= newer_than:
                 return LeafRead(head, None, None)
+            time.sleep(ROUND_TRIP)
             arrays: List[Optional[np.ndarray]] = [None] * len(specs)
             for index in sorted(set(indices)):
                 if numbers[index] <= newer_than:
