@@ -127,10 +127,12 @@ class Bases:
             self.values[index] = None
             return
         if self.backoff[index] > 0 and not self.hopeful[index]:
+            # the end of a wait: a sample, not a copy (a leaf too small to sample gets a
+            # copy below, which costs little)
             self.samples[index] = elements.sample_of(array)
             if self.samples[index] is not None:
                 self.values[index] = None
-                return  # too small to sample: a copy, as it costs little
+                return
         kept = self.values[index]
         if kept is None or kept.shape != array.shape or kept.dtype != array.dtype:
             self.values[index] = np.array(array, copy=True, order="C")
