@@ -156,8 +156,8 @@ class ShardedReads:
                 if isinstance(got, _Stale):
                     return got
                 head, arrays = got
-                if layout.changes is not None:
-                    self._remember(part, head, arrays[layout.changes])
+                if layout.changes is not None and arrays[layout.changes] is not None:
+                    self._remember(part, head, arrays[layout.changes])  # a whole read's
                 for i in needed:
                     block = layout.blocks[i]
                     copied[block.leaf] += layout_lib.copy_block(
@@ -175,19 +175,13 @@ class ShardedReads:
         return self._consistent(name, newer_than, deadline, limit, wait_until, attempt)
 
     def _blocks_of(
-        self,
-        part: str,
-        layout: PartLayout,
-        needed: Sequence[int],
-        expected: int,
-        deadline: float,
-        *,
-        changes: bool = True,
+        self, part: str, layout: PartLayout, needed: Sequence[int], expected: int, deadline: float
     ) -> tuple[Head, list[np.ndarray | None]] | _Stale:
         """Part table ``part`` at its version ``expected`` (else :class:`_Stale`), with
-        at least its blocks ``needed`` and (``changes``) its ``~changed`` leaf: those
-        alone where the backend reads chosen leaves
-        (:class:`~varsync.backend.SupportsLeafSubsets`), else every leaf."""
+        at least its blocks ``needed``: those alone where the backend reads chosen leaves
+        (:class:`~varsync.backend.SupportsLeafSubsets`), else every leaf, ``~changed``
+        included (remembered for the ``read_leaves`` delta path; the path of a backend
+        that reads chosen leaves asks for ``~changed`` itself)."""
         backend = self._backend
         if not reads_leaf_subsets(backend) or len(needed) == len(layout.blocks):
             head, whole = backend.read(part, 0, deadline, layout.specs)
@@ -197,12 +191,11 @@ class ShardedReads:
             every: list[np.ndarray | None] = list(whole)
             return head, every
         assert isinstance(backend, SupportsLeafSubsets)
-        indices = [*needed, *([] if layout.changes is None or not changes else [layout.changes])]
-        head, _, arrays = backend.read_leaf_subset(part, indices, 0, deadline, layout.specs)
+        head, _, arrays = backend.read_leaf_subset(part, needed, 0, deadline, layout.specs)
         if head.version != expected or arrays is None:
             return _Stale(part, head.version, expected)
         checks.read_leaves(part, head.version, arrays, layout.specs)
-        absent = [i for i in indices if arrays[i] is None]
+        absent = [i for i in needed if arrays[i] is None]
         if absent:
             raise CorruptDataError(
                 f"part table {part!r} version {head.version}: leaves {absent} were asked "
@@ -246,11 +239,11 @@ class ShardedReads:
         version ``expected`` (else :class:`_Stale`)."""
         layout = self._tables.layout(part)
         if layout.changes is None:  # no ~changed: every block, whole
-            head, whole = self._backend.read(part, 0, deadline, layout.specs)
-            if head.version != expected or whole is None:
-                return _Stale(part, head.version, expected)
-            checks.read_leaves(part, head.version, whole, layout.specs, whole=True)
-            return list(zip(layout.blocks, whole))
+            every = range(len(layout.blocks))
+            got = self._blocks_of(part, layout, every, expected, deadline)
+            if isinstance(got, _Stale):
+                return got
+            return [(layout.blocks[i], _present(got[1][i])) for i in every]
         backend = self._backend
         assert isinstance(backend, SupportsLeafVersions)  # sharded tables need it
         if reads_leaf_subsets(backend):
@@ -322,19 +315,13 @@ class ShardedReads:
         needed = [i for i, step in enumerate(np.asarray(changed).tolist()) if step > held_step]
         blocks: list[np.ndarray | None] = []
         if needed:
-            got = self._blocks_of(part, layout, needed, expected, deadline, changes=False)
+            got = self._blocks_of(part, layout, needed, expected, deadline)
             if isinstance(got, _Stale):
                 return got
             if got[0] != head:  # another history under the same number: read again
                 return _Stale(part, expected, expected)
             blocks = got[1]
-        self._remember(part, head, changed)
-        out = []
-        for i in needed:
-            array = blocks[i]
-            assert array is not None  # _blocks_of checked that every one came
-            out.append((layout.blocks[i], array))
-        return out
+        return [(layout.blocks[i], _present(blocks[i])) for i in needed]
 
     def _remember(self, part: str, head: Head, changed: Any) -> None:
         array = np.array(changed, dtype=np.int64)  # a copy: a store's buffer may be reused
@@ -419,6 +406,12 @@ class ShardedReads:
                 )
             wanted[indices[0]] = layout_lib.checked_ranges(ranges, node, path)
         return wanted
+
+
+def _present(array: np.ndarray | None) -> np.ndarray:
+    """A block :meth:`ShardedReads._blocks_of` returned: it checked that each came."""
+    assert array is not None
+    return array
 
 
 # -- the changed blocks into what the caller holds -----------------------------------------
