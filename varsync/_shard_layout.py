@@ -162,16 +162,17 @@ def _cuts(size: int, pieces: int) -> list[tuple[int, int]]:
     return list(zip(edges[:-1], edges[1:]))
 
 
+def _pieces(n: Any) -> bool:
+    return isinstance(n, (int, np.integer)) and not isinstance(n, bool) and bool(n >= 1)
+
+
 def _tile_counts(tiles: Any) -> tuple[int, ...] | int:
     """``tiles`` checked: an int >= 1, or a sequence of them."""
-    if isinstance(tiles, (int, np.integer)) and not isinstance(tiles, bool) and tiles >= 1:
+    if _pieces(tiles):
         return int(tiles)
-    if isinstance(tiles, Sequence) and not isinstance(tiles, str) and tiles:
-        counts = tuple(tiles)
-        if all(
-            isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 1 for n in counts
-        ):
-            return tuple(int(n) for n in counts)
+    sequence = isinstance(tiles, Sequence) and not isinstance(tiles, str) and tiles
+    if sequence and all(_pieces(n) for n in tiles):
+        return tuple(int(n) for n in tiles)
     raise ConfigurationError(
         f"tiles must be an int >= 1 (pieces along each block's last dimension) or a "
         f"non-empty sequence of them (pieces per dimension, from the first), got {tiles!r}"
