@@ -64,6 +64,9 @@ TRAINER = textwrap.dedent(
             if rank == 0:
                 np.savez(os.path.join(out, f"step{step}.npz"), **full)
                 print("PUBLISHED", step, version, flush=True)
+    # gloo's threads stopped before exit: a rank that exits with them running while the
+    # other still talks to it may abort ("terminate called without an active exception")
+    dist.destroy_process_group()
     """
 )
 
