@@ -502,6 +502,7 @@ class VariableContainer:
         step: int,
         timeout: Any = None,
         tiles: Any = 1,
+        element_deltas: bool | None = None,
     ) -> int:
         """Push rank ``rank``'s part of training step ``step``; return the version the
         step was published as, once every rank's part of it has arrived.
@@ -519,10 +520,20 @@ class VariableContainer:
         ``tiles``: store each block cut into tiles, so that readers sharded another way
         fetch only the tiles they intersect (on a backend that reads chosen leaves): an
         int cuts each block along its last dimension, a sequence gives the pieces per
-        dimension from the first. A rank's tiling must stay the same for the table."""
+        dimension from the first. A rank's tiling must stay the same for the table.
+
+        ``element_deltas``: send each changed block as the elements that changed since
+        this rank's previous step, where that is smaller (the rank keeps a copy of its
+        part to diff against); default: the table's setting (:meth:`configure_table`),
+        as for :meth:`push`: on for ``redis://``, off on ``memory://`` and ``shm://``."""
         limit, deadline, _ = self._deadlines(timeout)
         self._require_sharded(table)
-        return self._shards.push(table, parts, rank, step, deadline, limit, tiles)
+        if element_deltas is None:
+            default = getattr(self._backend, "element_deltas_default", False)
+            element_deltas = self._element_deltas.get(table, default)
+        return self._shards.push(
+            table, parts, rank, step, deadline, limit, tiles, bool(element_deltas)
+        )
 
     def pull_slices(
         self, table: str, slices: Mapping[Any, Any], *, timeout: Any = None
@@ -570,7 +581,11 @@ class VariableContainer:
             )
             if pieces is None:
                 return None
-            changed = shard_reads_lib.patched_leaves(specs, pieces, held_leaves)
+            try:
+                changed = shard_reads_lib.patched_leaves(specs, pieces, held_leaves)
+            except CorruptDataError as exc:  # a patch that does not verify: read whole
+                shard_reads_lib.log.warning("sharded table %r: %s; read whole", table, exc)
+                changed = None
         if changed is None:  # no held value, or one not of its specs: whole
             manifest, blocks = self._shard_reads.read(
                 table, None, newer_than, transfer, limit, wait_until=deadline if wait else None
@@ -604,12 +619,15 @@ class VariableContainer:
             if pieces is None:  # nothing newer: nothing to do
                 self._assigned.assigned(table, targets, Head(held.version, held.epoch))
                 return held.version
-            if pieces is not shard_reads_lib.OTHER_HISTORY:
-                shard_reads_lib.assign_pieces(specs, pieces, targets)
-                head = self._shard_reads.handed(table, manifest)
-                self._handed(table, head)
-                self._assigned.assigned(table, targets, head)
-                return head.version
+            try:
+                if pieces is not shard_reads_lib.OTHER_HISTORY:
+                    shard_reads_lib.assign_pieces(specs, pieces, targets)
+                    head = self._shard_reads.handed(table, manifest)
+                    self._handed(table, head)
+                    self._assigned.assigned(table, targets, head)
+                    return head.version
+            except CorruptDataError as exc:  # targets partly written: assign them whole
+                shard_reads_lib.log.warning("sharded table %r: %s; read whole", table, exc)
         manifest, blocks = self._shard_reads.read(
             table, None, 0, transfer, limit, wait_until=deadline
         )

@@ -60,6 +60,7 @@ __all__ = [
     "after_push",
     "after_whole",
     "check_chain",
+    "checked_patches",
     "patch_into",
     "rebuilt_leaf",
     "element_patch",
@@ -323,7 +324,7 @@ def rebuilt_leaf(chain: LeafChain, held: np.ndarray | None = None) -> np.ndarray
     return out
 
 
-def _checked(
+def checked_patches(
     table: str,
     version: int,
     leaf_versions: Sequence[int],
@@ -376,7 +377,7 @@ def resolved(
     a new array, its links applied onto a copy of its anchor or of ``held[i]`` (the
     reader's value at ``newer_than``), checked and verified. ``held`` is not modified.
     Raises :class:`CorruptDataError`: fetch the whole value instead."""
-    parsed = _checked(table, version, leaf_versions, leaves, newer_than, specs)
+    parsed = checked_patches(table, version, leaf_versions, leaves, newer_than, specs)
     chains = [i for i, leaf in enumerate(leaves) if isinstance(leaf, LeafChain)]
     # new memory for every copy first, faulted in beside the copies (a VM that hands
     # freed pages back faults them in again about 10x slower than it copies)
@@ -409,7 +410,7 @@ def assign_changed(
     target is touched; a hash mismatch raises :class:`CorruptDataError` with the targets
     partly updated (the caller then assigns the whole value). Returns the bytes of
     patches applied in place."""
-    parsed = _checked(table, version, leaf_versions, leaves, newer_than, specs)
+    parsed = checked_patches(table, version, leaf_versions, leaves, newer_than, specs)
     assign: list[tuple[Any, np.ndarray]] = []
     in_place: list[tuple[Any, np.ndarray, list[elements.Patch]]] = []
     elementwise: list[tuple[Any, np.ndarray, list[elements.Patch]]] = []

@@ -8,7 +8,9 @@ A rank's parts are stored as one table whose signature's keys *are* the blocks
 signatures alone, and the layout cannot change under a table without
 :class:`~varsync.TableExistsError`. One more key, :data:`CHANGES_KEY` (sorting after
 every block's), holds per block the training step at which its content last changed
-(``varsync._sharded``), for readers that fetch only what changed (``varsync._sharded_reads``).
+(``varsync._sharded``), for readers that fetch only what changed (``varsync._sharded_reads``),
+and :data:`HELD_KEY`, last, the part table's recent versions and the step each holds
+(``varsync._shard_patches``), for readers that fetch only the elements that changed.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ __all__ = [
     "Block",
     "Ranges",
     "CHANGES_KEY",
+    "HELD_KEY",
+    "HELD_ROWS",
+    "held_rows",
+    "held_index",
     "block_key",
     "parse_key",
     "part_signature",
@@ -52,6 +58,13 @@ _KEY = re.compile(r"^L(\d+)\[([0-9:,]*)\]$")
 #: A part table's key of the steps at which its blocks last changed (int64, one per
 #: block in flat order); ``~`` sorts after the blocks' ``L``, so it is the last leaf.
 CHANGES_KEY = "~changed"
+#: A part table's key of its latest versions and the training step each holds, newest
+#: first (int64 ``(version, step)`` rows, :data:`HELD_ROWS` of them, unused ones ``-1``):
+#: a reader holding one of those steps asks for the element patches since that version.
+#: It sorts after :data:`CHANGES_KEY` (``h`` after ``c``): the last leaf.
+HELD_KEY = "~held"
+#: The rows of :data:`HELD_KEY`.
+HELD_ROWS = 8
 
 
 class Block(NamedTuple):
@@ -152,6 +165,17 @@ def part_signature(blocks: Mapping[Block, np.ndarray]) -> dict[str, Spec]:
     :data:`CHANGES_KEY`."""
     out = {block_key(b): Spec(a.shape, a.dtype) for b, a in blocks.items()}
     out[CHANGES_KEY] = Spec([len(blocks)], np.int64)
+    out[HELD_KEY] = Spec([HELD_ROWS, 2], np.int64)
+    return out
+
+
+def held_rows(rows: Sequence[tuple[int, int]]) -> np.ndarray:
+    """A :data:`HELD_KEY` leaf of ``rows`` (``(version, step)``, newest first; the
+    first :data:`HELD_ROWS` are kept)."""
+    out = np.full((HELD_ROWS, 2), -1, np.int64)
+    kept = list(rows)[:HELD_ROWS]
+    if kept:
+        out[: len(kept)] = kept
     return out
 
 
@@ -215,11 +239,11 @@ def tiled(blocks: Mapping[Block, np.ndarray], tiles: Any) -> dict[Block, np.ndar
 
 def layout_of(part_signature: Any, where: str) -> list[Block]:
     """The blocks a part table holds, in its flat order (its signature's sorted keys,
-    :data:`CHANGES_KEY` left out)."""
+    :data:`CHANGES_KEY` and :data:`HELD_KEY` left out)."""
     if not isinstance(part_signature, Mapping):
         raise CorruptDataError(f"{where}: a part table's signature must be a mapping of blocks")
     keys = nest_lib.sorted_keys(part_signature)
-    return [parse_key(key, where) for key in keys if key != CHANGES_KEY]
+    return [parse_key(key, where) for key in keys if key not in (CHANGES_KEY, HELD_KEY)]
 
 
 def changes_index(part_signature: Mapping[Any, Any]) -> int | None:
@@ -230,15 +254,39 @@ def changes_index(part_signature: Mapping[Any, Any]) -> int | None:
     keys = nest_lib.sorted_keys(part_signature)
     index = keys.index(CHANGES_KEY)
     spec = part_signature[CHANGES_KEY]
+    last = len(keys) - (2 if HELD_KEY in part_signature else 1)
     if (
-        index != len(keys) - 1
+        index != last
         or not isinstance(spec, Spec)
         or spec.shape != (index,)
         or spec.dtype != np.int64
     ):
         raise CorruptDataError(
-            f"a part table's {CHANGES_KEY!r} must be its last leaf, int64 of one element "
+            f"a part table's {CHANGES_KEY!r} must follow its blocks, int64 of one element "
             f"per block ({index}), got {spec!r}"
+        )
+    return index
+
+
+def held_index(part_signature: Mapping[Any, Any]) -> int | None:
+    """The flat index of a part table's :data:`HELD_KEY` leaf (its last), or ``None``
+    for a part table without one (made before it): readers then fetch changed blocks
+    whole."""
+    if HELD_KEY not in part_signature:
+        return None
+    keys = nest_lib.sorted_keys(part_signature)
+    index = keys.index(HELD_KEY)
+    spec = part_signature[HELD_KEY]
+    if (
+        index != len(keys) - 1
+        or CHANGES_KEY not in part_signature
+        or not isinstance(spec, Spec)
+        or spec.shape != (HELD_ROWS, 2)
+        or spec.dtype != np.int64
+    ):
+        raise CorruptDataError(
+            f"a part table's {HELD_KEY!r} must be its last leaf, after {CHANGES_KEY!r}, "
+            f"int64 of shape ({HELD_ROWS}, 2), got {spec!r}"
         )
     return index
 

@@ -48,6 +48,7 @@ from varsync._backends.base import (
     POLL_START,
     Backend,
     Head,
+    SupportsElementDeltas,
     SupportsLeafVersions,
     deadline_after,
     remaining,
@@ -62,6 +63,7 @@ from varsync._errors import (
 )
 from varsync._history import UNKNOWN
 from varsync._shard_layout import Block
+from varsync._shard_patches import PartPatches
 from varsync._signature import Spec
 from varsync._waiting import wait_for_change
 
@@ -131,12 +133,14 @@ class Manifest(NamedTuple):
 
 
 class PartLayout(NamedTuple):
-    """A part table's blocks, its flat specs, and the flat index of its
-    :data:`~varsync._shard_layout.CHANGES_KEY` leaf (``None``: it has none)."""
+    """A part table's blocks, its flat specs, and the flat indices of its
+    :data:`~varsync._shard_layout.CHANGES_KEY` and
+    :data:`~varsync._shard_layout.HELD_KEY` leaves (``None``: it has none)."""
 
     blocks: list[Block]
     specs: list[Spec]
     changes: int | None
+    held: int | None = None
 
 
 class Stage(NamedTuple):
@@ -207,6 +211,7 @@ class ShardedTables:
         self._metas: dict[str, Meta] = {}
         self._layouts: dict[str, PartLayout] = {}
         self._changes = BlockChanges()
+        self._patches = PartPatches()
         self._locks: dict[tuple[str, int], threading.Lock] = {}
         self._locks_lock = threading.Lock()
 
@@ -308,10 +313,12 @@ class ShardedTables:
             if text is None:
                 raise CorruptDataError(f"sharded table: part table {part!r} does not exist")
             signature = sig.from_json(text)
+            mapping = isinstance(signature, Mapping)
             known = PartLayout(
                 layout_lib.layout_of(signature, part),
                 sig.flat_specs(signature),
-                layout_lib.changes_index(signature) if isinstance(signature, Mapping) else None,
+                layout_lib.changes_index(signature) if mapping else None,
+                layout_lib.held_index(signature) if mapping else None,
             )
             self._layouts[part] = known
         return known
@@ -376,6 +383,7 @@ class ShardedTables:
         deadline: float,
         limit: float | None,
         tiles: Any = 1,
+        element_deltas: bool = False,
     ) -> int:
         meta = self._meta(name, deadline)
         world = meta.world
@@ -403,19 +411,47 @@ class ShardedTables:
             manifest, slot = self._claim(name, world, rank, step, deadline)
             if manifest.step == step:  # published already (a retry after a lost reply)
                 return manifest.version
-            part = part_name(name, slot, rank)
+            version = NO_PART
             if blocks:
-                pushed = self._changes.of(name, rank, step, blocks)
-                values[layout_lib.CHANGES_KEY] = pushed.changed
-                self._changes.pushing(name, rank, pushed)
-            # whole elements: a slot's base is two steps old (twice the patch, a copy per
-            # slot in this rank's memory), and readers read part tables whole, where a
-            # patched leaf costs its anchor and its chain
-            version = self._push(values, part, element_deltas=False) if blocks else NO_PART
+                version = self._push_part(name, rank, slot, step, values, blocks, element_deltas)
             self._mark(name, slot, world, rank, (step, version))
             return self._commit(name, meta, rank, step, slot, deadline, limit)
         finally:
             lock.release()
+
+    def _push_part(
+        self,
+        name: str,
+        rank: int,
+        slot: int,
+        step: int,
+        values: dict[str, Any],
+        blocks: Mapping[Block, np.ndarray],
+        element_deltas: bool,
+    ) -> int:
+        """Write this rank's part of ``step`` into its table in ``slot``: with element
+        deltas (``varsync._shard_patches``) where asked for and the backend has them,
+        else with the container's push (changed blocks whole); the part version."""
+        part = part_name(name, slot, rank)
+        pushed = self._changes.of(name, rank, step, blocks)
+        values[layout_lib.CHANGES_KEY] = pushed.changed
+        self._changes.pushing(name, rank, pushed)
+        backend = self._backend
+        if not element_deltas or not isinstance(backend, SupportsElementDeltas):
+            self._patches.forget(name, rank)
+            # no version to patch from (0), and the step: a new value each push, so that
+            # it is written beside ~changed, never left alone in an older write (a Redis
+            # read of it would fetch that write's chunk)
+            values[layout_lib.HELD_KEY] = layout_lib.held_rows(((0, step),))
+            return self._push(values, part, element_deltas=False)
+        keys = [*pushed.keys, layout_lib.CHANGES_KEY, layout_lib.HELD_KEY]
+        flat = [np.asarray(values[k]) for k in pushed.keys]
+        flat += [pushed.changed, layout_lib.held_rows(())]
+        specs = self.layout(part).specs
+        changed, hashes = pushed.changed, pushed.hashes
+        return self._patches.push(
+            backend, (name, rank), part, slot, keys, flat, specs, changed, hashes, step
+        )
 
     def _rank_lock(self, name: str, rank: int) -> threading.Lock:
         with self._locks_lock:

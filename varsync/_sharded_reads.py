@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
@@ -28,11 +29,15 @@ import numpy as np
 from varsync import _adapters as adapters
 from varsync import _checks as checks
 from varsync import _delta as delta
+from varsync import _elements as elements
 from varsync import _nest as nest_lib
+from varsync import _patches as patches_lib
 from varsync import _shard_layout as layout_lib
 from varsync._backends.base import (
     Backend,
     Head,
+    LeafChain,
+    SupportsElementDeltas,
     SupportsLeafSubsets,
     SupportsLeafVersions,
     reads_leaf_subsets,
@@ -45,10 +50,28 @@ from varsync._sharded import NO_PART, NOTHING, Manifest, PartLayout, ShardedTabl
 from varsync._signature import Spec
 from varsync._waiting import wait_for_change
 
-__all__ = ["ShardedReads", "Held", "Piece", "OTHER_HISTORY", "patched_leaves", "assign_pieces"]
+__all__ = [
+    "ShardedReads",
+    "Held",
+    "Patches",
+    "Piece",
+    "OTHER_HISTORY",
+    "patched_leaves",
+    "assign_pieces",
+]
 
-#: One changed block of a leaf: its index ranges and its values.
-Piece = tuple[Ranges, np.ndarray]
+log = logging.getLogger("varsync.sharded")
+
+
+class Patches(NamedTuple):
+    """A changed block given as element patches, checked to join up, to be applied in
+    order onto the block's value in what the caller holds (each verified as applied)."""
+
+    patches: list[elements.Patch]
+
+
+#: One changed block of a leaf: its index ranges and its values, or its patches.
+Piece = tuple[Ranges, "np.ndarray | Patches"]
 #: :meth:`ShardedReads.read_changed`'s answer for a version of another history than the
 #: table's now: nothing was fetched.
 OTHER_HISTORY: Any = object()
@@ -88,6 +111,7 @@ class ShardedReads:
         self._lock = threading.Lock()
         self._steps: dict[str, collections.OrderedDict[int, tuple[Hashable, int]]] = {}
         self._seen: dict[str, _Seen] = {}
+        self._element_parts: dict[str, bool] = {}
 
     # -- what callers hold ---------------------------------------------------------------
 
@@ -234,7 +258,7 @@ class ShardedReads:
 
     def _changed_blocks(
         self, part: str, expected: int, held_step: int, deadline: float
-    ) -> list[tuple[Block, np.ndarray]] | _Stale:
+    ) -> list[tuple[Block, np.ndarray | Patches]] | _Stale:
         """Part table ``part``'s blocks that changed after step ``held_step``, at its
         version ``expected`` (else :class:`_Stale`)."""
         layout = self._tables.layout(part)
@@ -295,17 +319,27 @@ class ShardedReads:
 
     def _changed_blocks_alone(
         self, part: str, layout: PartLayout, expected: int, held_step: int, deadline: float
-    ) -> list[tuple[Block, np.ndarray]] | _Stale:
+    ) -> list[tuple[Block, np.ndarray | Patches]] | _Stale:
         """:meth:`_changed_blocks` on a backend that reads chosen leaves: the
-        ``~changed`` leaf first, then exactly the blocks changed after ``held_step``, both
-        of the part's version ``expected`` (two small requests instead of the blocks
-        changed since this reader last read the slot)."""
+        ``~changed`` leaf first (with ``~held``), then exactly the blocks changed after
+        ``held_step``, both of the part's version ``expected`` (two small requests
+        instead of the blocks changed since this reader last read the slot); as element
+        patches where the part table names a version that held ``held_step``
+        (:meth:`_patched_blocks`). Where this reader saw that part table written with
+        element deltas before, it asks for the patches since ``expected - 1`` first (the
+        version a rank's catch-up wrote): one request where the guess holds."""
         assert layout.changes is not None
         backend = self._backend
         assert isinstance(backend, SupportsLeafSubsets)
-        head, _, arrays = backend.read_leaf_subset(
-            part, [layout.changes], 0, deadline, layout.specs
-        )
+        patched = layout.held is not None and isinstance(backend, SupportsElementDeltas)
+        with self._lock:
+            guess = patched and self._element_parts.get(part, False)
+        if guess:
+            first = self._patched_blocks(part, layout, expected, expected - 1, held_step, deadline)
+            if first is not None:
+                return first
+        small = [layout.changes] if layout.held is None else [layout.changes, layout.held]
+        head, _, arrays = backend.read_leaf_subset(part, small, 0, deadline, layout.specs)
         if head.version != expected or arrays is None:
             return _Stale(part, head.version, expected)
         checks.read_leaves(part, head.version, arrays, layout.specs)
@@ -313,6 +347,15 @@ class ShardedReads:
         if changed is None:
             raise CorruptDataError(f"part table {part!r} version {head.version}: no ~changed")
         needed = [i for i, step in enumerate(np.asarray(changed).tolist()) if step > held_step]
+        if patched:
+            assert layout.held is not None
+            rows = arrays[layout.held]
+            self._saw_rows(part, rows)
+            base = _version_holding(rows, held_step, expected)
+            if needed and base is not None:
+                since = self._patched_blocks(part, layout, expected, base, held_step, deadline)
+                if since is not None:
+                    return since
         blocks: list[np.ndarray | None] = []
         if needed:
             got = self._blocks_of(part, layout, needed, expected, deadline)
@@ -322,6 +365,62 @@ class ShardedReads:
                 return _Stale(part, expected, expected)
             blocks = got[1]
         return [(layout.blocks[i], _present(blocks[i])) for i in needed]
+
+    def _patched_blocks(
+        self,
+        part: str,
+        layout: PartLayout,
+        expected: int,
+        base: int,
+        held_step: int,
+        deadline: float,
+    ) -> list[tuple[Block, np.ndarray | Patches]] | _Stale | None:
+        """The blocks of part table ``part`` at version ``expected`` changed since its
+        version ``base``, each as the element patches since (or whole where the store
+        answers so), if that version's ``~held`` says ``base`` held ``held_step``:
+        exactly the blocks the caller needs. ``None`` where it does not say so, or the
+        answer does not fit (links that do not join up): read as blocks."""
+        backend = self._backend
+        assert isinstance(backend, SupportsElementDeltas)
+        assert layout.held is not None
+        answer = backend.read_patches(part, base, deadline, layout.specs)
+        if answer.head.version != expected:
+            return _Stale(part, answer.head.version, expected)
+        leaves, versions = answer.leaves, answer.leaf_versions
+        if leaves is None or versions is None:
+            return None
+        rows = leaves[layout.held]
+        self._saw_rows(part, rows)
+        if rows is None or isinstance(rows, LeafChain):
+            return None
+        if _version_holding(rows, held_step, expected) != base:
+            return None  # the guess was wrong, or no version held the step
+        try:
+            parsed = patches_lib.checked_patches(
+                part, expected, versions, leaves, base, layout.specs
+            )
+            out: list[tuple[Block, np.ndarray | Patches]] = []
+            for index, block in enumerate(layout.blocks):
+                leaf = leaves[index]
+                if leaf is None:  # not changed since a version that held the step
+                    continue
+                if not isinstance(leaf, LeafChain):
+                    out.append((block, leaf))
+                elif leaf.anchor is None:
+                    out.append((block, Patches(parsed[index] or [])))
+                else:
+                    out.append((block, patches_lib.rebuilt_leaf(leaf)))
+        except CorruptDataError as exc:
+            log.warning("part table %r: %s; fetching its changed blocks whole", part, exc)
+            return None
+        return out
+
+    def _saw_rows(self, part: str, rows: Any) -> None:
+        """Whether part table ``part``'s last ``~held`` seen names versions: it was
+        written with element deltas (the next read guesses its base)."""
+        written = isinstance(rows, np.ndarray) and bool((rows.reshape(-1, 2)[:, 0] > 0).any())
+        with self._lock:
+            self._element_parts[part] = written
 
     def _remember(self, part: str, head: Head, changed: Any) -> None:
         array = np.array(changed, dtype=np.int64)  # a copy: a store's buffer may be reused
@@ -408,6 +507,17 @@ class ShardedReads:
         return wanted
 
 
+def _version_holding(rows: Any, step: int, below: int) -> int | None:
+    """The part version below ``below`` that a part table's ``~held`` rows say held
+    ``step``, if any."""
+    if rows is None:
+        return None
+    for version, held in np.asarray(rows).reshape(-1, 2).tolist():
+        if held == step and 0 < version < below:
+            return int(version)
+    return None
+
+
 def _present(array: np.ndarray | None) -> np.ndarray:
     """A block :meth:`ShardedReads._blocks_of` returned: it checked that each came."""
     assert array is not None
@@ -418,16 +528,41 @@ def _present(array: np.ndarray | None) -> np.ndarray:
 
 
 def _whole(spec: Spec, pieces: Sequence[Piece]) -> np.ndarray | None:
-    """The leaf's new value if ``pieces`` cover all of it (they never overlap), else
-    ``None``."""
+    """The leaf's new value if ``pieces`` cover all of it (they never overlap) with
+    values, else ``None``."""
+    if any(isinstance(value, Patches) for _, value in pieces):
+        return None
     if sum(layout_lib.volume(ranges) for ranges, _ in pieces) != spec.size:
         return None
     if len(pieces) == 1:
-        return pieces[0][1]
+        return _values(pieces[0][1])
     out = np.empty(spec.shape, spec.dtype)
     for ranges, array in pieces:
-        layout_lib.copy_block(out, layout_lib.full_ranges(spec), array, ranges)
+        layout_lib.copy_block(out, layout_lib.full_ranges(spec), _values(array), ranges)
     return out
+
+
+def _values(value: np.ndarray | Patches) -> np.ndarray:
+    assert not isinstance(value, Patches)  # _whole and _into look first
+    return value
+
+
+def _into(target: np.ndarray, full: Ranges, pieces: Sequence[Piece]) -> None:
+    """Write ``pieces`` into ``target`` (the whole leaf, writable, holding the caller's
+    value): values copied in, patches applied onto the block's values there (in place
+    where the block is contiguous, else onto a copy of it written back), each verified.
+    Raises :class:`CorruptDataError` on a patch that does not verify."""
+    for ranges, value in pieces:
+        if not isinstance(value, Patches):
+            layout_lib.copy_block(target, full, value, ranges)
+            continue
+        region = target[tuple(slice(a, b) for a, b in ranges)]
+        if region.flags.c_contiguous:
+            patches_lib.patch_into(region, value.patches)
+        else:
+            block = np.ascontiguousarray(region)
+            patches_lib.patch_into(block, value.patches)
+            region[...] = block
 
 
 def patched_leaves(
@@ -435,7 +570,8 @@ def patched_leaves(
 ) -> dict[int, np.ndarray] | None:
     """Per changed leaf, its new value: the pieces over a copy of ``held``'s leaf (which
     is not modified), or the pieces alone where they cover it. ``None`` if a held leaf
-    is not of its spec's shape and dtype (not what was handed out): read whole."""
+    is not of its spec's shape and dtype (not what was handed out): read whole.
+    :class:`CorruptDataError` if a patch does not verify: read whole."""
     out: dict[int, np.ndarray] = {}
     for leaf, leaf_pieces in pieces.items():
         spec = specs[leaf]
@@ -445,8 +581,7 @@ def patched_leaves(
             if base.shape != spec.shape or base.dtype != spec.dtype:
                 return None
             whole = np.array(base, copy=True, order="C")
-            for ranges, array in leaf_pieces:
-                layout_lib.copy_block(whole, layout_lib.full_ranges(spec), array, ranges)
+            _into(whole, layout_lib.full_ranges(spec), leaf_pieces)
         out[leaf] = whole
     return out
 
@@ -456,7 +591,9 @@ def assign_pieces(
 ) -> None:
     """Write the changed pieces into ``targets`` (checked by ``flatten_targets``): into
     their own memory where it can be reached (numpy arrays, CPU tensors), else onto a
-    host copy of the target, assigned whole (a CUDA tensor, a ``tf.Variable``)."""
+    host copy of the target, assigned whole (a CUDA tensor, a ``tf.Variable``).
+    :class:`CorruptDataError` if a patch does not verify, with the targets partly
+    written: assign the whole value then."""
     whole_targets: list[Any] = []
     whole_arrays: list[np.ndarray] = []
     for leaf, leaf_pieces in pieces.items():
@@ -469,13 +606,13 @@ def assign_pieces(
             continue
         view = target if isinstance(target, np.ndarray) else adapters.patch_view(target)
         if view is not None and view.dtype == spec.dtype and view.shape == spec.shape:
-            for ranges, array in leaf_pieces:
-                layout_lib.copy_block(view, full, array, ranges)
-            adapters.patched(target)
+            try:
+                _into(view, full, leaf_pieces)
+            finally:
+                adapters.patched(target)
             continue
         host = np.array(adapters.to_numpy(target), dtype=spec.dtype, copy=True, order="C")
-        for ranges, array in leaf_pieces:
-            layout_lib.copy_block(host, full, array, ranges)
+        _into(host, full, leaf_pieces)
         whole_targets.append(target)
         whole_arrays.append(host)
     adapters.assign_all(whole_targets, whole_arrays)
