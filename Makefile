@@ -110,10 +110,13 @@ bench-vllm: $(TOX)
 # Sharded pushes (benchmarks/sharded.py, issue 41): N = 2 and 4 rank processes pushing a
 # 1 GiB bf16 model over redis://, each its own rows, against a gloo gather to rank 0 then
 # one push, in the same rounds; readers of 1/2 and 1/4. Needs about 8 GiB free (it says
-# so and stops otherwise); 3-6 minutes. Figures: docs/sharded.md ("Measured").
+# so and stops otherwise); 3-6 minutes. Then element deltas per block
+# (benchmarks/sharded_elements.py): 4 ranks, 256 MiB, 1 % changed per step, against
+# blocks whole, in the same rounds; about a minute. Figures: docs/sharded.md ("Measured").
 bench-sharded: $(TOX)
 	$(TOXRUN) -e modern --notest
 	scripts/loopback-only .tox/modern/bin/python -m benchmarks.sharded
+	scripts/loopback-only .tox/modern/bin/python -m benchmarks.sharded_elements
 
 # A bounded soak (tools/soak/), outside `make test`: per backend, a writer and three
 # readers for SOAK_SECONDS, every pulled value checked, then the same with faults; pushes,

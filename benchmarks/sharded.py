@@ -9,8 +9,11 @@ machine; a redis-server per N):
 - **sharded**: every rank ``push_shard``-s its own rows (``varsync.push_shard``);
 - **gather**: the ranks ``torch.distributed.gather`` (gloo, over loopback) their rows into
   a new full model on rank 0, which ``push``-es it to a plain table: what a varsync user
-  does without sharded tables (``element_deltas=False``, as ``push_shard`` pushes parts:
-  no copy of the model kept to diff against).
+  does without sharded tables.
+
+Both without element deltas (``element_deltas=False``): every element changes, so a patch
+would give up, and the copy a push keeps to diff against would add a part to each rank's
+memory (a model to rank 0's).
 
 The contenders never share a process: per round, a fresh set of N rank processes runs
 the one, then another fresh set the other (the first turn alternating from round to
@@ -154,7 +157,7 @@ def _rank_main(
             started = time.monotonic()
             if dist is None:
                 parts = {name: (ranges, leaf) for name, leaf in zip(names, mine)}
-                store.push_shard("sharded", parts, rank=rank, step=step)
+                store.push_shard("sharded", parts, rank=rank, step=step, element_deltas=False)
             else:
                 _gather_and_push(store, dist, rank, world, names, mine, rows, cols)
             done = time.monotonic()
@@ -181,9 +184,7 @@ def _gather_and_push(
 ) -> None:  # fmt: skip
     """The baseline: every leaf gathered into a new full array on rank 0 (gloo copies
     bytes; a pair of bf16 travels as one float32), which pushes the whole model without
-    element deltas, as ``push_shard`` pushes parts: every element changed, so a patch
-    would give up anyway, and the copies a push keeps to diff against would add a model
-    to rank 0's memory."""
+    element deltas, as the sharded ranks push their parts."""
     import torch
 
     full = {name: np.empty((rows, cols), mine[0].dtype) for name in names} if rank == 0 else {}
