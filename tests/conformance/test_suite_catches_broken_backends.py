@@ -200,7 +200,8 @@ LEAF_VERSION_SKIPS = [
 
 #: The tests of ``supports_element_deltas``, which skip for ``vsqlite://`` and
 #: ``vsqlite-leaves://`` (their pushes of few changed elements run whole, and must end
-#: bit-exact all the same); with them the test of reads of chosen patched leaves.
+#: bit-exact all the same); with them the test of reads of chosen patched leaves and
+#: the sharded test of element deltas per block.
 ELEMENT_DELTA_SKIPS = [
     "test_a_patch_is_written_only_onto_exactly_its_base",
     "test_a_whole_write_starts_a_leafs_chain_again",
@@ -208,6 +209,7 @@ ELEMENT_DELTA_SKIPS = [
     "test_whole_reads_of_patched_leaves_are_whole_values",
     "test_interrupted_patched_pushes_and_updates_end_on_whole_versions",
     "test_read_leaf_subset_of_patched_leaves_gives_whole_values",
+    "test_element_deltas_per_block_are_bit_exact_through_interrupts_and_lost_replies",
 ]
 
 #: The tests of ``supports_leaf_subsets`` (``LeafSubsetTests``) but the one of patched

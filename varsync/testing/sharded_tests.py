@@ -402,6 +402,106 @@ class ShardedTests(_Base):
             for key, value in want.items():
                 assert np.asarray(into[key]).tobytes() == np.asarray(value).tobytes(), (step, key)
 
+    def test_element_deltas_per_block_are_bit_exact_through_interrupts_and_lost_replies(
+        self, sharded: Callable[[], Any]
+    ) -> None:
+        """On a backend with element deltas, ranks push with ``element_deltas=True``
+        blocks of which a few elements change per step: from the third step on, readers
+        holding the step before get patches (``read_patches`` answers links, no anchor)
+        and hold exactly each step, by ``pull_if_newer(held=)`` and by ``update``, also
+        after rank 0 is interrupted between its two part writes of a step (the catch-up
+        of its other slot, then the step) and after the reply to its first one is lost."""
+        if not isinstance(sharded().backend, varsync.backend.SupportsElementDeltas):
+            pytest.skip("the backend has no element deltas")
+        signature = {"step": varsync.Spec((), "int64"), "w": varsync.Spec((64, 64), "float32")}
+
+        def values(step: int) -> dict[str, Any]:
+            w = np.arange(64 * 64, dtype=np.float32).reshape(64, 64)
+            for s in range(1, step + 1):  # 8 elements per step, half of them in each rank's rows
+                w.reshape(-1)[(np.arange(8) * 509 + 97 * s) % w.size] = -s
+            return {"step": np.int64(step), "w": w}
+
+        def part(rank: int, step: int) -> dict[Any, Any]:
+            v = values(step)
+            rows = ((0, 32), (0, 64)) if rank == 0 else ((32, 64), (0, 64))
+            out: dict[Any, Any] = {"w": (rows, v["w"][rows[0][0] : rows[0][1]])}
+            if rank == 0:
+                out["step"] = v["step"]
+            return out
+
+        ranks = [sharded() for _ in range(WORLD)]
+        ranks[0].create_sharded_table("elements", signature, WORLD)
+        every, sparse, updater = sharded(), sharded(), sharded()
+        chains: list[bool] = []
+
+        def record(name: str, *args: Any, _o: Any = every.backend.read_patches, **kw: Any) -> Any:
+            answer = _o(name, *args, **kw)
+            links = [x for x in answer.leaves or () if isinstance(x, varsync.backend.LeafChain)]
+            chains.extend(x.anchor is None for x in links)
+            return answer
+
+        every.backend.read_patches = record
+        into = {"step": np.zeros((), np.int64), "w": np.zeros((64, 64), np.float32)}
+        held: dict[Any, Any] = {every: (0, None), sparse: (0, None)}
+        for step in range(1, 9):
+            writes = [0]
+
+            def hook(
+                method: str,
+                table: str,
+                call: Callable[[], Any],
+                _s: int = step,
+                _writes: list[int] = writes,
+            ) -> Any:
+                if "/parts/" not in table:
+                    return call()
+                _writes[0] += 1
+                if _s == 4 and _writes[0] == 2:  # between the catch-up and the step
+                    raise KeyboardInterrupt
+                result = call()
+                if _s == 6 and _writes[0] == 1:
+                    raise varsync.BackendConnectionError("test: the reply was lost")
+                return result
+
+            wrap_writes(ranks[0].backend, hook)
+            answers: dict[int, Any] = {}
+
+            def push(rank: int, _step: int = step, _answers: dict[int, Any] = answers) -> None:
+                for _ in range(2):  # an interrupted rank, or one whose reply was lost, again
+                    try:
+                        _answers[rank] = ranks[rank].push_shard(
+                            "elements",
+                            part(rank, _step),
+                            rank=rank,
+                            step=_step,
+                            timeout=BOUND,
+                            element_deltas=True,
+                        )
+                        return
+                    except BaseException as exc:  # handed to the test, which asserts on it
+                        _answers[rank] = exc
+
+            threads = [threading.Thread(target=push, args=(r,), daemon=True) for r in (0, 1)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(2 * BOUND)
+            for method in _WRITES:
+                ranks[0].backend.__dict__.pop(method, None)
+            assert answers.get(0) == answers.get(1) == step, answers
+            want = values(step)
+            for reader in (every, sparse) if step % 2 else (every,):
+                got = reader.pull_if_newer(held[reader][0], "elements", held=held[reader][1])
+                assert got is not None and got[0] == step, got
+                held[reader] = got
+                for key, value in want.items():
+                    same = np.asarray(got[1][key]).tobytes() == np.asarray(value).tobytes()
+                    assert same, (step, key)
+            assert updater.update(into, "elements") == step
+            for key, value in want.items():
+                assert np.asarray(into[key]).tobytes() == np.asarray(value).tobytes(), (step, key)
+        assert chains and all(chains), "readers holding the step before got no patches"
+
     def test_a_rank_killed_between_its_part_and_the_commit_publishes_nothing(
         self,
         sharded: Callable[[], Any],
