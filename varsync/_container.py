@@ -536,22 +536,76 @@ class VariableContainer:
         )
 
     def pull_slices(
-        self, table: str, slices: Mapping[Any, Any], *, timeout: Any = None
+        self,
+        table: str,
+        slices: Mapping[Any, Any],
+        *,
+        timeout: Any = None,
+        held: tuple[int, Mapping[Any, Any]] | None = None,
     ) -> tuple[int, dict[Any, np.ndarray]]:
         """``(version, {path: array})``: the blocks ``slices`` names (``{path:
         index_ranges}``, one ``(start, stop)`` per dimension) of a sharded table's latest
         version, all of that one version, fetching only the ranks' parts that hold some
-        of them. Waits for a first version as :meth:`pull` does."""
+        of them. Waits for a first version as :meth:`pull` does.
+
+        ``held``: a ``(version, arrays)`` this container's ``pull_slices`` of the same
+        slices returned: only the blocks changed since are fetched (as element patches
+        where a rank pushed them so and a block lies inside a slice), the arrays of
+        slices that did not change are ``held``'s own, changed ones new arrays (``held``
+        is never modified); if nothing is newer, ``held``'s version and arrays."""
         self._require_sharded(table)
         wanted = self._shard_reads.wanted_blocks(table, slices)
         limit, deadline, transfer = self._deadlines(timeout)
+        paths = dict(zip(wanted, slices))
+        if held is not None:
+            newer = self._pull_slices_since(table, wanted, paths, held, transfer, limit)
+            if newer is not None:
+                return newer
         manifest, blocks = self._shard_reads.read(
             table, wanted, 0, transfer, limit, wait_until=deadline
         )
         assert blocks is not None  # newer than 0: waited for, or raised
         self._handed(table, self._shard_reads.handed(table, manifest))
-        paths = dict(zip(wanted, slices))
         return manifest.version, {paths[leaf]: array for leaf, array in blocks.items()}
+
+    def _pull_slices_since(
+        self,
+        table: str,
+        wanted: Mapping[int, Any],
+        paths: Mapping[int, Any],
+        held: Any,
+        transfer: float,
+        limit: float | None,
+    ) -> tuple[int, dict[Any, np.ndarray]] | None:
+        """``pull_slices(held=)``'s delta read; ``None``: read whole (a ``held`` this
+        container cannot vouch for, another history, a patch that does not verify)."""
+        if not (isinstance(held, tuple) and len(held) == 2 and isinstance(held[1], Mapping)):
+            raise ConfigurationError(
+                f"pull_slices: held must be the (version, arrays) a pull_slices returned, "
+                f"got {held!r:.80}"
+            )
+        version, arrays = held
+        holds = self._shard_reads.held(table, version)
+        if holds is None or any(path not in arrays for path in paths.values()):
+            return None
+        manifest, pieces = self._shard_reads.read_changed(table, holds, transfer, limit, wanted)
+        if pieces is None:
+            return version, dict(arrays)
+        if pieces is shard_reads_lib.OTHER_HISTORY:
+            return None
+        specs = self._shards.meta(table).specs
+        mine = {leaf: arrays[path] for leaf, path in paths.items()}
+        try:
+            changed = shard_reads_lib.sliced_leaves(specs, wanted, pieces, mine)
+        except CorruptDataError as exc:  # a patch that does not verify: read whole
+            shard_reads_lib.log.warning("sharded table %r: %s; read whole", table, exc)
+            return None
+        if changed is None:
+            return None
+        self._handed(table, self._shard_reads.handed(table, manifest))
+        return manifest.version, {
+            path: changed[leaf] if leaf in changed else mine[leaf] for leaf, path in paths.items()
+        }
 
     def _is_sharded(self, table: str) -> bool:
         return sharded_lib.is_manifest(self._table(table)[0])

@@ -161,8 +161,8 @@ def part_blocks(signature: Any, parts: Mapping[Any, Any]) -> dict[Block, np.ndar
 
 
 def part_signature(blocks: Mapping[Block, np.ndarray]) -> dict[str, Spec]:
-    """The signature of a part table holding ``blocks``: one key per block, and
-    :data:`CHANGES_KEY`."""
+    """The signature of a part table holding ``blocks``: one key per block,
+    :data:`CHANGES_KEY` and :data:`HELD_KEY`."""
     out = {block_key(b): Spec(a.shape, a.dtype) for b, a in blocks.items()}
     out[CHANGES_KEY] = Spec([len(blocks)], np.int64)
     out[HELD_KEY] = Spec([HELD_ROWS, 2], np.int64)

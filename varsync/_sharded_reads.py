@@ -57,6 +57,7 @@ __all__ = [
     "Piece",
     "OTHER_HISTORY",
     "patched_leaves",
+    "sliced_leaves",
     "assign_pieces",
 ]
 
@@ -228,11 +229,18 @@ class ShardedReads:
         return head, list(arrays)
 
     def read_changed(
-        self, name: str, held: Held, deadline: float, limit: float | None
+        self,
+        name: str,
+        held: Held,
+        deadline: float,
+        limit: float | None,
+        wanted: Mapping[int, Ranges] | None = None,
     ) -> tuple[Manifest, Any]:
         """The manifest, and per flat leaf the blocks that changed since ``held`` (a
         ``dict[int, list[Piece]]``; leaves absent: unchanged), if it is newer; ``None``
-        if not; :data:`OTHER_HISTORY` if the table's history is not ``held``'s."""
+        if not; :data:`OTHER_HISTORY` if the table's history is not ``held``'s. With
+        ``wanted`` (flat leaf index -> ranges: ``pull_slices``'), only the blocks that
+        intersect it, as patches only where a block lies inside it."""
         world = self._tables.meta(name).world
 
         def attempt(manifest: Manifest) -> Any:
@@ -244,7 +252,10 @@ class ShardedReads:
                 if expected == NO_PART:
                     continue
                 part = part_name(name, manifest.slot, rank)
-                got = self._changed_blocks(part, expected, held.step, deadline)
+                within = None if wanted is None else _within(self._tables.layout(part), wanted)
+                if within is not None and not within[0]:
+                    continue  # none of its blocks is wanted
+                got = self._changed_blocks(part, expected, held.step, deadline, within)
                 if isinstance(got, _Stale):
                     return got
                 for block, array in got:
@@ -257,13 +268,19 @@ class ShardedReads:
         return manifest, answer
 
     def _changed_blocks(
-        self, part: str, expected: int, held_step: int, deadline: float
+        self,
+        part: str,
+        expected: int,
+        held_step: int,
+        deadline: float,
+        within: _Within | None = None,
     ) -> list[tuple[Block, np.ndarray | Patches]] | _Stale:
         """Part table ``part``'s blocks that changed after step ``held_step``, at its
-        version ``expected`` (else :class:`_Stale`)."""
+        version ``expected`` (else :class:`_Stale`); of those ``within`` names, if
+        given."""
         layout = self._tables.layout(part)
         if layout.changes is None:  # no ~changed: every block, whole
-            every = range(len(layout.blocks))
+            every = range(len(layout.blocks)) if within is None else sorted(within[0])
             got = self._blocks_of(part, layout, every, expected, deadline)
             if isinstance(got, _Stale):
                 return got
@@ -271,7 +288,7 @@ class ShardedReads:
         backend = self._backend
         assert isinstance(backend, SupportsLeafVersions)  # sharded tables need it
         if reads_leaf_subsets(backend):
-            return self._changed_blocks_alone(part, layout, expected, held_step, deadline)
+            return self._changed_blocks_alone(part, layout, expected, held_step, deadline, within)
         with self._lock:
             seen = self._seen.get(part)
         newer_than = expected - 1 if seen is None else min(seen.head.version, expected - 1)
@@ -303,6 +320,7 @@ class ShardedReads:
                 missing = [layout.changes]
             else:
                 needed = [i for i, step in enumerate(changed.tolist()) if step > held_step]
+                needed = [i for i in needed if within is None or i in within[0]]
                 missing = [i for i in needed if i not in answer]
             if not missing:
                 assert changed is not None
@@ -318,7 +336,13 @@ class ShardedReads:
             newer_than = lowest - 1  # rare: a block that changed and changed back
 
     def _changed_blocks_alone(
-        self, part: str, layout: PartLayout, expected: int, held_step: int, deadline: float
+        self,
+        part: str,
+        layout: PartLayout,
+        expected: int,
+        held_step: int,
+        deadline: float,
+        within: _Within | None = None,
     ) -> list[tuple[Block, np.ndarray | Patches]] | _Stale:
         """:meth:`_changed_blocks` on a backend that reads chosen leaves: the
         ``~changed`` leaf first (with ``~held``), then exactly the blocks changed after
@@ -337,7 +361,7 @@ class ShardedReads:
         if guess:
             first = self._patched_blocks(part, layout, expected, expected - 1, held_step, deadline)
             if first is not None:
-                return first
+                return self._restricted(part, layout, expected, first, within, deadline)
         small = [layout.changes] if layout.held is None else [layout.changes, layout.held]
         head, _, arrays = backend.read_leaf_subset(part, small, 0, deadline, layout.specs)
         if head.version != expected or arrays is None:
@@ -347,6 +371,7 @@ class ShardedReads:
         if changed is None:
             raise CorruptDataError(f"part table {part!r} version {head.version}: no ~changed")
         needed = [i for i, step in enumerate(np.asarray(changed).tolist()) if step > held_step]
+        needed = [i for i in needed if within is None or i in within[0]]
         if patched:
             assert layout.held is not None
             rows = arrays[layout.held]
@@ -355,7 +380,7 @@ class ShardedReads:
             if needed and base is not None:
                 since = self._patched_blocks(part, layout, expected, base, held_step, deadline)
                 if since is not None:
-                    return since
+                    return self._restricted(part, layout, expected, since, within, deadline)
         blocks: list[np.ndarray | None] = []
         if needed:
             got = self._blocks_of(part, layout, needed, expected, deadline)
@@ -414,6 +439,32 @@ class ShardedReads:
             log.warning("part table %r: %s; fetching its changed blocks whole", part, exc)
             return None
         return out
+
+    def _restricted(
+        self,
+        part: str,
+        layout: PartLayout,
+        expected: int,
+        got: list[tuple[Block, np.ndarray | Patches]] | _Stale,
+        within: _Within | None,
+        deadline: float,
+    ) -> list[tuple[Block, np.ndarray | Patches]] | _Stale:
+        """:meth:`_patched_blocks`' answer, of the blocks ``within`` names if given;
+        a block given as patches that does not lie inside the caller's ranges (which
+        hold only part of it) fetched whole instead."""
+        if within is None or isinstance(got, _Stale):
+            return got
+        index = {block: i for i, block in enumerate(layout.blocks)}
+        chosen, inside = within
+        kept = [(b, v) for b, v in got if index[b] in chosen]
+        whole = [index[b] for b, v in kept if isinstance(v, Patches) and index[b] not in inside]
+        if not whole:
+            return kept
+        fetched = self._blocks_of(part, layout, whole, expected, deadline)
+        if isinstance(fetched, _Stale):
+            return fetched
+        arrays = fetched[1]
+        return [(b, _present(arrays[index[b]]) if index[b] in whole else v) for b, v in kept]
 
     def _saw_rows(self, part: str, rows: Any) -> None:
         """Whether part table ``part``'s last ``~held`` seen names versions: it was
@@ -507,6 +558,23 @@ class ShardedReads:
         return wanted
 
 
+#: A part table's blocks a slice read wants: those that intersect its ranges, and those
+#: of them inside its ranges (flat block indices).
+_Within = tuple[set[int], set[int]]
+
+
+def _within(layout: PartLayout, wanted: Mapping[int, Ranges]) -> _Within:
+    chosen, inside = set(), set()
+    for i, block in enumerate(layout.blocks):
+        ranges = wanted.get(block.leaf)
+        common = None if ranges is None else layout_lib.intersection(block.ranges, ranges)
+        if common is not None:
+            chosen.add(i)
+            if common == block.ranges:
+                inside.add(i)
+    return chosen, inside
+
+
 def _version_holding(rows: Any, step: int, below: int) -> int | None:
     """The part version below ``below`` that a part table's ``~held`` rows say held
     ``step``, if any."""
@@ -547,16 +615,17 @@ def _values(value: np.ndarray | Patches) -> np.ndarray:
     return value
 
 
-def _into(target: np.ndarray, full: Ranges, pieces: Sequence[Piece]) -> None:
-    """Write ``pieces`` into ``target`` (the whole leaf, writable, holding the caller's
-    value): values copied in, patches applied onto the block's values there (in place
-    where the block is contiguous, else onto a copy of it written back), each verified.
-    Raises :class:`CorruptDataError` on a patch that does not verify."""
+def _into(target: np.ndarray, target_at: Ranges, pieces: Sequence[Piece]) -> None:
+    """Write ``pieces`` into ``target`` (writable, holding the caller's value of the
+    block ``target_at`` of the leaf: all of it, or a slice): values copied in where
+    they meet it, patches (of blocks inside it) applied onto the block's values there
+    (in place where the block is contiguous, else onto a copy of it written back), each
+    verified. Raises :class:`CorruptDataError` on a patch that does not verify."""
     for ranges, value in pieces:
         if not isinstance(value, Patches):
-            layout_lib.copy_block(target, full, value, ranges)
+            layout_lib.copy_block(target, target_at, value, ranges)
             continue
-        region = target[tuple(slice(a, b) for a, b in ranges)]
+        region = target[tuple(slice(a - t, b - t) for (a, b), (t, _) in zip(ranges, target_at))]
         if region.flags.c_contiguous:
             patches_lib.patch_into(region, value.patches)
         else:
@@ -583,6 +652,28 @@ def patched_leaves(
             whole = np.array(base, copy=True, order="C")
             _into(whole, layout_lib.full_ranges(spec), leaf_pieces)
         out[leaf] = whole
+    return out
+
+
+def sliced_leaves(
+    specs: Sequence[Spec],
+    wanted: Mapping[int, Ranges],
+    pieces: Mapping[int, Sequence[Piece]],
+    held: Mapping[int, Any],
+) -> dict[int, np.ndarray] | None:
+    """``pull_slices(held=)``: per wanted leaf with changed pieces, its new slice: a
+    copy of ``held[leaf]`` (the slice the caller holds, not modified) with the pieces
+    written in. ``None`` if a held slice is not of the shape and dtype asked for: read
+    whole. :class:`CorruptDataError` if a patch does not verify: read whole."""
+    out: dict[int, np.ndarray] = {}
+    for leaf, leaf_pieces in pieces.items():
+        ranges = wanted[leaf]
+        base = np.asarray(held.get(leaf))
+        if base.shape != tuple(b - a for a, b in ranges) or base.dtype != specs[leaf].dtype:
+            return None
+        new = np.array(base, copy=True, order="C")
+        _into(new, ranges, leaf_pieces)
+        out[leaf] = new
     return out
 
 
