@@ -1,6 +1,8 @@
 """The PyTorch and JAX learner/actor examples work end to end, over shm:// and a real
 redis-server, as processes: every actor sees increasing versions with the exact weights
-the learner pushed as each, and ends on the last one; a failure exits non-zero."""
+the learner pushed as each, and ends on the last one; a failure exits non-zero. So does
+the sharded FSDP2 example (gloo trainer ranks, an unsharded reader and two column-half
+readers), also with a rank killed mid-version."""
 
 import os
 import re
@@ -85,3 +87,35 @@ def test_torch_example_fails_when_the_actors_cannot_see_the_learners_table():
     assert "actor-0: 0 updates, versions none" in done.stdout, output
     assert "ERROR TableNotFoundError" in done.stdout, output
     assert done.stdout.rstrip().endswith("FAILED"), output
+
+
+def run_sharded(url, *args):
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "sharded_fsdp.py"), "--url", url, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,  # the example bounds each of its own waits by 60 s
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    return done, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("backend", ["shm", "redis"])
+def test_sharded_fsdp_ranks_and_readers_sharded_another_way(backend, request):
+    needs("torch", "the sharded FSDP example")
+    done, output = run_sharded(example_url(backend, request), "--ranks", "2", "--steps", "3")
+    assert done.returncode == 0, output
+    for step in (1, 2, 3):
+        assert f"rank 0: step {step} published as version {step}" in done.stdout, output
+    for name in ("unsharded", "columns 0", "columns 1"):
+        assert re.search(rf"reader {name}: \d+ versions, \d+\.\.3, weights exact", done.stdout), output
+    assert "OK: every reader saw only whole versions, exact, and ended on version 3" in done.stdout
+
+
+def test_sharded_fsdp_example_with_a_rank_killed_keeps_readers_on_the_last_version(request):
+    needs("torch", "the sharded FSDP example")
+    url = example_url("redis", request)
+    done, output = run_sharded(url, "--ranks", "2", "--steps", "3", "--kill")
+    assert done.returncode == 0, output
+    assert "rank 0: step 3 not published, missing [1]" in done.stdout, output
+    assert "ended on version 2" in done.stdout, output
