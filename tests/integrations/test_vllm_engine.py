@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -232,6 +233,39 @@ def test_a_load_that_fails_midway_puts_the_served_version_back(
     assert largest_difference(served, expected) < FLOAT32_TOLERANCE  # no layer of the new one
     assert engine_lib.update_llm(llm, min_version=newer, timeout=30) == newer
     assert largest_difference(served_logprobs(llm), moved) < FLOAT32_TOLERANCE
+
+
+def test_an_engine_asked_for_a_version_the_table_has_not_reached_waits_for_it(
+    llm: Any, model_dir: Path, shm_url: str, trainers: list[Trainer]
+) -> None:
+    """Asked for version 3 while the table is at 1 (the trainer has not pushed it yet),
+    the engine waits for it, and does not take the table for one whose history went
+    back (it never held version 2). The llm environment's CI run once raised
+    ``TableResetError`` here, when a trainer's first push came late."""
+    trainer = Trainer(model_dir, shm_url)
+    trainers.append(trainer)
+    init_engine(llm, shm_url, "rollout-ahead")
+    assert trainer.step()[0] == 1
+    loaded: list[Any] = []
+    waiter = threading.Thread(
+        target=lambda: loaded.append(_try(lambda: engine_lib.update_llm(llm, min_version=3))),
+        daemon=True,
+    )
+    waiter.start()
+    time.sleep(0.5)  # the engine is waiting
+    assert trainer.step()[0] == 2
+    version, expected = trainer.step()
+    assert version == 3
+    waiter.join(BOUND)
+    assert loaded == [3], loaded
+    assert largest_difference(served_logprobs(llm), expected) < FLOAT32_TOLERANCE
+
+
+def _try(call: Any) -> Any:
+    try:
+        return call()
+    except Exception as exc:  # to the test's assertion
+        return exc
 
 
 def _served(llm: Any) -> int:

@@ -251,12 +251,18 @@ class VarsyncWeightTransferEngine(WeightTransferEngine[VarsyncInitInfo, VarsyncU
                         "with its first push (WeightPublisher.push)"
                     )
                 time.sleep(min(_TABLE_POLL, left()))
+            seen = 0  # the latest version seen of the table's history, 0: none yet
             while True:
                 held = self._held if self._loaded_whole else None
                 served = self.weight_version if held is not None else 0
                 wanted = max(served, min_version - 1)
                 try:
-                    store.wait_for(wanted, table, timeout=left())
+                    # wait on versions this container saw, never on min_version - 1: the
+                    # table may be below it (the trainer has not pushed it yet), which
+                    # a wait given a version would take for a history that went back
+                    seen = max(seen, served)
+                    while seen <= wanted:
+                        seen = store.wait_for(seen, table, timeout=left())
                     got = store.pull_if_newer(served, table, timeout=left(), held=held)
                 except PullTimeoutError as exc:
                     raise PullTimeoutError(
@@ -267,6 +273,7 @@ class VarsyncWeightTransferEngine(WeightTransferEngine[VarsyncInitInfo, VarsyncU
                     if held is None:
                         raise
                     self._loaded_whole = False  # a new history: load its next version whole
+                    seen = 0
                     continue
                 if got is not None and got[0] >= min_version:
                     break
