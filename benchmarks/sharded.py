@@ -87,7 +87,7 @@ def _reset_peak() -> None:
         clear.write("5")  # VmHWM := VmRSS
 
 
-def _bytes_pushed(registry: Any) -> int:
+def bytes_pushed(registry: Any) -> int:
     """The bytes of arrays this process's container handed to its backend, all tables."""
     return int(
         sum(
@@ -152,7 +152,7 @@ def _rank_main(
                 return
             for leaf in mine:  # the optimizer step: every element changes
                 leaf.view(np.uint16)[...] += 1
-            sent = _bytes_pushed(registry)
+            sent = bytes_pushed(registry)
             barrier.wait(ROUND_TIMEOUT)
             started = time.monotonic()
             if dist is None:
@@ -172,7 +172,7 @@ def _rank_main(
                         "shard": held - base,
                         "over_base": peak - base,
                         "over_shard": peak - held,
-                        "sent": _bytes_pushed(registry) - sent,
+                        "sent": bytes_pushed(registry) - sent,
                     },
                 )
             )

@@ -32,23 +32,13 @@ import numpy as np
 
 from benchmarks import harness
 from benchmarks.servers import next_message, running_redis_server, stop_children
+from benchmarks.sharded import bytes_pushed
 
 MiB = 1 << 20
 TIMEOUT = 600.0  # seconds any one step may take
 TABLES = {"elements": True, "blocks": False}  # table -> element_deltas
 SHARE = 0.01  # of the elements that change per step
 WARM = 3  # steps before the figures: slots written whole, then one caught up whole
-
-
-def _pushed(registry: Any) -> int:
-    return int(
-        sum(
-            s.value
-            for metric in registry.collect()
-            for s in metric.samples
-            if s.name == "varsync_bytes_pushed_total"
-        )
-    )
 
 
 def _rank_main(
@@ -84,11 +74,11 @@ def _rank_main(
             }
             report: dict[str, Any] = {"rank": rank}
             for table in order:
-                sent = _pushed(registry)
+                sent = bytes_pushed(registry)
                 barrier.wait(TIMEOUT)
                 started = time.monotonic()
                 store.push_shard(table, parts, rank=rank, step=step, element_deltas=TABLES[table])
-                report[table] = (started, time.monotonic(), _pushed(registry) - sent)
+                report[table] = (started, time.monotonic(), bytes_pushed(registry) - sent)
             results.put(("pushed", report))
 
 

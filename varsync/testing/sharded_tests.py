@@ -51,6 +51,31 @@ def rank_parts(rank: int, step: int) -> dict[Any, Any]:
     return {"w": (((4, 8), (0, 6)), w[4:]), "b": np.full(6, step, np.float32)}
 
 
+def _read_exactly(
+    table: str,
+    step: int,
+    want: dict[str, Any],
+    readers: tuple[Any, Any],
+    held: dict[Any, Any],
+    updater: Any,
+    into: dict[str, Any],
+) -> None:
+    """The first of ``readers`` (every step) and the second (odd steps) by
+    ``pull_if_newer(held=)``, and ``updater`` by ``update`` into ``into``, hold exactly
+    ``want``, published as version ``step``."""
+    every, sparse = readers
+    for reader in (every, sparse) if step % 2 else (every,):
+        got = reader.pull_if_newer(held[reader][0], table, held=held[reader][1])
+        assert got is not None and got[0] == step, got
+        held[reader] = got
+        for key, value in want.items():
+            same = np.asarray(got[1][key]).tobytes() == np.asarray(value).tobytes()
+            assert same, (step, key)
+    assert updater.update(into, table) == step
+    for key, value in want.items():
+        assert np.asarray(into[key]).tobytes() == np.asarray(value).tobytes(), (step, key)
+
+
 def step_of(values: Any) -> int:
     """The one step every element of a pulled nest holds; fails on a mix."""
     seen = {float(x) for leaf in varsync.flatten(values) for x in np.asarray(leaf).ravel()}
@@ -390,17 +415,7 @@ class ShardedTests(_Base):
             for thread in threads:
                 thread.join(2 * BOUND)
             assert answers.get(0) == answers.get(1) == step, answers
-            want = values(step)
-            for reader in (every, sparse) if step % 2 else (every,):
-                got = reader.pull_if_newer(held[reader][0], "model", held=held[reader][1])
-                assert got is not None and got[0] == step, got
-                held[reader] = got
-                for key, value in want.items():
-                    same = np.asarray(got[1][key]).tobytes() == np.asarray(value).tobytes()
-                    assert same, (step, key)
-            assert updater.update(into, "model") == step
-            for key, value in want.items():
-                assert np.asarray(into[key]).tobytes() == np.asarray(value).tobytes(), (step, key)
+            _read_exactly("model", step, values(step), (every, sparse), held, updater, into)
 
     def test_element_deltas_per_block_are_bit_exact_through_interrupts_and_lost_replies(
         self, sharded: Callable[[], Any]
@@ -489,17 +504,7 @@ class ShardedTests(_Base):
             for method in _WRITES:
                 ranks[0].backend.__dict__.pop(method, None)
             assert answers.get(0) == answers.get(1) == step, answers
-            want = values(step)
-            for reader in (every, sparse) if step % 2 else (every,):
-                got = reader.pull_if_newer(held[reader][0], "elements", held=held[reader][1])
-                assert got is not None and got[0] == step, got
-                held[reader] = got
-                for key, value in want.items():
-                    same = np.asarray(got[1][key]).tobytes() == np.asarray(value).tobytes()
-                    assert same, (step, key)
-            assert updater.update(into, "elements") == step
-            for key, value in want.items():
-                assert np.asarray(into[key]).tobytes() == np.asarray(value).tobytes(), (step, key)
+            _read_exactly("elements", step, values(step), (every, sparse), held, updater, into)
         assert chains and all(chains), "readers holding the step before got no patches"
 
     def test_a_rank_killed_between_its_part_and_the_commit_publishes_nothing(
