@@ -357,7 +357,7 @@ class ShardedReads:
         assert isinstance(backend, SupportsLeafSubsets)
         patched = layout.held is not None and isinstance(backend, SupportsElementDeltas)
         with self._lock:
-            guess = patched and self._element_parts.get(part, False)
+            guess = patched and self._element_parts.get(_rank_of(part), False)
         if guess:
             first = self._patched_blocks(part, layout, expected, expected - 1, held_step, deadline)
             if first is not None:
@@ -468,10 +468,11 @@ class ShardedReads:
 
     def _saw_rows(self, part: str, rows: Any) -> None:
         """Whether part table ``part``'s last ``~held`` seen names versions: it was
-        written with element deltas (the next read guesses its base)."""
+        written with element deltas, and so is its rank's other slot, most likely (the
+        next read of either guesses its base)."""
         written = isinstance(rows, np.ndarray) and bool((rows.reshape(-1, 2)[:, 0] > 0).any())
         with self._lock:
-            self._element_parts[part] = written
+            self._element_parts[_rank_of(part)] = written
 
     def _remember(self, part: str, head: Head, changed: Any) -> None:
         array = np.array(changed, dtype=np.int64)  # a copy: a store's buffer may be reused
@@ -573,6 +574,13 @@ def _within(layout: PartLayout, wanted: Mapping[int, Ranges]) -> _Within:
             if common == block.ranges:
                 inside.add(i)
     return chosen, inside
+
+
+def _rank_of(part: str) -> str:
+    """A part table's name without its slot: ``name/parts/{slot}/{rank}`` ->
+    ``name/parts/{rank}``."""
+    head, _, rank = part.rpartition("/")
+    return f"{head.rpartition('/')[0]}/{rank}"
 
 
 def _version_holding(rows: Any, step: int, below: int) -> int | None:
