@@ -11,10 +11,11 @@ Tables, in the store, for a sharded table ``name`` of ``world`` ranks:
   "nothing yet", so that every commit after it is a compare-and-swap).
 - ``name/meta``: the full nest's signature and ``world``, written once by the one
   process whose ``create_table`` of it stored its own nonce.
-- ``name/parts/{slot}/{rank}``: rank ``rank``'s blocks (``varsync._shard_layout``), and
+- ``name/parts/{slot}/{rank}``: rank ``rank``'s blocks (``varsync._shard_layout``),
   per block the step at which its content last changed across this rank's pushes
   (:class:`BlockChanges`), for readers that fetch only changed blocks
-  (``varsync._sharded_reads``).
+  (``varsync._sharded_reads``), and its slot's recent versions and the step each holds
+  (``~held``), for readers that fetch element patches (``varsync._shard_patches``).
 - ``name/stage/{slot}``: per rank, ``(step, part version)`` its part of ``step`` is at in
   that slot (part version ``-1``: withdrawn), and the *seal* ``(step, part versions...)``.
 
