@@ -105,7 +105,8 @@ class Ranks:
         self.stores[rank] = self.connect()
 
     def push(self, step: int) -> int:
-        """Every rank pushes ``step`` (a rank whose reply is lost pushes it again)."""
+        """Every rank pushes ``step`` (a rank whose reply is lost, or that is
+        interrupted, pushes it again)."""
         values = self.make(self.world, step)
         answers: Dict[int, Any] = {}
 
@@ -117,9 +118,9 @@ class Ranks:
                         timeout=BOUND, **self.options,
                     )  # fmt: skip
                     return
-                except Exception as exc:  # a lost reply: pushed again; else to the test
+                except (KeyboardInterrupt, Exception) as exc:  # pushed again, or to the test
                     answers[rank] = exc
-                    if not isinstance(exc, varsync.BackendConnectionError):
+                    if not isinstance(exc, (KeyboardInterrupt, varsync.BackendConnectionError)):
                         return
 
         threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(self.world)]
@@ -135,6 +136,34 @@ class Ranks:
     def close(self) -> None:
         for store in self.stores:
             store.close()
+
+
+class Readers:
+    """A reader of every step and one of every third by ``pull_if_newer(held=)``, and
+    one by ``update`` into ``into``: each checked bit-exact on the version it gets."""
+
+    def __init__(self, url: str, into: Dict[str, Any]) -> None:
+        self.every, self.sparse, self.updater = (
+            varsync.connect(url, timeout=BOUND) for _ in range(3)
+        )
+        self.into = into
+        self.held: Dict[str, Any] = {}
+        self.versions = {"every": 0, "sparse": 0}
+
+    def check(self, step: int, version: int, values: Dict[str, Any]) -> None:
+        """``values`` published as ``version``: step ``step``'s readers hold it."""
+        for name in ("every", "sparse") if step % 3 == 0 else ("every",):
+            reader = getattr(self, name)
+            got = reader.pull_if_newer(self.versions[name], "model", held=self.held.get(name))
+            assert got is not None and got[0] == version
+            self.versions[name], self.held[name] = got
+            assert_bit_equal(self.held[name], values)
+        assert self.updater.update(self.into, "model") == version
+        assert_bit_equal(self.into, values)
+
+    def close(self) -> None:
+        for reader in (self.every, self.sparse, self.updater):
+            reader.close()
 
 
 def pulled(registry: Any) -> float:
@@ -238,14 +267,10 @@ def test_delta_reads_stay_bit_exact_through_reverts_skips_restarts_and_retries(
     container, step 5) and a rank whose reply to its part was lost (step 6, pushed
     again)."""
     ranks = Ranks(url, world)
-    readers: List[Any] = []
+    readers = None
     try:
         ranks.stores[0].create_sharded_table("model", model(world, 0), world)
-        every, sparse, updater = (varsync.connect(url, timeout=BOUND) for _ in range(3))
-        readers += [every, sparse, updater]
-        held: Dict[str, Any] = {}
-        into = zeros(world)
-        versions = {"every": 0, "sparse": 0}
+        readers = Readers(url, zeros(world))
         for step in range(1, 11):
             if step == 5:
                 ranks.restart(world - 1)
@@ -264,21 +289,10 @@ def test_delta_reads_stay_bit_exact_through_reverts_skips_restarts_and_retries(
                 wrap_writes(ranks.stores[0].backend, hook)
             version = ranks.push(step)
             assert bool(lost) == (step == 6)
-            values = model(world, step)
-            got = every.pull_if_newer(versions["every"], "model", held=held.get("every"))
-            assert got is not None and got[0] == version
-            versions["every"], held["every"] = got
-            assert_bit_equal(held["every"], values)
-            assert updater.update(into, "model") == version
-            assert_bit_equal(into, values)
-            if step % 3 == 0:
-                got = sparse.pull_if_newer(versions["sparse"], "model", held=held.get("sparse"))
-                assert got is not None and got[0] == version
-                versions["sparse"], held["sparse"] = got
-                assert_bit_equal(held["sparse"], values)
+            readers.check(step, version, model(world, step))
     finally:
-        for reader in readers:
-            reader.close()
+        if readers is not None:
+            readers.close()
         ranks.close()
 
 
@@ -399,15 +413,12 @@ def test_element_deltas_per_block_stay_bit_exact_through_faults(url: str) -> Non
     ``update`` stay bit-exact at every version."""
     world = 2
     ranks = Ranks(url, world, make=evolving, element_deltas=True)
-    readers: List[Any] = []
+    readers = None
     try:
         ranks.stores[0].create_sharded_table("model", evolving(world, 0), world)
-        every, sparse, updater = (varsync.connect(url, timeout=BOUND) for _ in range(3))
-        readers += [every, sparse, updater]
-        held: Dict[str, Any] = {}
-        versions = {"every": 0, "sparse": 0}
         into = {k: np.zeros_like(v) for k, v in evolving(world, 0).items()}
         into["step"] = np.zeros((), np.int64)
+        readers = Readers(url, into)
         published = 0
         for step in range(1, 15):
             faults: List[str] = []
@@ -445,48 +456,16 @@ def test_element_deltas_per_block_stay_bit_exact_through_faults(url: str) -> Non
                     )
                 assert caught.value.missing == [1]
                 continue
-            answers: Dict[int, Any] = {}
-
-            def rank_main(rank: int, _step: int = step) -> None:
-                for _ in range(2):  # a rank interrupted, or whose reply was lost, pushes again
-                    try:
-                        answers[rank] = ranks.stores[rank].push_shard(
-                            "model",
-                            parts(world, rank, evolving(world, _step)),
-                            rank=rank,
-                            step=_step,
-                            timeout=BOUND,
-                            element_deltas=True,
-                        )
-                        return
-                    except (KeyboardInterrupt, varsync.BackendConnectionError) as exc:
-                        answers[rank] = exc
-
-            threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join(3 * BOUND)
+            version = ranks.push(step)  # a rank interrupted, or whose reply was lost, again
             for method in ("write", "write_leaves", "write_patches"):
                 ranks.stores[0].backend.__dict__.pop(method, None)  # the hook, if any, off
             published += 1
-            assert answers == {0: published, 1: published}, (step, answers)
+            assert version == published, (step, version)
             assert len(faults) > step % 2 if step in (4, 5, 6, 7) else not faults, (step, faults)
-            values = evolving(world, step)
-            got = every.pull_if_newer(versions["every"], "model", held=held.get("every"))
-            assert got is not None and got[0] == published
-            versions["every"], held["every"] = got
-            assert_bit_equal(held["every"], values)
-            assert updater.update(into, "model") == published
-            assert_bit_equal(into, values)
-            if step % 3 == 0:
-                got = sparse.pull_if_newer(versions["sparse"], "model", held=held.get("sparse"))
-                assert got is not None and got[0] == published
-                versions["sparse"], held["sparse"] = got
-                assert_bit_equal(held["sparse"], values)
+            readers.check(step, published, evolving(world, step))
     finally:
-        for reader in readers:
-            reader.close()
+        if readers is not None:
+            readers.close()
         ranks.close()
 
 

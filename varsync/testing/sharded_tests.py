@@ -51,6 +51,37 @@ def rank_parts(rank: int, step: int) -> dict[Any, Any]:
     return {"w": (((4, 8), (0, 6)), w[4:]), "b": np.full(6, step, np.float32)}
 
 
+def _push_step(
+    ranks: list[Any],
+    table: str,
+    step: int,
+    part: Callable[[int, int], Any],
+    attempts: int = 1,
+    **options: Any,
+) -> dict[int, Any]:
+    """Every rank pushes ``part(rank, step)`` in a thread of its own, up to ``attempts``
+    times while it raises; per rank, its answer or its last exception (the test asserts
+    on them)."""
+    answers: dict[int, Any] = {}
+
+    def push(rank: int) -> None:
+        for _ in range(attempts):
+            try:
+                answers[rank] = ranks[rank].push_shard(
+                    table, part(rank, step), rank=rank, step=step, timeout=BOUND, **options
+                )
+                return
+            except BaseException as exc:  # handed to the test, which asserts on it
+                answers[rank] = exc
+
+    threads = [threading.Thread(target=push, args=(r,), daemon=True) for r in range(len(ranks))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(2 * BOUND)
+    return answers
+
+
 def _read_exactly(
     table: str,
     step: int,
@@ -399,21 +430,7 @@ class ShardedTests(_Base):
         into["w"] = np.zeros((8, 6), np.float32)
         held: dict[Any, Any] = {every: (0, None), sparse: (0, None)}
         for step in range(1, 10):
-            answers: dict[int, Any] = {}
-
-            def push(rank: int, _step: int = step, _answers: dict[int, Any] = answers) -> None:
-                try:
-                    _answers[rank] = ranks[rank].push_shard(
-                        "model", part(rank, _step), rank=rank, step=_step, timeout=BOUND
-                    )
-                except BaseException as exc:  # handed to the test, which asserts on it
-                    _answers[rank] = exc
-
-            threads = [threading.Thread(target=push, args=(r,), daemon=True) for r in (0, 1)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join(2 * BOUND)
+            answers = _push_step(ranks, "model", step, part)
             assert answers.get(0) == answers.get(1) == step, answers
             _read_exactly("model", step, values(step), (every, sparse), held, updater, into)
 
@@ -479,28 +496,8 @@ class ShardedTests(_Base):
                 return result
 
             wrap_writes(ranks[0].backend, hook)
-            answers: dict[int, Any] = {}
-
-            def push(rank: int, _step: int = step, _answers: dict[int, Any] = answers) -> None:
-                for _ in range(2):  # an interrupted rank, or one whose reply was lost, again
-                    try:
-                        _answers[rank] = ranks[rank].push_shard(
-                            "elements",
-                            part(rank, _step),
-                            rank=rank,
-                            step=_step,
-                            timeout=BOUND,
-                            element_deltas=True,
-                        )
-                        return
-                    except BaseException as exc:  # handed to the test, which asserts on it
-                        _answers[rank] = exc
-
-            threads = [threading.Thread(target=push, args=(r,), daemon=True) for r in (0, 1)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join(2 * BOUND)
+            # an interrupted rank, or one whose reply was lost, pushes again
+            answers = _push_step(ranks, "elements", step, part, attempts=2, element_deltas=True)
             for method in _WRITES:
                 ranks[0].backend.__dict__.pop(method, None)
             assert answers.get(0) == answers.get(1) == step, answers
