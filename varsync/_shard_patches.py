@@ -89,11 +89,6 @@ class PartPatches:
         """The rank's part was pushed another way: its copies and slots are of no use."""
         self._states.pop((name, rank), None)
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the copies kept, over every table and rank of this process."""
-        return sum(state.bases.nbytes for state in self._states.values())
-
     def push(
         self,
         backend: Backend,

@@ -169,12 +169,7 @@ class ShardedReads:
                     continue
                 part = part_name(name, manifest.slot, rank)
                 layout = self._tables.layout(part)
-                needed = [
-                    i
-                    for i, b in enumerate(layout.blocks)
-                    if b.leaf in chosen
-                    and layout_lib.intersection(b.ranges, chosen[b.leaf]) is not None
-                ]
+                needed = sorted(_within(layout, chosen)[0])
                 if not needed:
                     continue
                 got = self._blocks_of(part, layout, needed, expected, deadline)
@@ -565,6 +560,7 @@ _Within = tuple[set[int], set[int]]
 
 
 def _within(layout: PartLayout, wanted: Mapping[int, Ranges]) -> _Within:
+    """The blocks of ``layout`` that ``wanted`` intersects, and those inside it."""
     chosen, inside = set(), set()
     for i, block in enumerate(layout.blocks):
         ranges = wanted.get(block.leaf)
