@@ -175,14 +175,21 @@ class VariableContainer:
         last: delta.Written | None,
         element_deltas: bool | None,
     ) -> delta.Written:
-        default = getattr(backend, "element_deltas_default", False)
-        if element_deltas is None:
-            element_deltas = self._element_deltas.get(table, default)
-        if element_deltas and isinstance(backend, SupportsElementDeltas):
+        if self._with_element_deltas(table, backend, element_deltas):
             return patches_lib.push_patched(backend, table, arrays, specs, last)
         if last is not None:
             last.bases = None  # the copies are of no use to a push without patches
         return delta.push_changed(backend, table, arrays, specs, last)
+
+    def _with_element_deltas(
+        self, table: str, backend: Backend, element_deltas: bool | None
+    ) -> bool:
+        """Whether a push to ``table`` sends element patches: as asked, else the table's
+        setting, else the backend's default; never on a backend without them."""
+        if element_deltas is None:
+            default = getattr(backend, "element_deltas_default", False)
+            element_deltas = self._element_deltas.get(table, default)
+        return bool(element_deltas) and isinstance(backend, SupportsElementDeltas)
 
     def _push_unversioned(self, values: Any, table: str = DEFAULT_TABLE) -> None:
         """:meth:`push` for a caller that drops the new version (the TF-Agents drop-in,
@@ -528,12 +535,8 @@ class VariableContainer:
         as for :meth:`push`: on for ``redis://``, off on ``memory://`` and ``shm://``."""
         limit, deadline, _ = self._deadlines(timeout)
         self._require_sharded(table)
-        if element_deltas is None:
-            default = getattr(self._backend, "element_deltas_default", False)
-            element_deltas = self._element_deltas.get(table, default)
-        return self._shards.push(
-            table, parts, rank, step, deadline, limit, tiles, bool(element_deltas)
-        )
+        wanted = self._with_element_deltas(table, self._backend, element_deltas)
+        return self._shards.push(table, parts, rank, step, deadline, limit, tiles, wanted)
 
     def pull_slices(
         self,
