@@ -246,13 +246,26 @@ def test_an_engine_asked_for_a_version_the_table_has_not_reached_waits_for_it(
     trainers.append(trainer)
     init_engine(llm, shm_url, "rollout-ahead")
     assert trainer.step()[0] == 1
+    waiting = threading.Event()
+
+    def signal_waits(worker: Any) -> None:  # in the worker: its store says when it waits
+        store = worker.weight_transfer_engine._connected()[0]
+        own = store.wait_for
+
+        def wait_for(*args: Any, **kwargs: Any) -> Any:
+            waiting.set()
+            return own(*args, **kwargs)
+
+        store.wait_for = wait_for
+
+    llm.collective_rpc(signal_waits)
     loaded: list[Any] = []
     waiter = threading.Thread(
         target=lambda: loaded.append(_try(lambda: engine_lib.update_llm(llm, min_version=3))),
         daemon=True,
     )
     waiter.start()
-    time.sleep(0.5)  # the engine is waiting
+    assert waiting.wait(BOUND), "the engine never waited for the table"  # at version 1
     assert trainer.step()[0] == 2
     version, expected = trainer.step()
     assert version == 3
