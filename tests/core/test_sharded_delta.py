@@ -166,14 +166,19 @@ class Readers:
             reader.close()
 
 
-def pulled(registry: Any) -> float:
-    """Bytes of arrays the metered backend read, over every table."""
+def counted(registry: Any, name: str) -> float:
+    """The metered backend's counter ``name``, over every table."""
     return sum(
         sample.value
         for metric in registry.collect()
         for sample in metric.samples
-        if sample.name == "varsync_bytes_pulled_total"
+        if sample.name == name
     )
+
+
+def pulled(registry: Any) -> float:
+    """Bytes of arrays the metered backend read, over every table."""
+    return counted(registry, "varsync_bytes_pulled_total")
 
 
 def zeros(world: int) -> Dict[str, Any]:
@@ -340,12 +345,8 @@ def element_bytes(world: int, step: int, since: int) -> int:
 
 
 def pushed(registry: Any) -> float:
-    return sum(
-        sample.value
-        for metric in registry.collect()
-        for sample in metric.samples
-        if sample.name == "varsync_bytes_pushed_total"
-    )
+    """Bytes of arrays the metered backend wrote, over every table."""
+    return counted(registry, "varsync_bytes_pushed_total")
 
 
 @pytest.mark.parametrize("world", [2, 4])
