@@ -33,6 +33,7 @@ import os
 import struct
 import threading
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -64,6 +65,18 @@ BLOCK = 1 << 18
 #: Blocks per scanning thread at least, and the most threads scanning one leaf.
 PARALLEL_BLOCKS = 8
 MAX_SCAN_THREADS = 4
+
+#: Blocks per call of the compiled scan (a thread's run is scanned in such calls).
+COMPILED_BLOCKS = 16
+
+_compiled: ModuleType | None
+try:  # the compiled scan (varsync/_scan.c), built where a C compiler was at install
+    from varsync import _scan as _compiled
+except ImportError:  # pragma: no cover - scanned with numpy instead, to the same positions
+    _compiled = None
+#: Which scan finds changed elements here: ``"compiled"`` or ``"numpy"``.
+SCANNER = "numpy" if _compiled is None else "compiled"
+_GROUP = 32  # positions the compiled scan may write past its ``most``
 
 POSITIONS, GAPS, BITMAP = 1, 2, 3
 ENCODING_NAMES = {POSITIONS: "positions", GAPS: "gaps", BITMAP: "bitmap"}
@@ -262,6 +275,8 @@ def _scan(
 ) -> list[np.ndarray] | None:
     """The changed positions in the blocks starting at ``starts`` (lane offsets), or
     ``None`` once more than ``most`` of them."""
+    if _compiled is not None:
+        return _scan_compiled(old, new, lanes, most, starts)
     found = []
     total = 0
     step = BLOCK * lanes
@@ -273,6 +288,32 @@ def _scan(
             return None
         if where.size:
             found.append(where + start // lanes)
+    return found
+
+
+def _scan_compiled(
+    old: np.ndarray, new: np.ndarray, lanes: int, most: int | None, starts: range
+) -> list[np.ndarray] | None:
+    """:func:`_scan` by the compiled scan, :data:`COMPILED_BLOCKS` blocks per call into
+    one buffer of positions (of ``most`` at most), each call's found copied out."""
+    assert _compiled is not None
+    width = old.itemsize * lanes
+    calls = range(0, len(starts), COMPILED_BLOCKS)
+    per_call = min(BLOCK * COMPILED_BLOCKS, old.size // lanes)
+    room = per_call if most is None else min(per_call, most + 1)
+    out = np.empty(room + _GROUP, np.int64)
+    found = []
+    total = 0
+    for first in calls:
+        start = starts[first]
+        stop = starts[min(first + COMPILED_BLOCKS, len(starts)) - 1] + BLOCK * lanes
+        left = room if most is None else min(room, most - total)
+        count = _compiled.changed(old[start:stop], new[start:stop], width, out, left)
+        if count < 0:
+            return None
+        total += count
+        if count:
+            found.append(out[:count] + start // lanes)
     return found
 
 

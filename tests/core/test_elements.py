@@ -247,7 +247,87 @@ def test_a_read_only_or_strided_array_is_refused() -> None:
         elements.diff(np.zeros((10, 10))[:, ::2], np.zeros((10, 5)))
 
 
-def test_a_large_leaf_scanned_by_threads_finds_the_same_positions(monkeypatch) -> None:
+@pytest.fixture(params=["compiled", "numpy"])
+def scanner(request, monkeypatch) -> str:
+    """Each test using it runs with the compiled scan and with numpy's."""
+    if request.param == "numpy":
+        monkeypatch.setattr(elements, "_compiled", None)
+    return str(request.param)
+
+
+def test_the_compiled_scan_is_built_here() -> None:
+    """The project's install builds varsync/_scan.c (a C compiler is part of the test
+    environment): the figures in benchmarks/RESULTS.md are the compiled scan's."""
+    assert elements.SCANNER == "compiled"
+    assert elements._compiled is not None
+
+
+WIDTHS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64, 16: np.complex128}
+
+
+@pytest.mark.parametrize("width", sorted(WIDTHS))
+@pytest.mark.parametrize("size", [0, 1, 15, 16, 31, 32, 33, 1000, 2 * elements.BLOCK + 7])
+def test_the_compiled_and_numpy_scans_find_the_same_positions(
+    monkeypatch, width: int, size: int
+) -> None:
+    """Every element width, sizes around the compiled scan's 32-byte groups and its
+    tail (and the seams between its calls), a random bit of a random byte of each
+    changed element, and the bound on changed elements exact (at the count the
+    positions, one below it none), the same for both scans."""
+    rng = np.random.default_rng(width * 1000 + size)
+    raw = rng.integers(0, 256, size * width, dtype=np.uint8)
+    old = raw.view(WIDTHS[width])
+    new = old.copy()
+    flat = new.view(np.uint8)
+    changed = np.sort(rng.choice(size, min(size, 3 + size // 50), replace=False))
+    changed = np.unique(np.concatenate([changed, [0, size - 1]] if size else [changed]))
+    for position in changed:  # a bit of a random byte of each chosen element
+        flat[position * width + rng.integers(width)] ^= np.uint8(1 << int(rng.integers(8)))
+    a, b = elements._lanes(old), elements._lanes(new)
+    lanes = max(1, width // 8)
+    found = {}
+    for name in ("compiled", "numpy"):
+        if name == "numpy":
+            monkeypatch.setattr(elements, "_compiled", None)
+        monkeypatch.setattr(elements, "_scan_threads", lambda blocks: min(2, max(1, blocks)))
+        monkeypatch.setattr(elements, "COMPILED_BLOCKS", 1)  # a call per block: their seams
+        got = elements._changed_positions(a, b, lanes, None)
+        assert got is not None
+        np.testing.assert_array_equal(got, changed)
+        exact = elements._scan(a, b, lanes, changed.size, range(0, a.size, elements.BLOCK * lanes))
+        assert exact is not None
+        np.testing.assert_array_equal(np.concatenate(exact or [np.zeros(0, np.intp)]), changed)
+        if changed.size:
+            starts = range(0, a.size, elements.BLOCK * lanes)
+            assert elements._scan(a, b, lanes, changed.size - 1, starts) is None
+        found[name] = got
+    np.testing.assert_array_equal(found["compiled"], found["numpy"])
+
+
+def test_the_compiled_scan_refuses_what_it_cannot_scan() -> None:
+    scan = elements._compiled
+    assert scan is not None
+    a, b = np.zeros(64, np.uint16), np.zeros(64, np.uint16)
+    room = np.empty(64 + 32, np.int64)
+    assert scan.changed(a, b, 2, room, 64) == 0
+    b[[3, 40]] = 1
+    assert scan.changed(a, b, 2, room, 64) == 2
+    assert list(room[:2]) == [3, 40]
+    assert scan.changed(a, b, 2, room, 1) == -1  # more than most
+    for args, message in [
+        ((a, b[:10], 2, room, 64), "differ in length"),
+        ((a, b, 3, room, 64), "width must be"),
+        ((a[:63].view(np.uint8)[:-1], b[:63].view(np.uint8)[:-1], 4, room, 1), "multiple"),
+        ((a, b, 2, room, -1), "at least 0"),
+        ((a, b, 2, np.empty(64, np.int64), 64), "no room"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            scan.changed(*args)
+    with pytest.raises(TypeError):
+        scan.changed(a, b, 2, np.empty(96, np.int64)[::1].copy().tobytes(), 64)  # read-only
+
+
+def test_a_large_leaf_scanned_by_threads_finds_the_same_positions(monkeypatch, scanner) -> None:
     """A leaf of 19 blocks scanned by three threads (contiguous runs of blocks): the same
     sorted positions as one scan, and the bound on changed elements holds across them."""
     rng = np.random.default_rng(9)
