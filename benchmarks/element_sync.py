@@ -8,9 +8,14 @@ of its weights to two tables of one store: ``patched`` (element deltas on, the d
 and ``whole`` (``element_deltas=False``: every changed leaf whole, the sync before element
 deltas). A reader then takes each new version twice per table: ``pull_if_newer(held=)``
 and ``update`` into bf16 torch tensors. Last, pushes where every element changed
-(random bits), the tables taking turns, for the encoder's give-up cost (the first of
-them drops the writer's copies; the ratio printed is over the others). Element deltas
-are turned on for ``patched`` on every backend (shm:// and memory:// default to off).
+(random bits), the tables taking turns, for the encoder's give-up cost. They go to a
+third table too, ``twin``: pushed like ``patched`` at every step (so its store holds
+what ``patched``'s holds), then given the random bits with ``element_deltas=False``.
+``patched`` / ``twin`` is what giving up costs against a whole push of the same table;
+``patched`` / ``whole`` adds what the store's memory does (a ``whole`` table recycles a
+retired version's chunks, a patched one has none to recycle for its first two whole
+pushes: docs/delta.md). Element deltas are turned on for ``patched`` and ``twin`` on
+every backend (shm:// and memory:// default to off).
 
 Bytes moved: on redis:// the server's own ``INFO stats`` (bytes in plus out); on
 memory:// and shm://, the bytes crossing the backend protocol (arrays and patches
@@ -38,6 +43,7 @@ from .elements import Config, bf16_leaves, build_model
 from .harness import MB, machine
 
 TABLES = ("patched", "whole")
+TWIN = "twin"  # pushed as patched is, then given the random bits whole
 
 
 class Moved:
@@ -84,9 +90,11 @@ def sync_steps(
     steps: int,
     log: Callable,
     rounds: int,
+    phase: int = 0,
 ) -> list[dict[str, Any]]:
     """Train ``steps`` steps at ``lr``, syncing each through both tables; one row per step
-    and table."""
+    and table; then ``rounds`` pushes of random bits (:func:`everything_changed`, its
+    order turned by ``phase``)."""
     import torch
 
     import varsync
@@ -104,10 +112,11 @@ def sync_steps(
             t: {k: torch.empty(v.shape, dtype=torch.bfloat16) for k, v in pushed.items()}
             for t in TABLES
         }
-        for table in TABLES:
+        for table in (*TABLES, TWIN):
             writer.create_table(table, pushed)
-            writer.configure_table(table, element_deltas=table == "patched")  # on shm too
+            writer.configure_table(table, element_deltas=table != "whole")  # on shm too
             writer.push(pushed, table)
+        for table in TABLES:
             held[table] = reader.pull_if_newer(0, table)  # type: ignore[assignment]
             reader.update(targets[table], table)
         for step in range(1, steps + 1):
@@ -140,8 +149,9 @@ def sync_steps(
                 _same(targets[table], current)
                 log(row)
                 rows.append(row)
+            writer.push(current, TWIN)
             pushed = current
-        rows += everything_changed(writer, pushed, log, rounds)
+        rows += everything_changed(writer, pushed, log, rounds, lr, phase)
     finally:
         writer.close()
         reader.close()
@@ -149,21 +159,30 @@ def sync_steps(
 
 
 def everything_changed(
-    writer: Any, pushed: dict[str, np.ndarray], log: Callable, rounds: int
+    writer: Any,
+    pushed: dict[str, np.ndarray],
+    log: Callable,
+    rounds: int,
+    lr: float,
+    phase: int,
 ) -> list[dict]:
-    """Pushes where every element changed, the two tables taking turns: the give-up cost.
-    The first drops the writer's copies; the ratio is taken over the rounds after it."""
+    """Pushes where every element changed after the steps at ``lr``, the three tables
+    taking turns: each first in one round of three, the order of the first round turned
+    by ``phase`` (the first two rounds are the ones that differ): the give-up cost."""
     rng = np.random.default_rng(2)
     rows = []
+    tables = (*TABLES, TWIN)
     for number in range(rounds):
         bits = {
             k: rng.integers(0, 1 << 16, v.size, np.uint16).view(v.dtype).reshape(v.shape)
             for k, v in pushed.items()
         }
-        for table in TABLES if number % 2 else TABLES[::-1]:
+        turn = (number + phase) % len(tables)
+        for table in tables[turn:] + tables[:turn]:
             push = partial(writer.push, bits, table, element_deltas=table == "patched")
             seconds, _ = _timed(push)
-            row = {"lr": "random bits", "step": number + 1, "table": table, "push_s": seconds}
+            row = {"lr": "random bits", "after": lr, "step": number + 1, "table": table}
+            row["push_s"] = seconds
             log(row)
             rows.append(row)
     return rows
@@ -185,15 +204,18 @@ def text(row: dict[str, Any]) -> str:
     )
 
 
-def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Medians over the steps of patched / whole, per measure."""
+def ratios(rows: list[dict[str, Any]], against: str = "whole") -> dict[str, float]:
+    """Medians over the steps of patched / ``against``, per measure."""
     out: dict[str, float] = {}
     for key in ("push_B", "push_s", "pull_B", "pull_s", "update_B", "update_s"):
-        pairs: dict[tuple[Any, Any], dict[str, float]] = {}
+        pairs: dict[tuple[Any, ...], dict[str, float]] = {}
         for row in rows:
             if key in row:
-                pairs.setdefault((row["lr"], row["step"]), {})[row["table"]] = row[key]
-        values = [p["patched"] / p["whole"] for p in pairs.values() if len(p) == 2 and p["whole"]]
+                pair = (row["lr"], row.get("after"), row["step"])
+                pairs.setdefault(pair, {})[row["table"]] = row[key]
+        values = [
+            p["patched"] / p[against] for p in pairs.values() if p.get(against) and "patched" in p
+        ]
         if values:
             out[key] = statistics.median(values)
     return out
@@ -224,17 +246,31 @@ def main(argv: list[str] | None = None) -> None:
             print("| lr | step | table | changed | push | pull_if_newer | update | 1.3x |")
             print("|---|---|---|---|---|---|---|---|")
             rows: list[dict[str, Any]] = []
-            for lr in (float(rate) for rate in args.rates.split(",")):
+            for phase, rate in enumerate(args.rates.split(",")):
                 rows += sync_steps(
-                    url, server, config, lr, args.steps, lambda r: print(text(r)), args.rounds
+                    url,
+                    server,
+                    config,
+                    float(rate),
+                    args.steps,
+                    lambda r: print(text(r)),
+                    args.rounds,
+                    phase,
                 )
             trained = [r for r in rows if "share" in r]
-            given_up = [r for r in rows if "share" not in r and r["step"] > 1]
+            given_up = [r for r in rows if "share" not in r]
+            first_two = [r for r in given_up if r["step"] <= 2]
             medians = ratios(trained)
             print("\npatched / whole, medians over the steps: " + ", ".join(
                 f"{k} {v:.3f}" for k, v in medians.items()
             ))  # fmt: skip
-            print(f"every element changed: push patched / whole {ratios(given_up)['push_s']:.3f}")
+            print(
+                "every element changed, push patched / twin (the same table's history, "
+                f"whole): {ratios(given_up, TWIN)['push_s']:.3f} over every round, "
+                f"{ratios(first_two, TWIN)['push_s']:.3f} over the first two; patched / "
+                f"whole: {ratios(given_up)['push_s']:.3f}, "
+                f"{ratios(first_two)['push_s']:.3f} over the first two"
+            )
     print(f"load average at the end: {os.getloadavg()}")
 
 

@@ -211,12 +211,23 @@ def plan_patches(
             else None
         )
         if patch is None:
-            if bases.links[index] == 0:  # too big alone, not for want of room in a chain
+            # too big alone, not for want of room in a chain: keep no copy for a while
+            # (a leaf that changed everywhere after a chain shows it in a sample)
+            if bases.links[index] == 0 or _too_much_alone(kept, array):
                 bases.gave_up(index)
             plan.whole[index] = array
         else:
             plan.patches[index] = patch.to_bytes()
     return plan
+
+
+def _too_much_alone(kept: np.ndarray, array: np.ndarray) -> bool:
+    """Whether ``array`` changed from ``kept`` in clearly too many elements for a first
+    link of a chain, as a sample of the two shows: the test a leaf whose wait is over
+    takes (a leaf too small to sample is not given up on: its copy costs little)."""
+    sample = elements.sample_of(kept)
+    limit = min(elements.MAX_SHARE, CHAIN_SHARE)
+    return sample is not None and elements.changed_too_much(sample, array, limit)
 
 
 def after_push(bases: Bases, arrays: Sequence[np.ndarray], plan: Plan) -> None:

@@ -17,4 +17,4 @@ def test_the_element_sync_benchmark_runs_and_checks_every_value(capsys) -> None:
     element_sync.main(["--smoke", "--steps", "2", "--backends", backends])
     out = capsys.readouterr().out
     assert out.count("| 1e-06 | 2 | patched |") == len(backends.split(","))
-    assert "every element changed: push patched / whole" in out
+    assert "every element changed, push patched / twin" in out

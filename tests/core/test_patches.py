@@ -79,6 +79,28 @@ def test_a_leaf_that_changes_everywhere_keeps_no_copy_for_a_while() -> None:
     assert not any(isinstance(leaf, LeafChain) for leaf in _chains(store, 12))
 
 
+def test_a_leaf_that_changes_everywhere_after_a_chain_keeps_no_copy() -> None:
+    """The first push that changes every element of a patched leaf gives up at once:
+    the writer does not copy the leaf it sends whole (a copy it would drop on the next
+    push), as when the leaf had no chain."""
+    store = varsync.connect(f"memory://patches-chain-{uuid.uuid4().hex}")
+    shape = (64, 1024)  # over 4 x SAMPLE elements: sampled
+    store.create_table("t", {"w": varsync.Spec(shape, "float32")})
+    store.configure_table("t", element_deltas=True)
+    rng = np.random.default_rng(8)
+    values = {"w": rng.standard_normal(shape).astype(np.float32)}
+    store.push(values, "t")
+    for _ in range(3):
+        values = {"w": values["w"].copy()}
+        values["w"].reshape(-1)[rng.choice(values["w"].size, 50, replace=False)] += 1
+        store.push(values, "t")
+    bases = store._written["t"].bases
+    assert bases.links[0] == 3 and bases.values[0] is not None  # a chain, on a copy
+    store.push({"w": rng.standard_normal(shape).astype(np.float32)}, "t")
+    assert bases.values[0] is None and bases.backoff[0] == 2  # given up: no copy
+    assert isinstance(_chains(store, store.version("t") - 1)[0], np.ndarray)
+
+
 def test_after_a_wait_a_sample_decides_whether_a_copy_is_kept_again() -> None:
     """A large leaf that keeps changing everywhere keeps samples, never a copy, once its
     first patch gave up; when its changes become few, the sample lets a copy be kept
