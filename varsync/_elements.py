@@ -450,6 +450,11 @@ def _positions_section(kind: int, positions: np.ndarray, count: int) -> bytes:
     if kind == POSITIONS:
         return positions.astype("<u4" if count <= 1 << 32 else "<u8").tobytes()
     if kind == GAPS:
+        if _compiled is not None:  # room for the longest varints (pages touched only as
+            # written), and for a two-byte write's spill past the last
+            out = np.empty(10 * positions.size + 2, np.uint8)
+            written = _compiled.gaps(np.ascontiguousarray(positions, np.int64), out)
+            return out[:written].tobytes()
         gaps = np.diff(positions, prepend=-1) - 1 if positions.size else positions
         return _varints(gaps)
     bits = np.zeros(count, np.bool_)
@@ -511,30 +516,28 @@ def _forms(
         -1, lanes
     )
     values = rows_new.tobytes()
+    # the compiled encoder writes the gaps' varints faster than numpy counts their bytes
+    gap_section = None if _compiled is None else _positions_section(GAPS, positions, count)
     sizes = {
         POSITIONS: positions.size * (4 if count <= 1 << 32 else 8),
-        GAPS: _gap_bytes(positions),
+        GAPS: _gap_bytes(positions) if gap_section is None else len(gap_section),
         BITMAP: (count + 7) // 8,
     }
+
+    def section(kind: int) -> bytes:
+        if kind == GAPS and gap_section is not None:
+            return gap_section
+        return _positions_section(kind, positions, count)
+
     kinds = sorted(sizes) if every else [min(sizes, key=lambda k: sizes[k])]
     forms = [
-        Patch(
-            count,
-            itemsize,
-            k,
-            0,
-            positions.size,
-            _positions_section(k, positions, count),
-            values,
-            digest,
-        )
-        for k in kinds
+        Patch(count, itemsize, k, 0, positions.size, section(k), values, digest) for k in kinds
     ]
     if compress:
         zstd = _zstd().ZstdCompressor(level=1)
         xor = rows_new ^ a.reshape(count, lanes)[positions]
         packed = zstd.compress(_shuffle(xor, itemsize).tobytes())
-        gaps = zstd.compress(_positions_section(GAPS, positions, count))
+        gaps = zstd.compress(section(GAPS))
         forms.append(
             Patch(count, itemsize, GAPS, _XOR | _ZSTD, positions.size, gaps, packed, digest)
         )

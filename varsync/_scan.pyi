@@ -1,5 +1,6 @@
-"""The compiled scan for changed elements (varsync/_scan.c)."""
+"""The compiled scan for changed elements and their gaps' varints (varsync/_scan.c)."""
 
 from typing_extensions import Buffer
 
 def changed(old: Buffer, new: Buffer, width: int, out: Buffer, most: int, /) -> int: ...
+def gaps(positions: Buffer, out: Buffer, /) -> int: ...

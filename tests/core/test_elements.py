@@ -327,6 +327,48 @@ def test_the_compiled_scan_refuses_what_it_cannot_scan() -> None:
         scan.changed(a, b, 2, np.empty(96, np.int64)[::1].copy().tobytes(), 64)  # read-only
 
 
+@pytest.mark.parametrize("scale", [1, 100, 200, 20_000, 3_000_000, 1 << 40, 1 << 50])
+def test_the_compiled_and_numpy_varints_are_the_same_bytes(monkeypatch, scale: int) -> None:
+    """Gaps of every varint length (one byte to nine), the compiled encoder's branch-free
+    one- and two-byte writes among them, and positions that start at 0 or far from it:
+    the same bytes from both encoders, and they decode to the positions."""
+    rng = np.random.default_rng(scale % 1000)
+    for size in (0, 1, 2, 3, 1000):
+        gaps = rng.integers(0, scale, size, dtype=np.int64) // rng.integers(1, 3, size)
+        positions = np.cumsum(gaps + 1) - 1
+        if size > 2:
+            positions[-1] = np.iinfo(np.int64).max  # the largest gap there can be
+        count = int(positions[-1]) + 1 if size else 1
+        compiled = elements._positions_section(elements.GAPS, positions, count)
+        monkeypatch.setattr(elements, "_compiled", None)
+        assert compiled == elements._positions_section(elements.GAPS, positions, count)
+        monkeypatch.undo()
+        assert len(compiled) == elements._gap_bytes(positions)
+        decoded = np.cumsum(elements._unvarints(compiled, size) + np.uint64(1)) - np.uint64(1)
+        np.testing.assert_array_equal(decoded.astype(np.int64), positions)
+
+
+def test_the_compiled_varints_refuse_what_they_cannot_encode() -> None:
+    scan = elements._compiled
+    assert scan is not None
+    out = bytearray(16)
+    assert scan.gaps(np.array([0, 1, 129], np.int64), out) == 3  # gaps 0, 0, 127
+    assert bytes(out[:3]) == bytes([0, 0, 127])
+    assert scan.gaps(np.array([0, 1, 130, 130 + (1 << 20) + 1], np.int64), out) == 7
+    assert bytes(out[:7]) == bytes([0, 0, 0x80, 0x01, 0x80, 0x80, 0x40])  # 128, 2**20
+    for positions, room, message in [
+        (np.array([5, 5], np.int64), 16, "do not ascend"),
+        (np.array([5, 2], np.int64), 16, "do not ascend"),
+        (np.array([-1], np.int64), 16, "do not ascend"),
+        (np.array([1 << 20], np.int64), 2, "too small"),
+        (np.array([1, 2, 3], np.int64), 2, "too small"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            scan.gaps(positions, bytearray(room))
+    with pytest.raises(ValueError, match="whole int64s"):
+        scan.gaps(b"1234567", bytearray(16))
+
+
 def test_a_large_leaf_scanned_by_threads_finds_the_same_positions(monkeypatch, scanner) -> None:
     """A leaf of 19 blocks scanned by three threads (contiguous runs of blocks): the same
     sorted positions as one scan, and the bound on changed elements holds across them."""
