@@ -77,6 +77,10 @@ except ImportError:  # pragma: no cover - scanned with numpy instead, to the sam
 #: Which scan finds changed elements here: ``"compiled"`` or ``"numpy"``.
 SCANNER = "numpy" if _compiled is None else "compiled"
 _GROUP = 32  # positions the compiled scan may write past its ``most``
+_NOT_THE_WRITERS = (
+    "element patch: the patched leaf's xxh3-128 differs from the writer's (a patch for "
+    "another base version?); fetch the whole leaf"
+)
 
 POSITIONS, GAPS, BITMAP = 1, 2, 3
 ENCODING_NAMES = {POSITIONS: "positions", GAPS: "gaps", BITMAP: "bitmap"}
@@ -585,6 +589,13 @@ def _decode_positions(patch: Patch, section: bytes) -> np.ndarray:
                 f"{width} bytes; fetch the whole leaf"
             )
         positions = np.frombuffer(section, f"<u{width}").astype(np.int64)
+    elif patch.encoding == GAPS and _compiled is not None:
+        positions = np.empty(changed, np.int64)
+        try:  # checks what the check below does, as it decodes
+            _compiled.ungaps(section, changed, count, positions)
+        except ValueError as error:
+            raise CorruptDataError(f"element patch: {error}; fetch the whole leaf") from None
+        return positions
     elif patch.encoding == GAPS:
         positions = np.cumsum(_unvarints(section, changed) + np.uint64(1)).astype(np.int64) - 1
     else:
@@ -683,6 +694,8 @@ def apply(base: np.ndarray, patch: Patch, out: np.ndarray | None = None) -> np.n
             f"{base.size} of {base.dtype.itemsize} ({base.dtype}); fetch the whole leaf"
         )
     positions = positions_of(patch)
+    if _compiled is not None and not patch.flags & _XOR:
+        return _apply_compiled(base, target, patch, positions)
     rows = _lanes(base).reshape(_rows_shape(patch.count, lanes))
     # the old values, gathered once: for an XOR patch, and to restore a patch applied
     # in place that does not verify
@@ -696,8 +709,26 @@ def apply(base: np.ndarray, patch: Patch, out: np.ndarray | None = None) -> np.n
         if target is base:
             assert old is not None
             written[positions] = old
-        raise CorruptDataError(
-            "element patch: the patched leaf's xxh3-128 differs from the writer's (a patch "
-            "for another base version?); fetch the whole leaf"
-        )
+        raise CorruptDataError(_NOT_THE_WRITERS)
+    return target
+
+
+def _apply_compiled(
+    base: np.ndarray, target: np.ndarray, patch: Patch, positions: np.ndarray
+) -> np.ndarray:
+    """:func:`apply`'s writes by the compiled ``swap``: each new value written where it
+    goes and what it overwrote kept, in one pass (numpy's gather and scatter took about
+    10 ns per element each), then undone the same way if the hash is not the writer's."""
+    assert _compiled is not None
+    lanes = max(1, base.dtype.itemsize // 8)
+    values = _decode_values(patch, None, _lanes(base).dtype, lanes)
+    if target is not base:
+        np.copyto(target, base)
+    flat = _lanes(target)
+    saved = np.empty_like(values)
+    _compiled.swap(flat, positions, values, patch.itemsize, saved)
+    if leaf_hash(target) != patch.digest:
+        if target is base:
+            _compiled.swap(flat, positions, saved, patch.itemsize, np.empty_like(saved))
+        raise CorruptDataError(_NOT_THE_WRITERS)
     return target

@@ -226,7 +226,145 @@ static PyObject *gaps(PyObject *self, PyObject *args)
     return PyLong_FromSsize_t(k);
 }
 
+PyDoc_STRVAR(ungaps_doc,
+"ungaps(data, changed, count, out) -> None\n\n"
+"Decode `changed` LEB128 gap varints from `data` (gaps()'s form) into int64 positions\n"
+"in the writable buffer `out` (room for `changed`). ValueError unless `data` holds\n"
+"exactly `changed` complete varints of at most 9 bytes whose positions stay below\n"
+"`count`: a patch from the wire is never trusted.");
+
+static PyObject *ungaps(PyObject *self, PyObject *args)
+{
+    Py_buffer data, out;
+    Py_ssize_t changed, count;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*nnw*", &data, &changed, &count, &out))
+        return NULL;
+    const char *error = NULL;
+    if (changed < 0 || count < 0)
+        error = "changed and count must be at least 0";
+    else if (out.len / (Py_ssize_t)sizeof(int64_t) < changed)
+        error = "out has no room for the positions";
+    else {
+        const unsigned char *d = data.buf;
+        unsigned char *o = out.buf;
+        const Py_ssize_t size = data.len;
+        Py_ssize_t k = 0;
+        uint64_t next = 0; /* the least the next position can be */
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < changed; i++) {
+            uint64_t gap = 0;
+            int shift = 0;
+            for (;;) {
+                if (k >= size) {
+                    error = "the gaps end inside a varint or before the last";
+                    break;
+                }
+                const unsigned char byte = d[k++];
+                gap |= (uint64_t)(byte & 0x7F) << shift;
+                if (!(byte & 0x80))
+                    break;
+                shift += 7;
+                if (shift > 56) { /* a tenth byte: gaps() writes at most nine */
+                    error = "a gap varint over 9 bytes";
+                    break;
+                }
+            }
+            if (error != NULL)
+                break;
+            if (gap >= (uint64_t)count || next + gap >= (uint64_t)count) {
+                error = "a position past the last element";
+                break;
+            }
+            const int64_t position = (int64_t)(next + gap);
+            memcpy(o + i * sizeof position, &position, sizeof position);
+            next = (uint64_t)position + 1;
+        }
+        if (error == NULL && k != size)
+            error = "bytes left after the last gap";
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&out);
+    if (error != NULL) {
+        PyErr_SetString(PyExc_ValueError, error);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(swap_doc,
+"swap(target, positions, values, width, saved) -> None\n\n"
+"For each i, copy element positions[i] (int64) of `target` (elements of `width` bytes:\n"
+"1, 2, 4, 8 or 16) into element i of `saved`, then element i of `values` into it: a\n"
+"patch's values written in place, what they overwrote kept to undo it (swap again with\n"
+"the saved values). ValueError if a position is outside `target` or a buffer's length\n"
+"does not fit; checked before anything is written.");
+
+#define SWAP_LOOP(W)                                                                     \
+    for (Py_ssize_t i = 0; i < n; i++) {                                                 \
+        int64_t p;                                                                       \
+        memcpy(&p, pos + i * sizeof p, sizeof p);                                        \
+        memcpy(s + i * (W), t + p * (W), (W));                                           \
+        memcpy(t + p * (W), v + i * (W), (W));                                           \
+    }
+
+static PyObject *swap(PyObject *self, PyObject *args)
+{
+    Py_buffer target, positions, values, saved;
+    int width;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "w*y*y*iw*", &target, &positions, &values, &width, &saved))
+        return NULL;
+    const char *error = NULL;
+    const Py_ssize_t n = positions.len / (Py_ssize_t)sizeof(int64_t);
+    if (width != 1 && width != 2 && width != 4 && width != 8 && width != 16)
+        error = "width must be 1, 2, 4, 8 or 16";
+    else if (positions.len % (Py_ssize_t)sizeof(int64_t) != 0)
+        error = "positions are not whole int64s";
+    else if (target.len % width != 0)
+        error = "target's length is not a multiple of width";
+    else if (values.len != n * width || saved.len != n * width)
+        error = "values and saved must hold one element per position";
+    else {
+        const unsigned char *pos = positions.buf;
+        const int64_t elements = target.len / width;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t p;
+            memcpy(&p, pos + i * sizeof p, sizeof p);
+            if (p < 0 || p >= elements) {
+                error = "a position outside target";
+                break;
+            }
+        }
+    }
+    if (error == NULL) {
+        unsigned char *t = target.buf, *s = saved.buf;
+        const unsigned char *pos = positions.buf, *v = values.buf;
+        Py_BEGIN_ALLOW_THREADS
+        switch (width) {
+        case 1: SWAP_LOOP(1) break;
+        case 2: SWAP_LOOP(2) break;
+        case 4: SWAP_LOOP(4) break;
+        case 8: SWAP_LOOP(8) break;
+        default: SWAP_LOOP(16) break;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&target);
+    PyBuffer_Release(&positions);
+    PyBuffer_Release(&values);
+    PyBuffer_Release(&saved);
+    if (error != NULL) {
+        PyErr_SetString(PyExc_ValueError, error);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"ungaps", ungaps, METH_VARARGS, ungaps_doc},
+    {"swap", swap, METH_VARARGS, swap_doc},
     {"changed", changed, METH_VARARGS, changed_doc},
     {"gaps", gaps, METH_VARARGS, gaps_doc},
     {NULL, NULL, 0, NULL},

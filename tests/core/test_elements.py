@@ -16,6 +16,17 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 HAS_ZSTD = importlib.util.find_spec("zstandard") is not None
 
 ML_DTYPES = [np.dtype(getattr(ml_dtypes, n)) for n in ML_DTYPE_NAMES if hasattr(ml_dtypes, n)]
+COMPILED = elements._compiled  # varsync/_scan.c, as imported (tests set elements' own)
+
+
+@pytest.fixture(autouse=True, params=["compiled", "numpy"])
+def scanner(request, monkeypatch) -> str:
+    """Every test here runs with the compiled scan, encoder and decoder, and with numpy's
+    (a machine without a C compiler)."""
+    monkeypatch.setattr(elements, "_compiled", COMPILED if request.param == "compiled" else None)
+    return str(request.param)
+
+
 ONE_BYTE = [np.dtype(np.uint8), np.dtype(np.int8), np.dtype(np.bool_)] + [
     d for d in ML_DTYPES if d.itemsize == 1
 ]
@@ -247,19 +258,11 @@ def test_a_read_only_or_strided_array_is_refused() -> None:
         elements.diff(np.zeros((10, 10))[:, ::2], np.zeros((10, 5)))
 
 
-@pytest.fixture(params=["compiled", "numpy"])
-def scanner(request, monkeypatch) -> str:
-    """Each test using it runs with the compiled scan and with numpy's."""
-    if request.param == "numpy":
-        monkeypatch.setattr(elements, "_compiled", None)
-    return str(request.param)
-
-
 def test_the_compiled_scan_is_built_here() -> None:
     """The project's install builds varsync/_scan.c (a C compiler is part of the test
     environment): the figures in benchmarks/RESULTS.md are the compiled scan's."""
     assert elements.SCANNER == "compiled"
-    assert elements._compiled is not None
+    assert COMPILED is not None
 
 
 WIDTHS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64, 16: np.complex128}
@@ -287,8 +290,7 @@ def test_the_compiled_and_numpy_scans_find_the_same_positions(
     lanes = max(1, width // 8)
     found = {}
     for name in ("compiled", "numpy"):
-        if name == "numpy":
-            monkeypatch.setattr(elements, "_compiled", None)
+        monkeypatch.setattr(elements, "_compiled", COMPILED if name == "compiled" else None)
         monkeypatch.setattr(elements, "_scan_threads", lambda blocks: min(2, max(1, blocks)))
         monkeypatch.setattr(elements, "COMPILED_BLOCKS", 1)  # a call per block: their seams
         got = elements._changed_positions(a, b, lanes, None)
@@ -305,7 +307,7 @@ def test_the_compiled_and_numpy_scans_find_the_same_positions(
 
 
 def test_the_compiled_scan_refuses_what_it_cannot_scan() -> None:
-    scan = elements._compiled
+    scan = COMPILED
     assert scan is not None
     a, b = np.zeros(64, np.uint16), np.zeros(64, np.uint16)
     room = np.empty(64 + 32, np.int64)
@@ -337,19 +339,23 @@ def test_the_compiled_and_numpy_varints_are_the_same_bytes(monkeypatch, scale: i
         gaps = rng.integers(0, scale, size, dtype=np.int64) // rng.integers(1, 3, size)
         positions = np.cumsum(gaps + 1) - 1
         if size > 2:
-            positions[-1] = np.iinfo(np.int64).max  # the largest gap there can be
+            positions[-1] = np.iinfo(np.int64).max - 1  # about the largest gap there can be
         count = int(positions[-1]) + 1 if size else 1
+        monkeypatch.setattr(elements, "_compiled", COMPILED)
         compiled = elements._positions_section(elements.GAPS, positions, count)
         monkeypatch.setattr(elements, "_compiled", None)
         assert compiled == elements._positions_section(elements.GAPS, positions, count)
-        monkeypatch.undo()
         assert len(compiled) == elements._gap_bytes(positions)
         decoded = np.cumsum(elements._unvarints(compiled, size) + np.uint64(1)) - np.uint64(1)
         np.testing.assert_array_equal(decoded.astype(np.int64), positions)
+        assert COMPILED is not None
+        out = np.empty(size, np.int64)
+        COMPILED.ungaps(compiled, size, count, out)
+        np.testing.assert_array_equal(out, positions)
 
 
 def test_the_compiled_varints_refuse_what_they_cannot_encode() -> None:
-    scan = elements._compiled
+    scan = COMPILED
     assert scan is not None
     out = bytearray(16)
     assert scan.gaps(np.array([0, 1, 129], np.int64), out) == 3  # gaps 0, 0, 127
@@ -369,7 +375,74 @@ def test_the_compiled_varints_refuse_what_they_cannot_encode() -> None:
         scan.gaps(b"1234567", bytearray(16))
 
 
-def test_a_large_leaf_scanned_by_threads_finds_the_same_positions(monkeypatch, scanner) -> None:
+def test_the_compiled_decoder_refuses_what_does_not_add_up() -> None:
+    """A patch from the wire is never trusted: every way the gaps can be wrong is a
+    ValueError (a CorruptDataError in apply), and a swap checks every position before
+    it writes anything."""
+    scan = COMPILED
+    assert scan is not None
+    out = np.empty(8, np.int64)
+    scan.ungaps(bytes([0, 0, 0x80, 0x01]), 3, 200, out)
+    assert list(out[:3]) == [0, 1, 130]
+    for data, changed, count, message in [
+        (bytes([0, 0]), 3, 200, "end inside a varint or before the last"),
+        (bytes([0, 0x80]), 2, 200, "end inside a varint"),
+        (bytes([0, 0, 0]), 2, 200, "bytes left"),
+        (bytes([0x80] * 9 + [1]), 1, 1 << 62, "over 9 bytes"),
+        (bytes([5]), 1, 5, "past the last element"),
+        (bytes([4, 0]), 2, 5, "past the last element"),
+        (bytes([3, 0]), 2, 5, None),  # 3, 4: the last there is
+        (bytes([0x7F] * 2), 2, 1 << 20, None),
+    ]:
+        if message is None:
+            scan.ungaps(data, changed, count, out)
+            continue
+        with pytest.raises(ValueError, match=message):
+            scan.ungaps(data, changed, count, out)
+    with pytest.raises(ValueError, match="no room"):
+        scan.ungaps(bytes([0] * 9), 9, 200, out)
+    target = np.arange(10, dtype=np.uint16)
+    saved = np.empty(2, np.uint16)
+    scan.swap(target, np.array([1, 9], np.int64), np.array([70, 90], np.uint16), 2, saved)
+    assert list(target) == [0, 70, 2, 3, 4, 5, 6, 7, 8, 90]
+    assert list(saved) == [1, 9]
+    for positions, width, message in [
+        (np.array([1, 10], np.int64), 2, "outside"),
+        (np.array([-1, 2], np.int64), 2, "outside"),
+        (np.array([1, 2], np.int64), 3, "width must be"),
+        (np.array([1, 2, 3], np.int64), 2, "one element per position"),
+    ]:
+        before = target.copy()
+        with pytest.raises(ValueError, match=message):
+            scan.swap(target, positions, np.zeros(2, np.uint16), width, saved)
+        assert np.array_equal(target, before)  # nothing written
+
+
+def test_a_patch_decoded_by_either_side_applies_the_same(monkeypatch) -> None:
+    """A patch made by the compiled encoder applies bit-exact through numpy's decoder and
+    back; a corrupted gaps section is refused by both, the base unchanged."""
+    rng = np.random.default_rng(12)
+    old = rng.integers(0, 1 << 16, 300_000, dtype=np.uint16).view(ml_dtypes.bfloat16)
+    new = old.copy()
+    new.view(np.uint16)[rng.choice(old.size, 3000, replace=False)] ^= 0x40
+    for made, applied in [(COMPILED, None), (None, COMPILED)]:
+        monkeypatch.setattr(elements, "_compiled", made)
+        patch = elements.diff(old, new)
+        assert patch is not None
+        assert patch.encoding == elements.GAPS
+        monkeypatch.setattr(elements, "_compiled", applied)
+        assert bits(elements.apply(old.copy(), patch)) == bits(new)
+        broken = elements.Patch(
+            patch.count, patch.itemsize, patch.encoding, patch.flags, patch.changed,
+            patch.positions[:-1] + bytes([0x80]), patch.values, patch.digest,
+        )  # fmt: skip
+        base = old.copy()
+        with pytest.raises(CorruptDataError):
+            elements.apply(base, broken)
+        assert bits(base) == bits(old)
+
+
+def test_a_large_leaf_scanned_by_threads_finds_the_same_positions(monkeypatch) -> None:
     """A leaf of 19 blocks scanned by three threads (contiguous runs of blocks): the same
     sorted positions as one scan, and the bound on changed elements holds across them."""
     rng = np.random.default_rng(9)
