@@ -17,6 +17,11 @@ the smallest of these forms, or ``None`` when the patch would not be smaller tha
 Giving up is decided early: a strided sample of :data:`SAMPLE` elements first, then the
 exact count block by block, stopping once the changed elements alone cannot fit.
 
+The hot loops (the scan for changed elements, the gap varints and bitmaps both ways,
+the in-place writes of :func:`apply`) are compiled (``varsync/_scan.c``) where the
+install had a C compiler; else numpy does the same, to the same bytes (:data:`SCANNER`
+says which).
+
 :func:`apply` writes a patch into an array holding the old value, in place (or into
 ``out``), and checks the xxh3-128 hash of the whole new value that the writer put in
 the patch: on a mismatch it restores what it overwrote and raises
@@ -461,6 +466,10 @@ def _positions_section(kind: int, positions: np.ndarray, count: int) -> bytes:
             return out[:written].tobytes()
         gaps = np.diff(positions, prepend=-1) - 1 if positions.size else positions
         return _varints(gaps)
+    if _compiled is not None:
+        bitmap = bytearray((count + 7) // 8)
+        _compiled.bits(np.ascontiguousarray(positions, np.int64), bitmap)
+        return bytes(bitmap)
     bits = np.zeros(count, np.bool_)
     bits[positions] = True
     return np.packbits(bits, bitorder="little").tobytes()
@@ -589,10 +598,11 @@ def _decode_positions(patch: Patch, section: bytes) -> np.ndarray:
                 f"{width} bytes; fetch the whole leaf"
             )
         positions = np.frombuffer(section, f"<u{width}").astype(np.int64)
-    elif patch.encoding == GAPS and _compiled is not None:
+    elif _compiled is not None:  # gaps or a bitmap: checked as they are decoded
+        decode = _compiled.ungaps if patch.encoding == GAPS else _compiled.unbits
         positions = np.empty(changed, np.int64)
-        try:  # checks what the check below does, as it decodes
-            _compiled.ungaps(section, changed, count, positions)
+        try:
+            decode(section, changed, count, positions)
         except ValueError as error:
             raise CorruptDataError(f"element patch: {error}; fetch the whole leaf") from None
         return positions

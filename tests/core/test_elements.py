@@ -354,6 +354,24 @@ def test_the_compiled_and_numpy_varints_are_the_same_bytes(monkeypatch, scale: i
         np.testing.assert_array_equal(out, positions)
 
 
+@pytest.mark.parametrize("count", [0, 1, 7, 8, 9, 63, 64, 65, 1000, 4099])
+def test_the_compiled_and_numpy_bitmaps_are_the_same_bytes(monkeypatch, count: int) -> None:
+    """Bitmaps of sizes around bytes and 64-bit words, with every share of bits set:
+    the same bytes from both encoders and the same positions from both decoders."""
+    rng = np.random.default_rng(count)
+    for share in (0.0, 0.1, 0.5, 1.0):
+        positions = np.flatnonzero(rng.random(count) < share).astype(np.int64)
+        patch = elements.Patch(count, 2, elements.BITMAP, 0, positions.size, b"", b"", b"")
+        sections, decoded = [], []
+        for scan in (COMPILED, None):
+            monkeypatch.setattr(elements, "_compiled", scan)
+            sections.append(elements._positions_section(elements.BITMAP, positions, count))
+            decoded.append(elements._decode_positions(patch, sections[-1]))
+        assert sections[0] == sections[1]
+        np.testing.assert_array_equal(decoded[0], positions)
+        np.testing.assert_array_equal(decoded[1], positions)
+
+
 def test_the_compiled_varints_refuse_what_they_cannot_encode() -> None:
     scan = COMPILED
     assert scan is not None
@@ -401,6 +419,23 @@ def test_the_compiled_decoder_refuses_what_does_not_add_up() -> None:
             scan.ungaps(data, changed, count, out)
     with pytest.raises(ValueError, match="no room"):
         scan.ungaps(bytes([0] * 9), 9, 200, out)
+    scan.unbits(bytes([0b101, 0, 0, 0, 0, 0, 0, 0, 0b10]), 3, 66, out)
+    assert list(out[:3]) == [0, 2, 65]
+    for bitmap, changed, count, message in [
+        (bytes([1, 0]), 1, 17, "not \\(count \\+ 7\\) // 8 bytes"),
+        (bytes([1]), 1, 9, "not \\(count"),
+        (bytes([0b1001]), 2, 3, "past the last element"),
+        (bytes([0b111]), 2, 8, "more bits set"),
+        (bytes([0b11]), 3, 8, "fewer bits set"),
+        (bytes([0] * 9), 9, 72, "no room"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            scan.unbits(bitmap, changed, count, out)
+    bitmap = bytearray(2)
+    scan.bits(np.array([0, 9, 15], np.int64), bitmap)
+    assert bytes(bitmap) == bytes([1, 0b10000010])
+    with pytest.raises(ValueError, match="outside the bitmap"):
+        scan.bits(np.array([16], np.int64), bytearray(2))
     target = np.arange(10, dtype=np.uint16)
     saved = np.empty(2, np.uint16)
     scan.swap(target, np.array([1, 9], np.int64), np.array([70, 90], np.uint16), 2, saved)
