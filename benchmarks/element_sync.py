@@ -227,7 +227,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rates", default="3e-7,1e-6,1e-5", help="AdamW learning rates")
     parser.add_argument("--rounds", type=int, default=6, help="pushes of random bits")
     parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--backends", default="memory,redis,shm")
+    # redis first: a memory:// store lives as long as the process (GBs here), which the
+    # later sections would share the machine with
+    parser.add_argument("--backends", default="redis,memory,shm")
     parser.add_argument("--smoke", action="store_true", help="a tiny model: checks, no figures")
     args = parser.parse_args(argv)
     import torch

@@ -7,7 +7,8 @@ push of random bits (every element changed). What a learner pushes is the bf16 c
 the weights, as RL trainers push; after every step each bf16 leaf is diffed against the
 previous push with ``varsync._elements``. Per step: the share of elements changed
 (bitwise), whole-leaf bytes, each encoding's bytes over the model and the chosen
-patches', diff and apply time (medians over rounds, each round with ``np.copyto`` of the
+patches', the time to find the changed elements (the exact scan alone), to diff (scan,
+encode, choose) and to apply (medians over rounds, each round with ``np.copyto`` of the
 same bytes as the baseline), every patch applied and checked bit for bit.
 """
 
@@ -114,6 +115,7 @@ def measure(old: dict[str, np.ndarray], new: dict[str, np.ndarray], rounds: int)
     """One push: every leaf's patch forms, the chosen one, times against np.copyto."""
     row: dict[str, Any] = {"elements": 0, "changed": 0, "whole": 0, "chosen": 0, "forms": {}}
     row.update(diff=0.0, diff_copy=0.0, apply=0.0, apply_copy=0.0, zstd_diff=0.0)
+    row.update(find=0.0, find_copy=0.0)
     for name, before in old.items():
         after = new[name]
         count = elements.changed_count(before, after)
@@ -131,6 +133,13 @@ def measure(old: dict[str, np.ndarray], new: dict[str, np.ndarray], rounds: int)
         )
         row["diff"] += diff_s
         row["diff_copy"] += copy_s
+        find_s, find_copy_s = median_seconds(
+            partial(elements.changed_positions, before, after),
+            partial(np.copyto, sink, after),
+            rounds,
+        )
+        row["find"] += find_s
+        row["find_copy"] += find_copy_s
         started = time.perf_counter()
         elements.diff(before, after, compress=True)
         row["zstd_diff"] += time.perf_counter() - started
@@ -203,6 +212,8 @@ def text(row: dict) -> str:
     return (
         f"| {row['lr']} | {row['step']} | {share:.2%} | {row['whole'] / MB:.0f} | "
         f"{row['chosen'] / MB:.1f} ({row['chosen'] / row['whole']:.1%}) | {forms} | "
+        f"{row['find'] * 1e3:.0f} ms = {row['whole'] / row['find'] / 1e9:.2f} GB/s "
+        f"({row['find'] / row['find_copy']:.2f}x copy) | "
         f"{row['diff'] * 1e3:.0f} ms = {row['whole'] / row['diff'] / 1e9:.2f} GB/s "
         f"({row['diff'] / row['diff_copy']:.2f}x copy) | {row['zstd_diff'] * 1e3:.0f} ms | "
         f"{row['apply'] * 1e3:.0f} ms ({apply_ratio:.2f}x copy) | {target} |"
@@ -230,19 +241,22 @@ def main() -> None:
         "whole_MB",
         "chosen_MB",
         "forms_MB",
+        "find",
         "diff",
         "diff+zstd",
         "apply",
         "1.3x",
     ]
     print("| " + " | ".join(columns) + " |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|" + "---|" * len(columns))
     rows = []
     for lr, steps in ((1e-6, args.steps), (1e-5, args.steps), (1e-2, 1)):
         rows += train(config, lr, steps, args.rounds, lambda r: print(text(r), flush=True))
     rows.append(random_bits(config, args.rounds, lambda r: print(text(r), flush=True)))
     ratios = [r["diff"] / r["diff_copy"] for r in rows]
     print(f"diff/copy over the pushes: {summary(ratios)}")
+    found = [r["find"] / r["find_copy"] for r in rows]
+    print(f"find/copy (the exact scan, {elements.SCANNER}) over the pushes: {summary(found)}")
     print(f"load average at the end: {os.getloadavg()}")
 
 

@@ -53,6 +53,7 @@ __all__ = [
     "leaf_hash",
     "positions_of",
     "changed_count",
+    "changed_positions",
     "sample_of",
     "changed_too_much",
     "MAX_SHARE",
@@ -228,6 +229,16 @@ def _bound(count: int, itemsize: int, limit: float) -> int:
     costs its value and at least one byte of position, or the bitmap is paid once."""
     budget = limit * count * itemsize - _HEADER.size
     return max(0, int(max(budget / (itemsize + 1), (budget - count / 8) / itemsize)))
+
+
+def changed_positions(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """Sorted flat positions of the elements that differ bitwise: the exact scan
+    :func:`diff` makes (no sample, no bound), compiled where it was built."""
+    _check_pair(old, new)
+    lanes = max(1, old.dtype.itemsize // 8)
+    found = _changed_positions(_lanes(old), _lanes(new), lanes, None)
+    assert found is not None  # no bound: never given up
+    return found
 
 
 def changed_count(old: np.ndarray, new: np.ndarray) -> int:

@@ -104,6 +104,10 @@ def test_nan_payloads_and_signed_zeros_are_changes() -> None:
     assert elements.changed_count(old, new) == np.count_nonzero(
         old.view(np.uint32) != new.view(np.uint32)
     )
+    np.testing.assert_array_equal(
+        elements.changed_positions(old, new),
+        np.flatnonzero(old.view(np.uint32) != new.view(np.uint32)),
+    )
     assert_patches_exactly(old, new)
     patch = elements.diff(old, new)
     assert patch is not None
