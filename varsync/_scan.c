@@ -113,6 +113,25 @@ static Py_ssize_t scan_16(const unsigned char *a, const unsigned char *b, Py_ssi
     return k;
 }
 
+/* The end of every function here: release the buffers it took (up to four; NULL for
+ * none), then raise ValueError(error) if there is one, else return `count` (or None
+ * where `counted` is 0). */
+static PyObject *reply(const char *error, Py_ssize_t count, int counted, Py_buffer *a,
+                       Py_buffer *b, Py_buffer *c, Py_buffer *d)
+{
+    Py_buffer *views[] = {a, b, c, d};
+    for (int i = 0; i < 4; i++)
+        if (views[i] != NULL)
+            PyBuffer_Release(views[i]);
+    if (error != NULL) {
+        PyErr_SetString(PyExc_ValueError, error);
+        return NULL;
+    }
+    if (counted)
+        return PyLong_FromSsize_t(count);
+    Py_RETURN_NONE;
+}
+
 PyDoc_STRVAR(changed_doc,
 "changed(old, new, width, out, most) -> int\n\n"
 "Write the positions of the elements of `width` bytes (1, 2, 4, 8 or 16) that differ\n"
@@ -141,13 +160,8 @@ static PyObject *changed(PyObject *self, PyObject *args)
         most = old.len / width; /* never more than every element */
     if (error == NULL && out.len / (Py_ssize_t)sizeof(int64_t) < most + GROUP)
         error = "out has no room for most + 32 positions";
-    if (error != NULL) {
-        PyBuffer_Release(&old);
-        PyBuffer_Release(&new);
-        PyBuffer_Release(&out);
-        PyErr_SetString(PyExc_ValueError, error);
-        return NULL;
-    }
+    if (error != NULL)
+        return reply(error, 0, 0, &old, &new, &out, NULL);
     const unsigned char *a = old.buf, *b = new.buf;
     int64_t *positions = out.buf;
     Py_ssize_t n = old.len / width;
@@ -160,10 +174,7 @@ static PyObject *changed(PyObject *self, PyObject *args)
     default: found = scan_16(a, b, n, positions, most); break;
     }
     Py_END_ALLOW_THREADS
-    PyBuffer_Release(&old);
-    PyBuffer_Release(&new);
-    PyBuffer_Release(&out);
-    return PyLong_FromSsize_t(found);
+    return reply(NULL, found, 1, &old, &new, &out, NULL);
 }
 
 PyDoc_STRVAR(gaps_doc,
@@ -221,13 +232,7 @@ static PyObject *gaps(PyObject *self, PyObject *args)
         }
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&given);
-    PyBuffer_Release(&out);
-    if (error != NULL) {
-        PyErr_SetString(PyExc_ValueError, error);
-        return NULL;
-    }
-    return PyLong_FromSsize_t(k);
+    return reply(error, k, 1, &given, &out, NULL, NULL);
 }
 
 PyDoc_STRVAR(ungaps_doc,
@@ -288,13 +293,7 @@ static PyObject *ungaps(PyObject *self, PyObject *args)
             error = "bytes left after the last gap";
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&data);
-    PyBuffer_Release(&out);
-    if (error != NULL) {
-        PyErr_SetString(PyExc_ValueError, error);
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    return reply(error, 0, 0, &data, &out, NULL, NULL);
 }
 
 PyDoc_STRVAR(swap_doc,
@@ -355,15 +354,7 @@ static PyObject *swap(PyObject *self, PyObject *args)
         }
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&target);
-    PyBuffer_Release(&positions);
-    PyBuffer_Release(&values);
-    PyBuffer_Release(&saved);
-    if (error != NULL) {
-        PyErr_SetString(PyExc_ValueError, error);
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    return reply(error, 0, 0, &target, &positions, &values, &saved);
 }
 
 /* The 8 bytes at p as a word whose bit b is bit b % 8 of byte b / 8 (numpy's
@@ -443,13 +434,7 @@ static PyObject *unbits(PyObject *self, PyObject *args)
             error = "fewer bits set than the header's changed elements";
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&bitmap);
-    PyBuffer_Release(&out);
-    if (error != NULL) {
-        PyErr_SetString(PyExc_ValueError, error);
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    return reply(error, 0, 0, &bitmap, &out, NULL, NULL);
 }
 
 PyDoc_STRVAR(bits_doc,
@@ -483,13 +468,7 @@ static PyObject *bits(PyObject *self, PyObject *args)
         }
         Py_END_ALLOW_THREADS
     }
-    PyBuffer_Release(&given);
-    PyBuffer_Release(&out);
-    if (error != NULL) {
-        PyErr_SetString(PyExc_ValueError, error);
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    return reply(error, 0, 0, &given, &out, NULL, NULL);
 }
 
 static PyMethodDef methods[] = {
@@ -503,9 +482,15 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "varsync._scan",
-    "The compiled scan for changed elements and their gaps' varints (varsync/_scan.c).", -1,
+    PyModuleDef_HEAD_INIT,
+    "varsync._scan",
+    "The compiled scan for changed elements and their gaps' varints (varsync/_scan.c).",
+    -1,
     methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
 };
 
 PyMODINIT_FUNC PyInit__scan(void)
