@@ -88,12 +88,13 @@ def plan_for(smoke: bool, quick: bool) -> DeltaPlan:
 class Meter:
     """The bytes of the arrays crossing one backend instance's protocol: handed to
     ``write`` / ``write_leaves``, returned by ``read`` / ``read_leaves`` (a ``None`` leaf,
-    one the caller holds, counts nothing). Wraps the instance's methods, not its class;
-    a call made from inside another counts once."""
+    one the caller holds, counts nothing), and the seconds spent in those calls. Wraps
+    the instance's methods, not its class; a call made from inside another counts once."""
 
     def __init__(self, backend: Any) -> None:
         self.whole = 0  # write and read
         self.leaves = 0  # write_leaves and read_leaves
+        self.seconds = 0.0  # inside the calls: what the rest of a push or pull is not
         self._depth = 0
         writes = ("write", "write_leaves", "write_patches")
         for name in (*writes, "read", "read_leaves", "read_patches"):
@@ -107,10 +108,13 @@ class Meter:
     def _wrapped(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
             self._depth += 1
+            started = time.perf_counter()
             try:
                 result = method(*args, **kwargs)
             finally:
                 self._depth -= 1
+                if self._depth == 0:
+                    self.seconds += time.perf_counter() - started
             if self._depth == 0:
                 counted = _arrays_bytes(name, args, kwargs, result)
                 if name in ("write", "read"):
