@@ -3,7 +3,8 @@
 A Llama-like decoder in plain PyTorch (embedding, blocks of RMSNorm + attention + SwiGLU
 MLP, lm head; random init, fp32 master weights) is trained a few AdamW steps on
 synthetic tokens at RL-like learning rates (1e-6, 1e-5), then one step at 1e-2 and one
-push of random bits (every element changed). What a learner pushes is the bf16 cast of
+push of random bits (every element changed); last, one 200 MB leaf with 1 % changed at
+random, with the compiled scan and with numpy's. What a learner pushes is the bf16 cast of
 the weights, as RL trainers push; after every step each bf16 leaf is diffed against the
 previous push with ``varsync._elements``. Per step: the share of elements changed
 (bitwise), whole-leaf bytes, each encoding's bytes over the model and the chosen
@@ -201,6 +202,30 @@ def random_bits(config: Config, rounds: int, log: Callable) -> dict:
     return row
 
 
+def one_leaf(rounds: int, log: Callable) -> list[dict]:
+    """One 200 MB bf16 leaf with 1 % of its elements changed at random, diffed by the
+    compiled scan and again by numpy's (the fallback where no C compiler was): the scan
+    at its best, a leaf large enough for its threads."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(3)
+    old = rng.integers(0, 1 << 16, 100_000_000, np.uint16).view(ml_dtypes.bfloat16)
+    new = old.copy()
+    new.view(np.uint16)[rng.choice(old.size, old.size // 100, replace=False)] ^= 1
+    rows = []
+    compiled = elements._compiled
+    for scanner, scan in (("compiled", compiled), ("numpy", None)):
+        elements._compiled = scan
+        try:
+            row = measure({"leaf": old}, {"leaf": new}, rounds)
+        finally:
+            elements._compiled = compiled
+        row.update(lr=f"one 200 MB leaf, {scanner}", step=1)
+        log(row)
+        rows.append(row)
+    return rows
+
+
 def text(row: dict) -> str:
     share = row["changed"] / row["elements"]
     ideal = row["forms"]["ideal"]
@@ -253,10 +278,11 @@ def main() -> None:
     for lr, steps in ((1e-6, args.steps), (1e-5, args.steps), (1e-2, 1)):
         rows += train(config, lr, steps, args.rounds, lambda r: print(text(r), flush=True))
     rows.append(random_bits(config, args.rounds, lambda r: print(text(r), flush=True)))
+    one_leaf(args.rounds, lambda r: print(text(r), flush=True))
     ratios = [r["diff"] / r["diff_copy"] for r in rows]
-    print(f"diff/copy over the pushes: {summary(ratios)}")
+    print(f"diff/copy over the model's pushes: {summary(ratios)}")
     found = [r["find"] / r["find_copy"] for r in rows]
-    print(f"find/copy (the exact scan, {elements.SCANNER}) over the pushes: {summary(found)}")
+    print(f"find/copy (the exact scan, {elements.SCANNER}) over them: {summary(found)}")
     print(f"load average at the end: {os.getloadavg()}")
 
 

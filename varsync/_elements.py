@@ -34,6 +34,7 @@ through :mod:`varsync._patches` (``docs/delta.md``, "Element deltas").
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 import threading
@@ -248,11 +249,15 @@ def changed_count(old: np.ndarray, new: np.ndarray) -> int:
     return int(np.count_nonzero(_element_mask(_lanes(old), _lanes(new), lanes)))
 
 
+@functools.lru_cache(maxsize=1024)
 def _picks(count: int, lanes: int) -> np.ndarray:
-    """The lanes of :data:`SAMPLE` elements evenly spread over ``count``."""
+    """The lanes of :data:`SAMPLE` elements evenly spread over ``count`` (read-only: one
+    array per leaf shape, kept; a push that gives up samples every leaf, and computing
+    the picks cost more than the samples)."""
     picks = np.linspace(0, count - 1, SAMPLE).astype(np.intp)
     if lanes > 1:
         picks = (picks[:, None] * lanes + np.arange(lanes)).reshape(-1)
+    picks.flags.writeable = False
     return picks
 
 
