@@ -37,6 +37,7 @@ from __future__ import annotations
 import functools
 import os
 import struct
+import sys
 import threading
 from dataclasses import dataclass
 from types import ModuleType
@@ -618,6 +619,14 @@ def _decode_positions(patch: Patch, section: bytes) -> np.ndarray:
         positions = np.frombuffer(section, f"<u{width}").astype(np.int64)
     elif _compiled is not None:  # gaps or a bitmap: checked as they are decoded
         decode = _compiled.ungaps if patch.encoding == GAPS else _compiled.unbits
+        # what the header says is bounded by the section before anything is allocated:
+        # a varint is a byte at least, a bitmap a bit per element
+        room = len(section) if patch.encoding == GAPS else 8 * len(section)
+        if changed > room or count >= 1 << 63:
+            raise CorruptDataError(
+                f"element patch: {changed} changed elements of {count} in a "
+                f"{len(section)}-byte {patch.name} section; fetch the whole leaf"
+            )
         positions = np.empty(changed, np.int64)
         try:
             decode(section, changed, count, positions)
@@ -682,6 +691,10 @@ def _decode_values(
 def _positions_bytes(patch: Patch) -> bytes:
     section = patch.positions
     if patch.flags & _ZSTD:
+        if patch.changed > (sys.maxsize - 1) // 10:  # no room could be that large
+            raise CorruptDataError(
+                f"element patch: {patch.changed} changed elements; fetch the whole leaf"
+            )
         try:
             section = (
                 _zstd()

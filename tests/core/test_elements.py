@@ -481,6 +481,30 @@ def test_a_patch_decoded_by_either_side_applies_the_same(monkeypatch) -> None:
         assert bits(base) == bits(old)
 
 
+@pytest.mark.parametrize("encoding", [elements.GAPS, elements.BITMAP])
+@pytest.mark.parametrize("count", [1 << 40, (1 << 64) - 1])
+@pytest.mark.parametrize("compressed", [False, True])
+def test_a_header_that_overstates_the_elements_is_refused(
+    encoding: int, count: int, compressed: bool
+) -> None:
+    """A patch from the wire whose header announces far more elements (or, compressed,
+    changed elements) than its sections hold is refused before anything is allocated
+    for them, and applying it leaves the base as it was."""
+    flags = elements._XOR | elements._ZSTD if compressed else 0
+    changed = count if compressed else 4  # uncompressed: the values bound it
+    header = elements._HEADER.pack(
+        elements._MAGIC, elements._FORMAT, encoding, flags, 2, count, changed, 16,
+        0 if compressed else 8, bytes(16),
+    )  # fmt: skip
+    patch = elements.Patch.from_bytes(header + bytes(range(16)) + bytes(0 if compressed else 8))
+    with pytest.raises(CorruptDataError):
+        elements.positions_of(patch)
+    base = np.zeros(8, np.uint16)
+    with pytest.raises(CorruptDataError):
+        elements.apply(base, patch)
+    assert not base.any()
+
+
 def test_a_large_leaf_scanned_by_threads_finds_the_same_positions(monkeypatch) -> None:
     """A leaf of 19 blocks scanned by three threads (contiguous runs of blocks): the same
     sorted positions as one scan, and the bound on changed elements holds across them."""
