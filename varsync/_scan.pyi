@@ -1,4 +1,4 @@
-"""The compiled scan for changed elements and their gaps' varints (varsync/_scan.c)."""
+"""The compiled loops of element patches (varsync/_scan.c)."""
 
 from typing_extensions import Buffer
 
