@@ -91,6 +91,10 @@ def trainer(rank: int, world: int, port: int, url: str, steps: int, kill: bool, 
                     print(f"rank 0: step {step} published as version {version}", flush=True)
     finally:
         if not kill:  # a rank that lost its peer leaves its group to the exit
+            # every rank past its last collective before any tears the group down: rank 0
+            # hosts the group's store, and leaving while a peer still used it aborted
+            # rank 0 ("terminate called without an active exception") once in a few runs
+            dist.barrier()
             dist.destroy_process_group()
 
 
