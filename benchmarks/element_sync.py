@@ -212,18 +212,21 @@ def text(row: dict[str, Any]) -> str:
     )
 
 
+def _pairs(rows: list[dict[str, Any]], against: str) -> list[tuple[dict, dict]]:
+    """The rows of ``patched`` and ``against`` of the same step (learning rate, the
+    rate a random-bits round followed, step number)."""
+    steps: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
+    for row in rows:
+        steps.setdefault((row["lr"], row.get("after"), row["step"]), {})[row["table"]] = row
+    return [(s["patched"], s[against]) for s in steps.values() if "patched" in s and against in s]
+
+
 def ratios(rows: list[dict[str, Any]], against: str = "whole") -> dict[str, float]:
     """Medians over the steps of patched / ``against``, per measure."""
     out: dict[str, float] = {}
+    pairs = _pairs(rows, against)
     for key in ("push_B", "push_s", "pull_B", "pull_s", "update_B", "update_s"):
-        pairs: dict[tuple[Any, ...], dict[str, float]] = {}
-        for row in rows:
-            if key in row:
-                pair = (row["lr"], row.get("after"), row["step"])
-                pairs.setdefault(pair, {})[row["table"]] = row[key]
-        values = [
-            p["patched"] / p[against] for p in pairs.values() if p.get(against) and "patched" in p
-        ]
+        values = [mine[key] / other[key] for mine, other in pairs if key in mine and other.get(key)]
         if values:
             out[key] = statistics.median(values)
     return out
@@ -233,17 +236,14 @@ def give_up_cost(rows: list[dict[str, Any]]) -> tuple[float, float, float]:
     """Over the random-bits rounds in ``rows``, medians of the time ``patched`` and
     ``twin`` spent outside the store's calls, and of the difference as a share of
     ``twin``'s push (what giving up adds to a whole push from the same store state)."""
-    pairs: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
-    for row in rows:
-        pairs.setdefault((row.get("after"), row["step"]), {})[row["table"]] = row
-    both = [p for p in pairs.values() if "patched" in p and TWIN in p]
-    if not both:
+    pairs = _pairs(rows, TWIN)
+    if not pairs:
         return math.nan, math.nan, math.nan
     return (
-        statistics.median(p["patched"]["client_s"] for p in both),
-        statistics.median(p[TWIN]["client_s"] for p in both),
+        statistics.median(mine["client_s"] for mine, _ in pairs),
+        statistics.median(twin["client_s"] for _, twin in pairs),
         statistics.median(
-            (p["patched"]["client_s"] - p[TWIN]["client_s"]) / p[TWIN]["push_s"] for p in both
+            (mine["client_s"] - twin["client_s"]) / twin["push_s"] for mine, twin in pairs
         ),
     )
 
