@@ -497,7 +497,10 @@ def test_a_header_that_overstates_the_elements_is_refused(
         0 if compressed else 8, bytes(16),
     )  # fmt: skip
     patch = elements.Patch.from_bytes(header + bytes(range(16)) + bytes(0 if compressed else 8))
-    with pytest.raises(CorruptDataError):
+    # without zstandard (an optional package) a compressed section cannot be read at all,
+    # unless its header is refused first, as the count past 2**63 is
+    unreadable = compressed and not HAS_ZSTD and count < 1 << 63
+    with pytest.raises(ImportError if unreadable else CorruptDataError):
         elements.positions_of(patch)
     base = np.zeros(8, np.uint16)
     with pytest.raises(CorruptDataError):
